@@ -1,0 +1,3 @@
+from polymq.gateway.cli import main
+
+main()

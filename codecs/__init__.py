@@ -1,0 +1,1 @@
+"""Sans-IO wire codecs, one module per protocol. Imports nothing of polymq."""

@@ -1,0 +1,1 @@
+"""The running process: CLI, config, listeners, HTTP APIs, signals."""

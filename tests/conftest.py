@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from support.gateway import GatewayProcess, running_gateway
+
+
+@pytest.fixture
+def gateway() -> Iterator[GatewayProcess]:
+    """A fresh `polymq serve` process (in-memory storage, loopback, OS-chosen ports)."""
+    with running_gateway() as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def module_gateway() -> Iterator[GatewayProcess]:
+    """One gateway shared by the tests of a module (use distinct topic names per test)."""
+    with running_gateway() as process:
+        yield process

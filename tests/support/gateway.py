@@ -1,0 +1,91 @@
+"""Start a real `polymq serve` process for a test and stop it by its PID.
+
+The gateway is started with every port set to 0; it prints one line per listener,
+`polymq listening <name> <host>:<port>`, then `polymq ready`. This module reads those
+lines so tests never guess at free ports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import attrs
+
+READY_TIMEOUT_S = 20.0
+
+
+@attrs.define
+class GatewayProcess:
+    process: subprocess.Popen[str]
+    addresses: dict[str, str]
+    log_lines: list[str]
+
+    @property
+    def nsq_tcp(self) -> str:
+        return self.addresses["nsq-tcp"]
+
+    @property
+    def nsq_http(self) -> str:
+        return self.addresses["nsq-http"]
+
+    def host_port(self, name: str) -> tuple[str, int]:
+        host, port = self.addresses[name].rsplit(":", 1)
+        return host, int(port)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout)
+        return self.process.returncode
+
+
+def _pump(stream, lines: list[str], ready: threading.Event, addresses: dict[str, str]) -> None:
+    for raw in stream:
+        line = raw.rstrip("\n")
+        lines.append(line)
+        parts = line.split()
+        if len(parts) == 4 and parts[:2] == ["polymq", "listening"]:
+            addresses[parts[2]] = parts[3]
+        elif line == "polymq ready":
+            ready.set()
+    ready.set()
+
+
+@contextmanager
+def running_gateway(*extra_args: str, data_dir: Path | None = None) -> Iterator[GatewayProcess]:
+    """Run `python -m polymq serve` on loopback with OS-chosen ports until the block ends."""
+    args = [
+        sys.executable, "-m", "polymq", "serve",
+        "--bind", "127.0.0.1",
+        "--nsq-tcp-port", "0",
+        "--nsq-http-port", "0",
+    ]
+    if data_dir is not None:
+        args += ["--data-dir", str(data_dir)]
+    args += list(extra_args)
+    process = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    lines: list[str] = []
+    addresses: dict[str, str] = {}
+    ready = threading.Event()
+    pump = threading.Thread(target=_pump, args=(process.stdout, lines, ready, addresses), daemon=True)
+    pump.start()
+    gateway = GatewayProcess(process, addresses, lines)
+    try:
+        if not ready.wait(READY_TIMEOUT_S) or process.poll() is not None:
+            raise RuntimeError("gateway did not start:\n" + "\n".join(lines))
+        yield gateway
+    finally:
+        gateway.stop()
