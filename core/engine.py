@@ -1,0 +1,788 @@
+"""The queue engine (ARCHITECTURE §3): topics, queues, bindings, consumers with credit.
+
+Synchronous and deterministic: no I/O, no awaits, time from an injected clock, timers through
+one `TimerService`. Protocol adapters call it; it calls back each consumer's `deliver` function
+synchronously, and the adapter queues the bytes for its writer.
+
+Model in one paragraph: publishing to a topic puts one copy in every bound queue (a topic with
+no bound queue keeps a backlog that the first bound queue receives, unless the publisher asks
+to drop it). Consumers of a queue compete; each has a credit. In "window" mode (NSQ RDY, PHPMQ
+window) the credit caps unacknowledged deliveries; in "tokens" mode (eMQP READY) each delivery
+spends one token. An acknowledged ("manual") delivery is in flight until finished, requeued
+(now or later), timed out, or its consumer goes away; then it returns to the queue and its
+attempts count the next delivery.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import random
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from polymq.core.clock import Clock, SystemClock
+from polymq.core.ids import IdSource
+from polymq.core.storage import MemoryStorage, Storage, StoredMessage
+from polymq.core.timers import Timer, TimerService
+
+
+class Outcome(enum.Enum):
+    OK = "ok"
+    NOT_IN_FLIGHT = "ID not in flight"
+    NOT_OWNED = "client does not own message"
+
+
+class CreditMode(enum.Enum):
+    WINDOW = "window"  # credit caps outstanding deliveries (NSQ RDY, PHPMQ window)
+    TOKENS = "tokens"  # each delivery spends one unit of credit (eMQP READY)
+
+
+class EngineError(Exception):
+    """A request the engine refuses (unknown queue or topic, exiting)."""
+
+
+class Message:
+    """One copy of a message in one queue (or in a topic's backlog).
+
+    Copies of one publish share id, body, timestamp and headers; each has its own attempts and
+    delivery state.
+    """
+
+    __slots__ = ("attempts", "body", "deadline", "delivered_at", "due", "expires_at", "headers", "id",
+                 "owner", "timestamp_ns")
+
+    def __init__(
+        self,
+        id: int,
+        body: bytes,
+        timestamp_ns: int,
+        headers: Mapping[str, Any] | None = None,
+        expires_at: float | None = None,
+        attempts: int = 0,
+    ) -> None:
+        self.id = id
+        self.body = body
+        self.timestamp_ns = timestamp_ns
+        self.headers = headers
+        self.expires_at = expires_at
+        self.attempts = attempts
+        self.owner: Consumer | None = None
+        self.deadline: float | None = None
+        self.delivered_at = 0.0
+        self.due: float | None = None
+
+    def copy(self) -> Message:
+        return Message(self.id, self.body, self.timestamp_ns, self.headers, self.expires_at, self.attempts)
+
+    def __repr__(self) -> str:
+        return f"Message(id={self.id}, attempts={self.attempts}, body={self.body[:32]!r})"
+
+
+Deliver = Callable[[Message], None]
+
+
+class Consumer:
+    """A session attached to one queue."""
+
+    __slots__ = ("auto_ack", "closed", "credit", "deliver", "finish_count", "in_flight", "in_ring",
+                 "max_msg_timeout", "message_count", "mode", "msg_timeout", "on_close", "outstanding",
+                 "queue", "requeue_count", "sample_rate", "tag", "timeout_count", "timer")
+
+    def __init__(
+        self,
+        queue: Queue,
+        deliver: Deliver,
+        *,
+        credit: int,
+        mode: CreditMode,
+        auto_ack: bool,
+        msg_timeout: float | None,
+        max_msg_timeout: float | None,
+        sample_rate: int,
+        on_close: Callable[[str], None] | None,
+        tag: Any,
+    ) -> None:
+        self.queue = queue
+        self.deliver = deliver
+        self.credit = credit
+        self.mode = mode
+        self.auto_ack = auto_ack
+        self.msg_timeout = msg_timeout
+        self.max_msg_timeout = max_msg_timeout
+        self.sample_rate = sample_rate
+        self.on_close = on_close
+        self.tag = tag  # whatever the adapter wants to find its session by
+        self.in_flight: dict[int, Message] = {}  # ordered by deadline (see `touch`)
+        self.outstanding = 0  # auto-ack deliveries the adapter has not released yet
+        self.in_ring = False
+        self.closed = False
+        self.timer: Timer | None = None
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+
+    # -- credit ------------------------------------------------------------------------------
+
+    def available(self) -> int:
+        if self.mode is CreditMode.TOKENS:
+            return self.credit
+        used = self.outstanding if self.auto_ack else len(self.in_flight)
+        return self.credit - used
+
+    def set_credit(self, credit: int) -> None:
+        self.credit = credit
+        self.queue._consumer_changed(self)
+
+    def add_credit(self, amount: int = 1) -> None:
+        self.credit += amount
+        self.queue._consumer_changed(self)
+
+    def release(self, count: int = 1) -> None:
+        """An auto-ack consumer's adapter has written `count` deliveries out: room for more."""
+        self.outstanding -= count
+        self.queue._consumer_changed(self)
+
+    # -- acknowledgements --------------------------------------------------------------------
+
+    def finish(self, message_id: int) -> Outcome:
+        return self.queue._finish(self, message_id)
+
+    def requeue(self, message_id: int, delay: float = 0.0) -> Outcome:
+        return self.queue._requeue(self, message_id, delay)
+
+    def touch(self, message_id: int) -> Outcome:
+        return self.queue._touch(self, message_id)
+
+    def requeue_all(self) -> int:
+        """Return every in-flight message of this consumer to its queue (MQKS `reject --all`)."""
+        ids = list(self.in_flight)
+        for message_id in ids:
+            self.queue._requeue(self, message_id, 0.0)
+        return len(ids)
+
+    def finish_all(self) -> int:
+        ids = list(self.in_flight)
+        for message_id in ids:
+            self.queue._finish(self, message_id)
+        return len(ids)
+
+    def detach(self) -> None:
+        """The consumer goes away: its in-flight messages return to the queue at once."""
+        self.queue._detach(self, requeue=True)
+
+
+class Queue:
+    """A named, ordered store with competing consumers, bound to one or more topics."""
+
+    def __init__(self, engine: Engine, name: str, *, ephemeral: bool, auto_delete: float | None,
+                 options: Mapping[str, Any] | None) -> None:
+        self.engine = engine
+        self.name = name
+        self.ephemeral = ephemeral
+        # Seconds to wait after the last consumer leaves before deleting; None = keep forever.
+        self.auto_delete = 0.0 if ephemeral and auto_delete is None else auto_delete
+        self.options: dict[str, Any] = dict(options or {})
+        self.topics: list[str] = []
+        self.ready: deque[Message] = deque()
+        self.deferred: list[tuple[float, int, Message]] = []
+        self.in_flight: dict[int, Message] = {}
+        self.consumers: list[Consumer] = []
+        self.ring: deque[Consumer] = deque()  # consumers with credit to spare
+        self.paused = False
+        self.deleted = False
+        self._deferred_timer: Timer | None = None
+        self._delete_timer: Timer | None = None
+        self._deferred_seq = itertools.count()
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.created_at = engine.clock.now()
+
+    @property
+    def durable(self) -> bool:
+        return not self.ephemeral and self.engine.storage.persistent
+
+    @property
+    def depth(self) -> int:
+        return len(self.ready)
+
+    # -- putting messages in -------------------------------------------------------------------
+
+    def _put(self, message: Message, due: float | None = None) -> None:
+        self.message_count += 1
+        if due is not None and due > self.engine.clock.now():
+            self._defer(message, due)
+        else:
+            self.ready.append(message)
+            if self.ring and not self.paused:
+                self._dispatch()
+
+    def _put_many(self, messages: Iterable[Message]) -> None:
+        before = len(self.ready)
+        self.ready.extend(messages)
+        self.message_count += len(self.ready) - before
+        if self.ring and not self.paused:
+            self._dispatch()
+
+    def _defer(self, message: Message, due: float) -> None:
+        message.due = due
+        heapq.heappush(self.deferred, (due, next(self._deferred_seq), message))
+        if self._deferred_timer is None or self._deferred_timer.due > due:
+            if self._deferred_timer is not None:
+                self._deferred_timer.cancel()
+            self._deferred_timer = self.engine.timers.schedule(due, self._release_deferred)
+
+    def _release_deferred(self) -> None:
+        self._deferred_timer = None
+        now = self.engine.clock.now()
+        deferred = self.deferred
+        released = False
+        while deferred and deferred[0][0] <= now:
+            _, _, message = heapq.heappop(deferred)
+            message.due = None
+            self.ready.append(message)
+            released = True
+        if deferred:
+            self._deferred_timer = self.engine.timers.schedule(deferred[0][0], self._release_deferred)
+        if released and self.ring and not self.paused:
+            self._dispatch()
+
+    # -- delivering ----------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        ready = self.ready
+        ring = self.ring
+        engine = self.engine
+        now = engine.clock.now()
+        durable = self.durable
+        while ready and ring:
+            consumer = ring[0]
+            message = ready.popleft()
+            if message.expires_at is not None and message.expires_at <= now:
+                engine.expired_count += 1
+                if durable:
+                    engine.storage.message_removed(self.name, message.id)
+                continue
+            message.attempts += 1
+            consumer.message_count += 1
+            if consumer.sample_rate and random.randrange(100) > consumer.sample_rate:
+                # NSQ sample_rate: a message outside the sample is dropped for this channel.
+                if durable:
+                    engine.storage.message_removed(self.name, message.id)
+                continue
+            if consumer.mode is CreditMode.TOKENS:
+                consumer.credit -= 1
+            if consumer.auto_ack:
+                if consumer.mode is CreditMode.WINDOW:
+                    consumer.outstanding += 1
+                if durable:
+                    engine.storage.message_removed(self.name, message.id)
+            else:
+                message.owner = consumer
+                message.delivered_at = now
+                timeout = consumer.msg_timeout
+                if timeout is not None:
+                    message.deadline = now + timeout
+                    if consumer.timer is None:
+                        consumer.timer = engine.timers.schedule(message.deadline, self._timeouts, consumer)
+                consumer.in_flight[message.id] = message
+                self.in_flight[message.id] = message
+            if consumer.available() <= 0:
+                ring.popleft()
+                consumer.in_ring = False
+            elif len(ring) > 1:
+                ring.rotate(-1)
+            consumer.deliver(message)
+
+    def _consumer_changed(self, consumer: Consumer) -> None:
+        if consumer.closed:
+            return
+        if consumer.available() > 0:
+            if not consumer.in_ring:
+                consumer.in_ring = True
+                self.ring.append(consumer)
+            if self.ready and not self.paused:
+                self._dispatch()
+        elif consumer.in_ring:
+            consumer.in_ring = False
+            self.ring.remove(consumer)
+
+    # -- acknowledgements ----------------------------------------------------------------------
+
+    def _take_in_flight(self, consumer: Consumer, message_id: int) -> Message | Outcome:
+        message = self.in_flight.get(message_id)
+        if message is None:
+            return Outcome.NOT_IN_FLIGHT
+        if message.owner is not consumer:
+            return Outcome.NOT_OWNED
+        del self.in_flight[message_id]
+        del consumer.in_flight[message_id]
+        message.owner = None
+        message.deadline = None
+        return message
+
+    def _finish(self, consumer: Consumer, message_id: int) -> Outcome:
+        message = self._take_in_flight(consumer, message_id)
+        if isinstance(message, Outcome):
+            return message
+        consumer.finish_count += 1
+        if self.durable:
+            self.engine.storage.message_removed(self.name, message_id)
+        self._consumer_changed(consumer)
+        return Outcome.OK
+
+    def _requeue(self, consumer: Consumer, message_id: int, delay: float) -> Outcome:
+        message = self._take_in_flight(consumer, message_id)
+        if isinstance(message, Outcome):
+            return message
+        consumer.requeue_count += 1
+        self.requeue_count += 1
+        self._return(message, delay)
+        self._consumer_changed(consumer)
+        return Outcome.OK
+
+    def _return(self, message: Message, delay: float = 0.0, front: bool = False) -> None:
+        if self.durable:
+            self.engine.storage.message_updated(self.name, _stored(self.engine, message, delay))
+        if delay > 0:
+            self._defer(message, self.engine.clock.now() + delay)
+        elif front:
+            self.ready.appendleft(message)
+        else:
+            self.ready.append(message)
+
+    def _touch(self, consumer: Consumer, message_id: int) -> Outcome:
+        message = self.in_flight.get(message_id)
+        if message is None:
+            return Outcome.NOT_IN_FLIGHT
+        if message.owner is not consumer:
+            return Outcome.NOT_OWNED
+        if consumer.msg_timeout is None:
+            return Outcome.OK
+        now = self.engine.clock.now()
+        deadline = now + consumer.msg_timeout
+        if consumer.max_msg_timeout is not None:
+            deadline = min(deadline, message.delivered_at + consumer.max_msg_timeout)
+        message.deadline = deadline
+        in_flight = consumer.in_flight
+        del in_flight[message_id]
+        last = next(reversed(in_flight.values()), None) if in_flight else None
+        in_flight[message_id] = message
+        if last is not None and last.deadline is not None and last.deadline > deadline:
+            # Capped by max_msg_timeout, so earlier than the tail: keep the dict in deadline order.
+            ordered = sorted(in_flight.values(), key=lambda m: m.deadline or 0.0)
+            in_flight.clear()
+            in_flight.update((m.id, m) for m in ordered)
+            if consumer.timer is not None and consumer.timer.due > deadline:
+                consumer.timer.cancel()
+                consumer.timer = None
+            if consumer.timer is None:
+                consumer.timer = self.engine.timers.schedule(deadline, self._timeouts, consumer)
+        return Outcome.OK
+
+    def _timeouts(self, consumer: Consumer) -> None:
+        consumer.timer = None
+        if consumer.closed:
+            return
+        now = self.engine.clock.now()
+        in_flight = consumer.in_flight
+        expired: list[Message] = []
+        for message in in_flight.values():
+            if message.deadline is not None and message.deadline <= now:
+                expired.append(message)
+            else:
+                break
+        for message in expired:
+            del in_flight[message.id]
+            del self.in_flight[message.id]
+            message.owner = None
+            message.deadline = None
+            consumer.timeout_count += 1
+            self.timeout_count += 1
+            self._return(message)
+        if in_flight:
+            head = next(iter(in_flight.values()))
+            if head.deadline is not None:
+                consumer.timer = self.engine.timers.schedule(head.deadline, self._timeouts, consumer)
+        if expired:
+            self._consumer_changed(consumer)
+            if self.ready and self.ring and not self.paused:
+                self._dispatch()
+
+    # -- consumers coming and going ----------------------------------------------------------
+
+    def _attach(self, consumer: Consumer) -> None:
+        if self._delete_timer is not None:
+            self._delete_timer.cancel()
+            self._delete_timer = None
+        self.consumers.append(consumer)
+        self._consumer_changed(consumer)
+
+    def _detach(self, consumer: Consumer, *, requeue: bool) -> None:
+        if consumer.closed:
+            return
+        consumer.closed = True
+        if consumer.timer is not None:
+            consumer.timer.cancel()
+            consumer.timer = None
+        if consumer.in_ring:
+            consumer.in_ring = False
+            self.ring.remove(consumer)
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        returned = list(consumer.in_flight.values())
+        consumer.in_flight.clear()
+        for message in returned:
+            del self.in_flight[message.id]
+            message.owner = None
+            message.deadline = None
+        if requeue and not self.deleted:
+            # Back at the front, in their order: they were the oldest messages of the queue.
+            for message in reversed(returned):
+                self._return(message, front=True)
+            if self.ready and self.ring and not self.paused:
+                self._dispatch()
+        if not self.consumers and self.auto_delete is not None and not self.deleted:
+            if self.auto_delete <= 0:
+                self.engine.delete_queue(self.name)
+            else:
+                self._delete_timer = self.engine.timers.schedule(
+                    self.engine.clock.now() + self.auto_delete, self._auto_delete
+                )
+
+    def _auto_delete(self) -> None:
+        self._delete_timer = None
+        if not self.consumers and not self.deleted:
+            self.engine.delete_queue(self.name)
+
+    # -- administration ------------------------------------------------------------------------
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+        self.engine._save_queue(self)
+        if not paused and self.ready and self.ring:
+            self._dispatch()
+
+    def empty(self) -> None:
+        """Drop every message: ready, deferred and in flight (nsqd's channel empty)."""
+        self.ready.clear()
+        self.deferred.clear()
+        if self._deferred_timer is not None:
+            self._deferred_timer.cancel()
+            self._deferred_timer = None
+        for message in self.in_flight.values():
+            message.owner = None
+        self.in_flight.clear()
+        for consumer in self.consumers:
+            consumer.in_flight.clear()
+            if consumer.timer is not None:
+                consumer.timer.cancel()
+                consumer.timer = None
+            self._consumer_changed(consumer)
+        if self.durable:
+            self.engine.storage.owner_emptied(self.name)
+
+    @property
+    def deferred_count(self) -> int:
+        return len(self.deferred)
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r}, ready={len(self.ready)}, in_flight={len(self.in_flight)})"
+
+
+class Topic:
+    def __init__(self, engine: Engine, name: str, *, ephemeral: bool) -> None:
+        self.engine = engine
+        self.name = name
+        self.ephemeral = ephemeral
+        self.queues: list[Queue] = []
+        self.backlog: deque[Message] = deque()  # kept while no queue is bound, or while paused
+        self.paused = False
+        self.deleted = False
+        self.message_count = 0
+        self.message_bytes = 0
+        self.created_at = engine.clock.now()
+
+    @property
+    def durable(self) -> bool:
+        return not self.ephemeral and self.engine.storage.persistent
+
+    @property
+    def depth(self) -> int:
+        return len(self.backlog)
+
+    def _flush_backlog(self) -> None:
+        if self.paused or not self.queues or not self.backlog:
+            return
+        backlog = list(self.backlog)
+        self.backlog.clear()
+        if self.durable:
+            self.engine.storage.owner_emptied(self.name, topic=True)
+        self.engine._distribute(self, backlog)
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+        if self.durable:
+            self.engine.storage.topic_saved(self.name, paused)
+        self._flush_backlog()
+
+    def empty(self) -> None:
+        self.backlog.clear()
+        if self.durable:
+            self.engine.storage.owner_emptied(self.name, topic=True)
+
+    def __repr__(self) -> str:
+        return f"Topic({self.name!r}, queues={[q.name for q in self.queues]}, backlog={len(self.backlog)})"
+
+
+def _stored(engine: Engine, message: Message, delay: float = 0.0) -> StoredMessage:
+    now = engine.clock.now()
+    wall = engine.clock.wall_ns()
+    expires = None if message.expires_at is None else wall + int((message.expires_at - now) * 1e9)
+    deliver_at = wall + int(delay * 1e9) if delay > 0 else None
+    return StoredMessage(message.id, message.body, message.timestamp_ns, message.attempts, message.headers,
+                         expires, deliver_at)
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        timers: TimerService | None = None,
+        storage: Storage | None = None,
+        ids: IdSource | None = None,
+    ) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self.timers = timers or TimerService()
+        self.storage: Storage = storage or MemoryStorage()
+        self.ids = ids or IdSource(self.clock.wall_ns())
+        self.topics: dict[str, Topic] = {}
+        self.queues: dict[str, Queue] = {}
+        self.expired_count = 0
+        self.dropped_count = 0  # publishes dropped because no queue was bound (MQKS rule)
+        # Observers of topology changes (the gateway's lookupd registration, MQKS --update).
+        self.on_topic_deleted: list[Callable[[str], None]] = []
+        self.on_queue_deleted: list[Callable[[Queue], None]] = []
+
+    # -- topics ------------------------------------------------------------------------------
+
+    def topic(self, name: str) -> Topic | None:
+        return self.topics.get(name)
+
+    def ensure_topic(self, name: str, *, ephemeral: bool = False) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = Topic(self, name, ephemeral=ephemeral)
+            self.topics[name] = topic
+            if topic.durable:
+                self.storage.topic_saved(name, False)
+        return topic
+
+    def delete_topic(self, name: str) -> bool:
+        """Delete a topic; queues named `<topic>/…` (its NSQ channels) go with it, others are unbound."""
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            return False
+        topic.deleted = True
+        for queue in list(topic.queues):
+            if queue.name.startswith(name + "/"):
+                self.delete_queue(queue.name)
+            else:
+                self.unbind(queue.name, name)
+        topic.backlog.clear()
+        if topic.durable:
+            self.storage.topic_deleted(name)
+        for observer in self.on_topic_deleted:
+            observer(name)
+        return True
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def queue(self, name: str) -> Queue | None:
+        return self.queues.get(name)
+
+    def ensure_queue(
+        self,
+        name: str,
+        *,
+        ephemeral: bool = False,
+        auto_delete: float | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = Queue(self, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options)
+            self.queues[name] = queue
+            self._save_queue(queue)
+        return queue
+
+    def configure_queue(self, queue: Queue, *, auto_delete: float | None, options: Mapping[str, Any]) -> None:
+        queue.auto_delete = auto_delete
+        queue.options.update(options)
+        self._save_queue(queue)
+
+    def _save_queue(self, queue: Queue) -> None:
+        if queue.durable:
+            self.storage.queue_saved(queue.name, queue.topics, queue.paused,
+                                     {"auto_delete": queue.auto_delete, **queue.options})
+
+    def bind(self, queue_name: str, topic_name: str, *, ephemeral_topic: bool = False) -> Queue:
+        queue = self.queues[queue_name]
+        topic = self.ensure_topic(topic_name, ephemeral=ephemeral_topic)
+        if topic_name not in queue.topics:
+            queue.topics.append(topic_name)
+            topic.queues.append(queue)
+            self._save_queue(queue)
+            topic._flush_backlog()
+        return queue
+
+    def unbind(self, queue_name: str, topic_name: str) -> None:
+        queue = self.queues.get(queue_name)
+        topic = self.topics.get(topic_name)
+        if queue is not None and topic_name in queue.topics:
+            queue.topics.remove(topic_name)
+            self._save_queue(queue)
+        if topic is not None and queue is not None and queue in topic.queues:
+            topic.queues.remove(queue)
+            if topic.ephemeral and not topic.queues and not topic.deleted:
+                self.delete_topic(topic_name)
+
+    def set_bindings(self, queue_name: str, topic_names: Iterable[str]) -> None:
+        wanted = list(dict.fromkeys(topic_names))
+        queue = self.queues[queue_name]
+        for topic_name in list(queue.topics):
+            if topic_name not in wanted:
+                self.unbind(queue_name, topic_name)
+        for topic_name in wanted:
+            self.bind(queue_name, topic_name)
+
+    def delete_queue(self, name: str) -> bool:
+        queue = self.queues.pop(name, None)
+        if queue is None:
+            return False
+        queue.deleted = True
+        for consumer in list(queue.consumers):
+            queue._detach(consumer, requeue=False)
+            if consumer.on_close is not None:
+                consumer.on_close("queue deleted")
+        for topic_name in list(queue.topics):
+            self.unbind(name, topic_name)
+        queue.ready.clear()
+        queue.deferred.clear()
+        queue.in_flight.clear()
+        for timer in (queue._deferred_timer, queue._delete_timer):
+            if timer is not None:
+                timer.cancel()
+        if queue.durable:
+            self.storage.queue_deleted(name)
+        for observer in self.on_queue_deleted:
+            observer(queue)
+        return True
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    def attach(
+        self,
+        queue_name: str,
+        deliver: Deliver,
+        *,
+        credit: int = 0,
+        mode: CreditMode = CreditMode.WINDOW,
+        auto_ack: bool = False,
+        msg_timeout: float | None = None,
+        max_msg_timeout: float | None = None,
+        sample_rate: int = 0,
+        on_close: Callable[[str], None] | None = None,
+        tag: Any = None,
+    ) -> Consumer:
+        queue = self.queues[queue_name]
+        consumer = Consumer(queue, deliver, credit=credit, mode=mode, auto_ack=auto_ack,
+                            msg_timeout=msg_timeout, max_msg_timeout=max_msg_timeout,
+                            sample_rate=sample_rate, on_close=on_close, tag=tag)
+        queue._attach(consumer)
+        return consumer
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def publish(
+        self,
+        topic_name: str,
+        body: bytes,
+        *,
+        delay: float = 0.0,
+        headers: Mapping[str, Any] | None = None,
+        ttl: float | None = None,
+        drop_if_unbound: bool = False,
+    ) -> int:
+        """Publish one message; returns its id. `drop_if_unbound` applies MQKS's rule."""
+        message_id = self.ids.next()
+        topic = self.topics.get(topic_name)
+        if topic is None or not topic.queues:
+            if drop_if_unbound:
+                self.dropped_count += 1
+                return message_id
+            if topic is None:
+                topic = self.ensure_topic(topic_name)
+        now = self.clock.now()
+        message = Message(message_id, body, self.clock.wall_ns(), headers,
+                          None if ttl is None else now + ttl)
+        if delay > 0:
+            message.due = now + delay
+        topic.message_count += 1
+        topic.message_bytes += len(body)
+        if topic.paused or not topic.queues:
+            topic.backlog.append(message)
+            if topic.durable:
+                self.storage.messages_added(topic_name, [_stored(self, message, delay)], topic=True)
+        else:
+            self._distribute(topic, [message])
+        return message_id
+
+    def publish_many(
+        self, topic_name: str, bodies: list[bytes], *, headers: Mapping[str, Any] | None = None
+    ) -> int:
+        """Publish a batch in order (NSQ MPUB); returns the first id."""
+        topic = self.ensure_topic(topic_name)
+        first = self.ids.reserve(len(bodies))
+        timestamp = self.clock.wall_ns()
+        messages = [Message(first + index, body, timestamp, headers) for index, body in enumerate(bodies)]
+        topic.message_count += len(messages)
+        topic.message_bytes += sum(map(len, bodies))
+        if topic.paused or not topic.queues:
+            topic.backlog.extend(messages)
+            if topic.durable:
+                self.storage.messages_added(topic_name, [_stored(self, m) for m in messages], topic=True)
+        else:
+            self._distribute(topic, messages)
+        return first
+
+    def _distribute(self, topic: Topic, messages: list[Message]) -> None:
+        queues = topic.queues
+        for index, queue in enumerate(queues):
+            # The last queue takes the original objects; the others get copies.
+            copies = messages if index == len(queues) - 1 else [m.copy() for m in messages]
+            if queue.durable:
+                now = self.clock.now()
+                self.storage.messages_added(
+                    queue.name,
+                    [_stored(self, m, (m.due - now) if m.due is not None else 0.0) for m in copies],
+                )
+            if len(copies) == 1:
+                message = copies[0]
+                due = messages[0].due
+                queue._put(message, due)
+            elif all(m.due is None for m in copies):
+                queue._put_many(copies)
+            else:
+                for copy, original in zip(copies, messages, strict=True):
+                    queue._put(copy, original.due)
+
+    # -- the timer task's entry point ----------------------------------------------------------
+
+    def run_timers(self) -> int:
+        return self.timers.run_due(self.clock.now())
