@@ -345,6 +345,12 @@ class ServerConnection:
     def buffered(self) -> int:
         return len(self._buffer)
 
+    def take_buffered(self) -> bytes:
+        """Remove and return unparsed input (bytes that arrived before a TLS or compression upgrade)."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
     def next_event(self) -> Event:
         if self.state is ClientState.CLOSED:
             return NEED_DATA

@@ -1,0 +1,649 @@
+"""NSQ V2 sessions: codec commands to engine calls, engine deliveries to message frames.
+
+One `NSQSession` per TCP connection, two tasks each: the reader parses everything a read
+returned and handles it synchronously (engine calls never await), appending reply frames to the
+output list; the writer sends that list as one write. Message frames follow nsqd's output
+buffering (nsq-notes §7): they are flushed when the buffer fills, when the client's in-flight
+count reaches its RDY, or when `output_buffer_timeout` passes. Heartbeats are sent every
+`heartbeat_interval`, and a client that says nothing for two intervals is closed (§5).
+
+Topic `t` is engine topic `t`; channel `c` of topic `t` is engine queue `t/c` bound to `t`
+(ARCHITECTURE §3). Unlike nsqd, a disconnected consumer's in-flight messages return to the
+channel at once instead of after their timeout: nobody can FIN them any more, and the
+redelivery is sooner.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import socket
+import ssl
+import time
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import h11
+import trio
+from polymq.codecs import nsq
+from polymq.codecs.compression import (
+    DecompressionError,
+    DeflateCompressor,
+    DeflateDecompressor,
+    SnappyCompressor,
+    SnappyDecompressor,
+)
+from polymq.core.engine import Consumer, Engine, Message, Outcome
+
+log = logging.getLogger("polymq.nsq")
+
+# How much one read asks the socket for: large enough that an MPUB of 200 x 200 B arrives in a
+# few reads, small enough to keep one client from monopolising the loop.
+READ_SIZE = 256 * 1024
+# The reader stops reading while this much output waits for a slow client (bounded memory).
+MAX_PENDING_OUTPUT = 8 * 1024 * 1024
+# Bound on an auth server's reply body (nsqd reads it whole; a reply is a few hundred bytes).
+MAX_AUTH_REPLY = 1024 * 1024
+# nsqd's auth HTTP client timeouts (--http-client-connect-timeout 2 s, request timeout 5 s).
+AUTH_TIMEOUT_S = 5.0
+# nsqd client states as /stats reports them (nsq-notes §7).
+STATE_INIT, STATE_SUBSCRIBED, STATE_CLOSING = 0, 3, 4
+
+_HEX_DIGITS = b"0123456789abcdef"
+
+
+def queue_name(topic: str, channel: str) -> str:
+    return f"{topic}/{channel}"
+
+
+def parse_message_id(raw: bytes) -> int | None:
+    """A 16-character lowercase hex id as NSQ shows engine ids; anything else matches nothing."""
+    if raw.strip(_HEX_DIGITS):
+        return None
+    return int(raw, 16)
+
+
+@attrs.define(slots=True)
+class Authorization:
+    topic: re.Pattern[str]
+    channels: list[re.Pattern[str]]
+    permissions: list[str]
+
+    def allows(self, topic: str, channel: str) -> bool:
+        # nsqd internal/auth: a channel means subscribe, none means publish; regexes are unanchored.
+        needed = "subscribe" if channel else "publish"
+        if needed not in self.permissions or not self.topic.search(topic):
+            return False
+        return any(pattern.search(channel) for pattern in self.channels)
+
+
+@attrs.define(slots=True)
+class AuthState:
+    identity: str
+    identity_url: str
+    authorizations: list[Authorization]
+    expires_at: float
+
+
+class AuthError(Exception):
+    pass
+
+
+class NSQServer:
+    """Everything the NSQ listeners share: the engine, limits, the sessions."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        limits: nsq.ServerLimits,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        auth_http_address: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.limits = limits
+        self.ssl_context = ssl_context
+        self.auth_http_address = auth_http_address
+        self.sessions: set[NSQSession] = set()
+        self.tcp_port = 0
+        self.http_port = 0
+        self.start_time = int(time.time())
+        self.hostname = socket.gethostname()
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth_http_address is not None
+
+    async def handle_stream(self, stream: trio.SocketStream) -> None:
+        session = NSQSession(self, stream)
+        self.sessions.add(session)
+        try:
+            await session.run()
+        finally:
+            self.sessions.discard(session)
+
+    def client_stats(self) -> list[dict[str, Any]]:
+        return [session.stats() for session in list(self.sessions)]
+
+    async def shutdown(self) -> None:
+        for session in list(self.sessions):
+            session.close("server shutting down")
+
+    async def query_auth(self, secret: bytes, remote_ip: str, tls: bool) -> AuthState:
+        """nsqd's auth call: GET /auth?common_name=&remote_ip=&secret=&tls= (nsq-notes §9)."""
+        assert self.auth_http_address is not None
+        host, _, port = self.auth_http_address.rpartition(":")
+        query = urllib.parse.urlencode(
+            {"common_name": "", "remote_ip": remote_ip, "secret": secret.decode("utf-8", "replace"),
+             "tls": "true" if tls else "false"}
+        )
+        try:
+            with trio.fail_after(AUTH_TIMEOUT_S):
+                body = await _http_get(host, int(port), f"/auth?{query}")
+        except (OSError, trio.TooSlowError, h11.ProtocolError) as exc:
+            raise AuthError(str(exc)) from exc
+        try:
+            data = json.loads(body)
+            ttl = int(data["ttl"])
+            if ttl <= 0:
+                raise AuthError("invalid TTL")
+            authorizations = [
+                Authorization(re.compile(item["topic"]), [re.compile(c) for c in item["channels"]],
+                              list(item["permissions"]))
+                for item in data.get("authorizations") or []
+            ]
+        except (ValueError, KeyError, TypeError, re.error) as exc:
+            raise AuthError(f"bad auth reply: {exc}") from exc
+        return AuthState(str(data.get("identity", "")), str(data.get("identity_url", "")), authorizations,
+                         time.monotonic() + ttl)
+
+
+async def _http_get(host: str, port: int, target: str) -> bytes:
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        connection = h11.Connection(h11.CLIENT)
+        request = h11.Request(method="GET", target=target, headers=[("Host", f"{host}:{port}"),
+                                                                      ("Connection", "close")])
+        await stream.send_all(connection.send(request) + connection.send(h11.EndOfMessage()))
+        status = 0
+        body = bytearray()
+        while True:
+            event = connection.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(65536)
+                connection.receive_data(data)
+                continue
+            if isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > MAX_AUTH_REPLY:
+                    raise OSError("auth reply too large")
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                break
+        if status != 200:
+            raise OSError(f"auth server answered {status}")
+        return bytes(body)
+
+
+class _Close(Exception):
+    """Ends the session after the output written so far has been flushed."""
+
+
+class NSQSession:
+    def __init__(self, server: NSQServer, stream: trio.abc.Stream) -> None:
+        self.server = server
+        self.engine = server.engine
+        self.limits = server.limits
+        self.stream: trio.abc.Stream = stream
+        self.codec = nsq.ServerConnection(server.limits)
+        self.remote_address = _peer(stream)
+        self.connect_ts = int(time.time())
+        # Negotiated settings (IDENTIFY); defaults are nsqd's.
+        self.client_id = self.remote_address.rsplit(":", 1)[0]
+        self.hostname = self.client_id
+        self.user_agent = ""
+        self.heartbeat_interval = self.limits.heartbeat_interval_ms / 1000
+        self.output_buffer_size = self.limits.output_buffer_size
+        self.output_buffer_timeout = self.limits.output_buffer_timeout_ms / 1000
+        self.msg_timeout = self.limits.msg_timeout_ms / 1000
+        self.sample_rate = 0
+        self.tls = False
+        self.deflate = False
+        self.snappy = False
+        self.auth: AuthState | None = None
+        self._auth_secret = b""
+        self.consumer: Consumer | None = None
+        self.topic: str | None = None
+        self.channel: str | None = None
+        self.pub_counts: dict[str, int] = {}
+        # Output: frames waiting for the writer.
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._urgent = False  # flush at once (responses, errors, RDY reached)
+        self._flush_deadline = math.inf  # output_buffer_timeout for buffered messages
+        self._wake = trio.Event()
+        self._drained = trio.Event()
+        self._compressor: DeflateCompressor | SnappyCompressor | None = None
+        self._decompressor: DeflateDecompressor | SnappyDecompressor | None = None
+        self._cancel_scope: trio.CancelScope | None = None
+        self._closing_reason: str | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._cancel_scope = nursery.cancel_scope
+                nursery.start_soon(self._write_loop)
+                try:
+                    await self._read_loop()
+                except _Close as close:
+                    self._closing_reason = str(close)
+                await self._drain_output()
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError,
+                trio.TooSlowError) as exc:
+            log.debug("%s: connection ended: %r", self.remote_address, exc)
+        finally:
+            if self.consumer is not None:
+                self.consumer.detach()
+                self.consumer = None
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(1):
+                    await self.stream.aclose()
+
+    def close(self, reason: str) -> None:
+        """Close from outside the session (channel deleted, shutdown)."""
+        self._closing_reason = reason
+        if self._cancel_scope is not None:
+            self._cancel_scope.cancel()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        codec = self.codec
+        while True:
+            deadline = math.inf if self.heartbeat_interval <= 0 else 2 * self.heartbeat_interval
+            with trio.move_on_after(deadline) as scope:
+                data = await self.stream.receive_some(READ_SIZE)
+            if scope.cancelled_caught:
+                raise _Close("client timed out: no data for two heartbeat intervals")
+            if not data:
+                return
+            if self._decompressor is not None:
+                try:
+                    data = self._decompressor.decompress(data)
+                except DecompressionError as exc:
+                    raise _Close(f"bad compressed stream: {exc}") from exc
+            codec.receive_data(data)
+            while True:
+                event = codec.next_event()
+                if event is nsq.NEED_DATA:
+                    break
+                if isinstance(event, nsq.ProtocolError):
+                    self._send_error(event)
+                    if event.fatal:
+                        raise _Close(event.frame_text.decode("utf-8", "replace"))
+                    continue
+                if isinstance(event, nsq.CloseSilently):
+                    raise _Close(event.reason)
+                handler = self._handlers[type(event)]
+                result = handler(self, event)
+                if result is not None:  # a command that must await (IDENTIFY upgrade, AUTH)
+                    await result
+            self._wake.set()
+            if self._out_bytes > MAX_PENDING_OUTPUT:
+                self._drained = trio.Event()
+                self._urgent = True
+                await self._drained.wait()
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _send(self, frame: bytes) -> None:
+        self._out.append(frame)
+        self._out_bytes += len(frame)
+        self._urgent = True
+
+    def _send_error(self, error: nsq.ProtocolError) -> None:
+        self._send(nsq.frame_error(error))
+
+    async def _write_loop(self) -> None:
+        next_heartbeat = trio.current_time() + self.heartbeat_interval if self.heartbeat_interval > 0 else math.inf
+        while True:
+            now = trio.current_time()
+            if now >= next_heartbeat:
+                self._send(nsq.FRAME_HEARTBEAT)
+                next_heartbeat = now + self.heartbeat_interval if self.heartbeat_interval > 0 else math.inf
+            if self._out and (self._urgent or now >= self._flush_deadline):
+                await self._flush()
+                continue
+            wake_at = min(next_heartbeat, self._flush_deadline if self._out else math.inf)
+            with trio.move_on_at(wake_at):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            # The heartbeat interval may have been changed by IDENTIFY.
+            if self.heartbeat_interval <= 0:
+                next_heartbeat = math.inf
+            elif next_heartbeat == math.inf or next_heartbeat - trio.current_time() > self.heartbeat_interval:
+                next_heartbeat = trio.current_time() + self.heartbeat_interval
+
+    async def _flush(self) -> None:
+        data = b"".join(self._out)
+        self._out.clear()
+        self._out_bytes = 0
+        self._urgent = False
+        self._flush_deadline = math.inf
+        if self._compressor is not None:
+            data = self._compressor.compress(data)
+        # nsqd's write deadline is one heartbeat interval.
+        timeout = self.heartbeat_interval if self.heartbeat_interval > 0 else math.inf
+        with trio.fail_after(timeout):
+            await self.stream.send_all(data)
+        self._drained.set()
+
+    async def _drain_output(self) -> None:
+        if self._out:
+            with trio.move_on_after(max(self.heartbeat_interval, 1.0)):
+                await self._flush()
+
+    def _deliver(self, message: Message) -> None:
+        body = message.body
+        header = nsq.frame_message_header(message.timestamp_ns, message.attempts, b"%016x" % message.id, len(body))
+        out = self._out
+        out.append(header)
+        out.append(body)
+        self._out_bytes += len(header) + len(body)
+        consumer = self.consumer
+        if self._out_bytes >= self.output_buffer_size or (consumer is not None and consumer.available() <= 0):
+            self._urgent = True
+            self._wake.set()
+        elif self._flush_deadline == math.inf:
+            if self.output_buffer_timeout > 0:
+                self._flush_deadline = trio.current_time() + self.output_buffer_timeout
+                self._wake.set()
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def _identify(self, command: nsq.Identify) -> Any:
+        self.client_id = command.client_id or self.client_id
+        self.hostname = command.hostname or self.hostname
+        self.user_agent = command.user_agent
+        self.heartbeat_interval = -1.0 if command.heartbeat_interval_ms == -1 else command.heartbeat_interval_ms / 1000
+        self.output_buffer_size = command.output_buffer_size
+        self.output_buffer_timeout = command.output_buffer_timeout_ms / 1000
+        self.msg_timeout = command.msg_timeout_ms / 1000
+        self.sample_rate = command.sample_rate
+        self._wake.set()  # the writer re-reads the heartbeat interval
+        tls = command.tls_v1 and self.server.ssl_context is not None
+        if not command.feature_negotiation:
+            self._send(nsq.FRAME_OK)
+            return None
+        self._send(nsq.frame_response(nsq.identify_response(command, self.limits, tls=tls)))
+        if not (tls or command.deflate or command.snappy):
+            return None
+        return self._upgrade(tls, command)
+
+    async def _upgrade(self, tls: bool, command: nsq.Identify) -> None:
+        """After the IDENTIFY reply: TLS handshake, then compression, each confirmed by `OK`."""
+        await self._flush_now()
+        leftover = self.codec.take_buffered()
+        if tls:
+            assert self.server.ssl_context is not None
+            ssl_stream = trio.SSLStream(self.stream, self.server.ssl_context, server_side=True)
+            with trio.fail_after(max(self.heartbeat_interval, 5.0)):
+                await ssl_stream.do_handshake()
+            self.stream = ssl_stream
+            self.tls = True
+            self.codec.tls_active = True
+            self._send(nsq.FRAME_OK)
+            await self._flush_now()
+        if command.deflate:
+            self._compressor = DeflateCompressor(command.deflate_level)
+            self._decompressor = DeflateDecompressor(self.limits.max_body_size + 2 * nsq.MAX_LINE_LENGTH)
+            self.deflate = True
+        elif command.snappy:
+            self._compressor = SnappyCompressor()
+            self._decompressor = SnappyDecompressor()
+            self.snappy = True
+        if command.deflate or command.snappy:
+            self._send(nsq.FRAME_OK)
+            await self._flush_now()
+            if leftover and self._decompressor is not None:
+                self.codec.receive_data(self._decompressor.decompress(leftover))
+        elif leftover:
+            self.codec.receive_data(leftover)
+
+    async def _flush_now(self) -> None:
+        if self._out:
+            await self._flush()
+
+    def _auth(self, command: nsq.Auth) -> Any:
+        if self.auth is not None:
+            self._fatal("E_INVALID", "AUTH already set")
+        if not self.server.auth_enabled:
+            self._fatal("E_AUTH_DISABLED", "AUTH disabled")
+        return self._do_auth(command.secret)
+
+    async def _do_auth(self, secret: bytes) -> None:
+        try:
+            state = await self.server.query_auth(secret, self.remote_address.rsplit(":", 1)[0], self.tls)
+        except AuthError as exc:
+            log.warning("%s: auth query failed: %s", self.remote_address, exc)
+            self._fatal("E_AUTH_FAILED", "AUTH failed")
+        if not state.authorizations:
+            self._fatal("E_UNAUTHORIZED", "AUTH no authorizations found")
+        self.auth = state
+        self._auth_secret = secret
+        reply = {"identity": state.identity, "identity_url": state.identity_url,
+                 "permission_count": len(state.authorizations)}
+        self._send(nsq.frame_response(json.dumps(reply, separators=(",", ":")).encode()))
+
+    def _fatal(self, code: str, text: str) -> None:
+        self._send_error(nsq.fatal(code, text))
+        self.codec.closed()
+        raise _Close(f"{code} {text}")
+
+    def _check_auth(self, command: str, topic: str, channel: str = "") -> Any:
+        """nsqd's CheckAuth; returns an awaitable when the cached authorization has expired."""
+        if not self.server.auth_enabled:
+            return None
+        if self.auth is None:
+            self._fatal("E_AUTH_FIRST", f"AUTH required before {command}")
+        assert self.auth is not None
+        if time.monotonic() >= self.auth.expires_at:
+            return self._refresh_auth(command, topic, channel)
+        self._authorize(command, topic, channel)
+        return None
+
+    async def _refresh_auth(self, command: str, topic: str, channel: str) -> None:
+        try:
+            self.auth = await self.server.query_auth(self._auth_secret, self.remote_address.rsplit(":", 1)[0],
+                                                     self.tls)
+        except AuthError:
+            self._fatal("E_AUTH_FAILED", "AUTH failed")
+        self._authorize(command, topic, channel)
+
+    def _authorize(self, command: str, topic: str, channel: str) -> None:
+        assert self.auth is not None
+        if not any(a.allows(topic, channel) for a in self.auth.authorizations):
+            self._fatal("E_UNAUTHORIZED",
+                        f"AUTH failed for {command} on {nsq.go_quote(topic.encode())} {nsq.go_quote(channel.encode())}")
+
+    def _sub(self, command: nsq.Sub) -> Any:
+        pending = self._check_auth("SUB", command.topic, command.channel)
+        if pending is not None:
+            return self._after(pending, lambda: self._subscribe(command))
+        self._subscribe(command)
+        return None
+
+    def _subscribe(self, command: nsq.Sub) -> None:
+        engine = self.engine
+        engine.ensure_topic(command.topic, ephemeral=nsq.is_ephemeral(command.topic))
+        name = queue_name(command.topic, command.channel)
+        engine.ensure_queue(name, ephemeral=nsq.is_ephemeral(command.channel))
+        engine.bind(name, command.topic)
+        self.topic, self.channel = command.topic, command.channel
+        self.consumer = engine.attach(
+            name,
+            self._deliver,
+            credit=0,
+            msg_timeout=self.msg_timeout,
+            max_msg_timeout=self.limits.max_msg_timeout_ms / 1000,
+            sample_rate=self.sample_rate,
+            on_close=self.close,
+            tag=self,
+        )
+        self.codec.subscribed()
+        self._send(nsq.FRAME_OK)
+
+    async def _after(self, pending: Any, then: Callable[[], None]) -> None:
+        await pending
+        then()
+
+    def _rdy(self, command: nsq.Rdy) -> None:
+        if self.consumer is not None:
+            self.consumer.set_credit(command.count)
+
+    def _fin(self, command: nsq.Fin) -> None:
+        self._ack("FIN", "E_FIN_FAILED", command.msg_id, lambda c, i: c.finish(i))
+
+    def _req(self, command: nsq.Req) -> None:
+        self._ack("REQ", "E_REQ_FAILED", command.msg_id, lambda c, i: c.requeue(i, command.timeout_ms / 1000))
+
+    def _touch(self, command: nsq.Touch) -> None:
+        self._ack("TOUCH", "E_TOUCH_FAILED", command.msg_id, lambda c, i: c.touch(i))
+
+    def _ack(self, name: str, code: str, raw_id: bytes, action: Callable[[Consumer, int], Outcome]) -> None:
+        consumer = self.consumer
+        message_id = parse_message_id(raw_id)
+        if consumer is None or message_id is None:
+            outcome = Outcome.NOT_IN_FLIGHT
+        else:
+            outcome = action(consumer, message_id)
+        if outcome is not Outcome.OK:
+            self._send_error(nsq.non_fatal(code, f"{name} ".encode() + raw_id + f" failed {outcome.value}".encode()))
+
+    def _cls(self, command: nsq.Cls) -> None:
+        if self.consumer is not None:
+            self.consumer.set_credit(0)
+        self.codec.closing()
+        self._send(nsq.FRAME_CLOSE_WAIT)
+
+    def _nop(self, command: nsq.Nop) -> None:
+        pass
+
+    def _ensure_topic(self, topic: str) -> None:
+        if topic not in self.engine.topics:
+            self.engine.ensure_topic(topic, ephemeral=nsq.is_ephemeral(topic))
+
+    def _published(self, topic: str, count: int) -> None:
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
+        # The acknowledgement waits for the storage's durability policy (group commit).
+        self.engine.storage.sync(self._ack_publish)
+
+    def _ack_publish(self) -> None:
+        self._send(nsq.FRAME_OK)
+        self._wake.set()
+
+    def _pub(self, command: nsq.Pub) -> Any:
+        pending = self._check_auth("PUB", command.topic)
+        if pending is not None:
+            return self._after(pending, lambda: self._pub(command))
+        self._ensure_topic(command.topic)
+        self.engine.publish(command.topic, command.body)
+        self._published(command.topic, 1)
+        return None
+
+    def _mpub(self, command: nsq.Mpub) -> Any:
+        pending = self._check_auth("MPUB", command.topic)
+        if pending is not None:
+            return self._after(pending, lambda: self._mpub(command))
+        self._ensure_topic(command.topic)
+        self.engine.publish_many(command.topic, command.bodies)
+        self._published(command.topic, len(command.bodies))
+        return None
+
+    def _dpub(self, command: nsq.Dpub) -> Any:
+        pending = self._check_auth("DPUB", command.topic)
+        if pending is not None:
+            return self._after(pending, lambda: self._dpub(command))
+        self._ensure_topic(command.topic)
+        self.engine.publish(command.topic, command.body, delay=command.defer_ms / 1000)
+        self._published(command.topic, 1)
+        return None
+
+    _handlers: dict[type, Callable[[NSQSession, Any], Any]] = {
+        nsq.Identify: _identify,
+        nsq.Auth: _auth,
+        nsq.Sub: _sub,
+        nsq.Rdy: _rdy,
+        nsq.Fin: _fin,
+        nsq.Req: _req,
+        nsq.Touch: _touch,
+        nsq.Cls: _cls,
+        nsq.Nop: _nop,
+        nsq.Pub: _pub,
+        nsq.Mpub: _mpub,
+        nsq.Dpub: _dpub,
+    }
+
+    # -- stats -------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """One client as nsqd's /stats shows it (keys in nsqd's order), plus routing keys."""
+        consumer = self.consumer
+        state = {nsq.ClientState.SUBSCRIBED: STATE_SUBSCRIBED, nsq.ClientState.CLOSING: STATE_CLOSING}.get(
+            self.codec.state, STATE_INIT
+        )
+        cipher = ""
+        version = ""
+        if isinstance(self.stream, trio.SSLStream):
+            try:
+                cipher = self.stream.cipher()[0]
+                version = self.stream.version() or ""
+            except (ssl.SSLError, trio.NeedHandshakeError, AttributeError):
+                pass
+        stats: dict[str, Any] = {
+            "client_id": self.client_id,
+            "hostname": self.hostname,
+            "version": "V2",
+            "remote_address": self.remote_address,
+            "state": state,
+            "ready_count": consumer.credit if consumer is not None else 0,
+            "in_flight_count": len(consumer.in_flight) if consumer is not None else 0,
+            "message_count": consumer.message_count if consumer is not None else 0,
+            "finish_count": consumer.finish_count if consumer is not None else 0,
+            "requeue_count": consumer.requeue_count if consumer is not None else 0,
+            "connect_ts": self.connect_ts,
+            "sample_rate": self.sample_rate,
+            "deflate": self.deflate,
+            "snappy": self.snappy,
+            "user_agent": self.user_agent,
+        }
+        if self.auth is not None:
+            stats.update(authed=True, auth_identity=self.auth.identity, auth_identity_url=self.auth.identity_url)
+        if self.pub_counts:
+            stats["pub_counts"] = [{"topic": t, "count": c} for t, c in self.pub_counts.items()]
+        stats.update(
+            tls=self.tls,
+            tls_cipher_suite=cipher,
+            tls_version=version,
+            tls_negotiated_protocol="",
+            tls_negotiated_protocol_is_mutual=False,
+        )
+        stats["_topic"] = self.topic
+        stats["_channel"] = self.channel
+        return stats
+
+
+def _peer(stream: trio.abc.Stream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return "unknown:0"
+    return f"{host}:{port}"

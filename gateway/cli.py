@@ -1,0 +1,39 @@
+"""The `polymq` command: serve, bench, conformance."""
+
+from __future__ import annotations
+
+import click
+from polymq import __version__
+from polymq.conformance.nsq import command as conformance_nsq
+from polymq.gateway.bench_nsq import command as bench_nsq
+from polymq.gateway.serve import command as serve
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="polymq")
+def main() -> None:
+    """polymq: one gateway for NSQ V2 (TCP and HTTP), MQKS, PHPMQ, PZQ and eMQP over one queue engine.
+
+    \b
+    polymq serve         run the gateway (every built protocol, default ports, loopback)
+    polymq bench         measure a server of a protocol (throughput and latency)
+    polymq conformance   black-box checks of a server of a protocol, against any address
+    """
+
+
+@main.group()
+def bench() -> None:
+    """Measure throughput and latency of any server of a protocol (polymq or the original)."""
+
+
+@main.group()
+def conformance() -> None:
+    """Run black-box conformance checks against any server of a protocol.
+
+    Prints one line per check and `N passed, M failed`; exits non-zero if any check failed.
+    """
+
+
+main.add_command(serve, "serve")
+bench.add_command(bench_nsq, "nsq")
+conformance.add_command(conformance_nsq, "nsq")

@@ -1,0 +1,161 @@
+"""`polymq serve`: run the gateway in one trio run.
+
+Prints `polymq listening <name> <host>:<port>` for each listener and then `polymq ready`
+(tests and scripts start it with port 0 and read those lines). SIGTERM and SIGINT stop it
+cleanly with exit status 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import socket
+import sys
+from functools import partial
+from pathlib import Path
+
+import attrs
+import click
+import trio
+from polymq.adapters.nsq import NSQServer
+from polymq.codecs.nsq import ServerLimits
+from polymq.core.clock import SystemClock
+from polymq.core.engine import Engine
+from polymq.gateway.nsq_http import serve_nsq_http
+
+log = logging.getLogger("polymq")
+
+# nsqd's defaults (nsq-notes §1); polymq binds loopback unless told otherwise.
+DEFAULT_BIND = "127.0.0.1"
+DEFAULT_NSQ_TCP_PORT = 4150
+DEFAULT_NSQ_HTTP_PORT = 4151
+# trio.serve_tcp's listen backlog; the original MQKS used 256, nsqd the OS default.
+LISTEN_BACKLOG = 1024
+
+
+@attrs.define
+class GatewayConfig:
+    bind: str = DEFAULT_BIND
+    nsq_tcp_port: int | None = DEFAULT_NSQ_TCP_PORT  # None = protocol off
+    nsq_http_port: int | None = DEFAULT_NSQ_HTTP_PORT
+    data_dir: Path = Path("data")
+    nsq_limits: ServerLimits = attrs.field(factory=ServerLimits)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    auth_http_address: str | None = None
+
+
+class TimerTask:
+    """Services the engine's timer heap: sleeps until the next deadline or a new, earlier one."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._wake = trio.Event()
+        engine.timers.on_new_earliest = self._on_new_earliest
+
+    def _on_new_earliest(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        engine = self.engine
+        while True:
+            due = engine.timers.next_due()
+            delay = math.inf if due is None else max(0.0, due - engine.clock.now())
+            if delay > 0:
+                with trio.move_on_after(delay):
+                    await self._wake.wait()
+            self._wake = trio.Event()
+            engine.run_timers()
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(LISTEN_BACKLOG)
+    return sock
+
+
+def announce(name: str, sock: socket.socket | trio.socket.SocketType) -> None:
+    host, port = sock.getsockname()[:2]
+    print(f"polymq listening {name} {host}:{port}", flush=True)
+
+
+async def run_gateway(config: GatewayConfig, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
+    engine = Engine(clock=SystemClock())
+    timer_task = TimerTask(engine)
+    limits = config.nsq_limits
+    ssl_context = None
+    if config.tls_cert is not None:
+        import ssl
+
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(str(config.tls_cert), str(config.tls_key) if config.tls_key else None)
+        limits = attrs.evolve(limits, tls_available=True)
+    if config.auth_http_address:
+        limits = attrs.evolve(limits, auth_enabled=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(timer_task.run)
+        nsq = NSQServer(engine, limits, ssl_context=ssl_context, auth_http_address=config.auth_http_address)
+        if config.nsq_tcp_port is not None:
+            listeners = await nursery.start(
+                partial(trio.serve_tcp, nsq.handle_stream, config.nsq_tcp_port, host=config.bind,
+                        backlog=LISTEN_BACKLOG)
+            )
+            announce("nsq-tcp", listeners[0].socket)
+            nsq.tcp_port = listeners[0].socket.getsockname()[1]
+        if config.nsq_http_port is not None:
+            sock = _listening_socket(config.bind, config.nsq_http_port)
+            announce("nsq-http", sock)
+            nsq.http_port = sock.getsockname()[1]
+            await nursery.start(serve_nsq_http, engine, nsq, sock)
+        print("polymq ready", flush=True)
+        task_status.started(engine)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s, shutting down", signal.Signals(signum).name)
+                await nsq.shutdown()
+                nursery.cancel_scope.cancel()
+                break
+
+
+@click.command()
+@click.option("--bind", default=DEFAULT_BIND, show_default=True, help="Address every listener binds to.")
+@click.option("--nsq-tcp-port", type=int, default=DEFAULT_NSQ_TCP_PORT, show_default=True,
+              help="NSQ V2 TCP port (0 = any free port, -1 = off).")
+@click.option("--nsq-http-port", type=int, default=DEFAULT_NSQ_HTTP_PORT, show_default=True,
+              help="nsqd HTTP API port (0 = any free port, -1 = off).")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True,
+              help="Where durable storage keeps its files.")
+@click.option("--tls-cert", type=click.Path(exists=True, path_type=Path), default=None,
+              help="PEM certificate: enables the NSQ tls_v1 upgrade.")
+@click.option("--tls-key", type=click.Path(exists=True, path_type=Path), default=None, help="PEM private key.")
+@click.option("--tls-required", is_flag=True, help="Refuse every NSQ command but IDENTIFY before TLS.")
+@click.option("--auth-http-address", default=None, help="host:port of an nsqd-style auth server.")
+@click.option("--msg-timeout", type=int, default=60_000, show_default=True, help="NSQ default msg timeout (ms).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def command(bind: str, nsq_tcp_port: int, nsq_http_port: int, data_dir: Path, tls_cert: Path | None,
+            tls_key: Path | None, tls_required: bool, auth_http_address: str | None, msg_timeout: int,
+            log_level: str) -> None:
+    """Run the gateway with every protocol built so far, on loopback by default.
+
+    NSQ V2 on TCP 4150 and the nsqd HTTP API on 4151. Storage is in memory for now
+    (durable embedded storage is the next piece of work).
+    """
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    limits = ServerLimits(msg_timeout_ms=msg_timeout, tls_required=tls_required)
+    config = GatewayConfig(
+        bind=bind,
+        nsq_tcp_port=None if nsq_tcp_port < 0 else nsq_tcp_port,
+        nsq_http_port=None if nsq_http_port < 0 else nsq_http_port,
+        data_dir=data_dir,
+        nsq_limits=limits,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        auth_http_address=auth_http_address,
+    )
+    trio.run(run_gateway, config)
