@@ -1,0 +1,36 @@
+# The two commands of a fresh machine: `make serve` and `make test` (see README.md).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.polymq-installed
+
+.PHONY: install serve test lint interop-envs bench conformance
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The gateway with every protocol built so far, default ports, loopback.
+serve: install
+	$(BIN)/polymq serve
+
+# The real NSQ client libraries (PyPI, npm) the interop tests drive, each in its own environment.
+interop-envs:
+	bash tests/interop/setup_envs.sh
+
+lint: install
+	$(BIN)/ruff check .
+
+# Everything: lint, unit, property, integration, interop, conformance.
+test: install interop-envs lint
+	$(BIN)/pytest
+
+bench: install
+	$(BIN)/polymq bench nsq --tcp 127.0.0.1:4150 --http 127.0.0.1:4151
+
+conformance: install
+	$(BIN)/polymq conformance nsq --tcp 127.0.0.1:4150 --http 127.0.0.1:4151
