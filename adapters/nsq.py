@@ -362,10 +362,9 @@ class NSQSession:
         if self._out_bytes >= self.output_buffer_size or (consumer is not None and consumer.available() <= 0):
             self._urgent = True
             self._wake.set()
-        elif self._flush_deadline == math.inf:
-            if self.output_buffer_timeout > 0:
-                self._flush_deadline = trio.current_time() + self.output_buffer_timeout
-                self._wake.set()
+        elif self._flush_deadline == math.inf and self.output_buffer_timeout > 0:
+            self._flush_deadline = trio.current_time() + self.output_buffer_timeout
+            self._wake.set()
 
     # -- commands ----------------------------------------------------------------------------
 

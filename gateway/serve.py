@@ -83,7 +83,9 @@ def announce(name: str, sock: socket.socket | trio.socket.SocketType) -> None:
     print(f"polymq listening {name} {host}:{port}", flush=True)
 
 
-async def run_gateway(config: GatewayConfig, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
+async def run_gateway(
+    config: GatewayConfig, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED
+) -> None:
     engine = Engine(clock=SystemClock())
     timer_task = TimerTask(engine)
     limits = config.nsq_limits
