@@ -38,6 +38,7 @@ from polymq.codecs.compression import (
     SnappyDecompressor,
 )
 from polymq.core.engine import Consumer, Engine, Message, Outcome
+from polymq.core.timers import Timer
 
 log = logging.getLogger("polymq.nsq")
 
@@ -52,6 +53,10 @@ MAX_AUTH_REPLY = 1024 * 1024
 AUTH_TIMEOUT_S = 5.0
 # nsqd client states as /stats reports them (nsq-notes §7).
 STATE_INIT, STATE_SUBSCRIBED, STATE_CLOSING = 0, 3, 4
+# Deadline checks run on heartbeat ticks; allow for the timer firing a hair early or late.
+TICK_TOLERANCE_S = 0.005
+# A TLS handshake gets at least this long (or one heartbeat interval, if longer).
+TLS_HANDSHAKE_TIMEOUT_S = 5.0
 
 _HEX_DIGITS = b"0123456789abcdef"
 
@@ -228,6 +233,11 @@ class NSQSession:
         self._flush_deadline = math.inf  # output_buffer_timeout for buffered messages
         self._wake = trio.Event()
         self._drained = trio.Event()
+        self._sending = False  # a task is inside `_flush`
+        self._send_started: float | None = None  # engine clock time the current send began
+        self._last_read = 0.0
+        self._tick: Timer | None = None
+        self._close_after_flush: str | None = None
         self._compressor: DeflateCompressor | SnappyCompressor | None = None
         self._decompressor: DeflateDecompressor | SnappyDecompressor | None = None
         self._cancel_scope: trio.CancelScope | None = None
@@ -236,6 +246,8 @@ class NSQSession:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> None:
+        self._last_read = self.engine.clock.now()
+        self._schedule_tick()
         try:
             async with trio.open_nursery() as nursery:
                 self._cancel_scope = nursery.cancel_scope
@@ -247,9 +259,11 @@ class NSQSession:
                 await self._drain_output()
                 nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError,
-                trio.TooSlowError) as exc:
+                trio.TooSlowError, _Close) as exc:
             log.debug("%s: connection ended: %r", self.remote_address, exc)
         finally:
+            if self._tick is not None:
+                self._tick.cancel()
             if self.consumer is not None:
                 self.consumer.detach()
                 self.consumer = None
@@ -258,23 +272,50 @@ class NSQSession:
                     await self.stream.aclose()
 
     def close(self, reason: str) -> None:
-        """Close from outside the session (channel deleted, shutdown)."""
+        """Close from outside the session (channel deleted, shutdown, a deadline passed)."""
         self._closing_reason = reason
         if self._cancel_scope is not None:
             self._cancel_scope.cancel()
+
+    def _schedule_tick(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        if self.heartbeat_interval > 0:
+            self._tick = self.engine.timers.schedule(
+                self.engine.clock.now() + self.heartbeat_interval, self._on_tick
+            )
+
+    def _on_tick(self) -> None:
+        """Every heartbeat interval (engine timer): send `_heartbeat_`, enforce nsqd's deadlines.
+
+        Read deadline: two intervals without a byte from the client. Write deadline: one
+        interval stuck in a send (nsq-notes §5). Checking them here keeps cancel scopes off
+        every read and write.
+        """
+        self._tick = None
+        now = self.engine.clock.now()
+        interval = self.heartbeat_interval
+        if self._send_started is not None and now - self._send_started >= interval:
+            self.close("write deadline exceeded")
+            return
+        self._send(nsq.FRAME_HEARTBEAT)
+        self._wake.set()
+        if now - self._last_read >= 2 * interval - TICK_TOLERANCE_S:
+            self._close_after_flush = "client timed out: no data for two heartbeat intervals"
+            return
+        self._schedule_tick()
 
     # -- reading -----------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
         codec = self.codec
+        clock = self.engine.clock
         while True:
-            deadline = math.inf if self.heartbeat_interval <= 0 else 2 * self.heartbeat_interval
-            with trio.move_on_after(deadline) as scope:
-                data = await self.stream.receive_some(READ_SIZE)
-            if scope.cancelled_caught:
-                raise _Close("client timed out: no data for two heartbeat intervals")
+            data = await self.stream.receive_some(READ_SIZE)
             if not data:
                 return
+            self._last_read = clock.now()
             if self._decompressor is not None:
                 try:
                     data = self._decompressor.decompress(data)
@@ -296,10 +337,15 @@ class NSQSession:
                 result = handler(self, event)
                 if result is not None:  # a command that must await (IDENTIFY upgrade, AUTH)
                     await result
-            self._wake.set()
+            if self._urgent and not self._sending:
+                # The writer is idle: answer from here, saving a task switch per round trip.
+                await self._flush()
+            elif self._out:
+                self._wake.set()
             if self._out_bytes > MAX_PENDING_OUTPUT:
                 self._drained = trio.Event()
                 self._urgent = True
+                self._wake.set()
                 await self._drained.wait()
 
     # -- writing -----------------------------------------------------------------------------
@@ -313,41 +359,43 @@ class NSQSession:
         self._send(nsq.frame_error(error))
 
     async def _write_loop(self) -> None:
-        next_heartbeat = trio.current_time() + self.heartbeat_interval if self.heartbeat_interval > 0 else math.inf
         while True:
-            now = trio.current_time()
-            if now >= next_heartbeat:
-                self._send(nsq.FRAME_HEARTBEAT)
-                next_heartbeat = now + self.heartbeat_interval if self.heartbeat_interval > 0 else math.inf
-            if self._out and (self._urgent or now >= self._flush_deadline):
+            if self._out and not self._sending and (self._urgent or trio.current_time() >= self._flush_deadline):
                 await self._flush()
                 continue
-            wake_at = min(next_heartbeat, self._flush_deadline if self._out else math.inf)
-            with trio.move_on_at(wake_at):
+            if self._close_after_flush is not None and not self._out and not self._sending:
+                self.close(self._close_after_flush)
+                return
+            if self._out and not self._urgent and self._flush_deadline < math.inf:
+                with trio.move_on_at(self._flush_deadline):
+                    await self._wake.wait()
+            else:
                 await self._wake.wait()
             self._wake = trio.Event()
-            # The heartbeat interval may have been changed by IDENTIFY.
-            if self.heartbeat_interval <= 0:
-                next_heartbeat = math.inf
-            elif next_heartbeat == math.inf or next_heartbeat - trio.current_time() > self.heartbeat_interval:
-                next_heartbeat = trio.current_time() + self.heartbeat_interval
 
     async def _flush(self) -> None:
-        data = b"".join(self._out)
-        self._out.clear()
-        self._out_bytes = 0
-        self._urgent = False
-        self._flush_deadline = math.inf
-        if self._compressor is not None:
-            data = self._compressor.compress(data)
-        # nsqd's write deadline is one heartbeat interval.
-        timeout = self.heartbeat_interval if self.heartbeat_interval > 0 else math.inf
-        with trio.fail_after(timeout):
-            await self.stream.send_all(data)
+        """Send everything queued. Only one task sends at a time (`_sending`)."""
+        self._sending = True
+        self._send_started = self.engine.clock.now()
+        try:
+            while self._out:
+                data = b"".join(self._out)
+                self._out.clear()
+                self._out_bytes = 0
+                self._urgent = False
+                self._flush_deadline = math.inf
+                if self._compressor is not None:
+                    data = self._compressor.compress(data)
+                await self.stream.send_all(data)
+        finally:
+            self._sending = False
+            self._send_started = None
         self._drained.set()
+        if self._close_after_flush is not None:
+            self._wake.set()
 
     async def _drain_output(self) -> None:
-        if self._out:
+        if self._out and not self._sending:
             with trio.move_on_after(max(self.heartbeat_interval, 1.0)):
                 await self._flush()
 
@@ -377,7 +425,7 @@ class NSQSession:
         self.output_buffer_timeout = command.output_buffer_timeout_ms / 1000
         self.msg_timeout = command.msg_timeout_ms / 1000
         self.sample_rate = command.sample_rate
-        self._wake.set()  # the writer re-reads the heartbeat interval
+        self._schedule_tick()
         tls = command.tls_v1 and self.server.ssl_context is not None
         if not command.feature_negotiation:
             self._send(nsq.FRAME_OK)
@@ -388,38 +436,49 @@ class NSQSession:
         return self._upgrade(tls, command)
 
     async def _upgrade(self, tls: bool, command: nsq.Identify) -> None:
-        """After the IDENTIFY reply: TLS handshake, then compression, each confirmed by `OK`."""
-        await self._flush_now()
-        leftover = self.codec.take_buffered()
-        if tls:
-            assert self.server.ssl_context is not None
-            ssl_stream = trio.SSLStream(self.stream, self.server.ssl_context, server_side=True)
-            with trio.fail_after(max(self.heartbeat_interval, 5.0)):
-                await ssl_stream.do_handshake()
-            self.stream = ssl_stream
-            self.tls = True
-            self.codec.tls_active = True
-            self._send(nsq.FRAME_OK)
-            await self._flush_now()
-        if command.deflate:
-            self._compressor = DeflateCompressor(command.deflate_level)
-            self._decompressor = DeflateDecompressor(self.limits.max_body_size + 2 * nsq.MAX_LINE_LENGTH)
-            self.deflate = True
-        elif command.snappy:
-            self._compressor = SnappyCompressor()
-            self._decompressor = SnappyDecompressor()
-            self.snappy = True
-        if command.deflate or command.snappy:
-            self._send(nsq.FRAME_OK)
-            await self._flush_now()
-            if leftover and self._decompressor is not None:
-                self.codec.receive_data(self._decompressor.decompress(leftover))
-        elif leftover:
-            self.codec.receive_data(leftover)
+        """After the IDENTIFY reply: TLS handshake, then compression, each confirmed by `OK`.
 
-    async def _flush_now(self) -> None:
+        The writer is held off (`_sending`) for the whole sequence, so nothing else (a heartbeat,
+        say) can slip between the reply, the handshake and the `OK` the client waits for.
+        """
+        while self._sending:
+            self._drained = trio.Event()
+            await self._drained.wait()
+        self._sending = True
+        try:
+            reply = b"".join(self._out)
+            self._out.clear()
+            self._out_bytes = 0
+            self._urgent = False
+            await self.stream.send_all(reply)
+            leftover = self.codec.take_buffered()
+            if tls:
+                assert self.server.ssl_context is not None
+                ssl_stream = trio.SSLStream(self.stream, self.server.ssl_context, server_side=True)
+                with trio.fail_after(max(self.heartbeat_interval, TLS_HANDSHAKE_TIMEOUT_S)):
+                    await ssl_stream.do_handshake()
+                self.stream = ssl_stream
+                self.tls = True
+                self.codec.tls_active = True
+                await self.stream.send_all(nsq.FRAME_OK)
+            if command.deflate:
+                self._compressor = DeflateCompressor(command.deflate_level)
+                self._decompressor = DeflateDecompressor(self.limits.max_body_size + 2 * nsq.MAX_LINE_LENGTH)
+                self.deflate = True
+            elif command.snappy:
+                self._compressor = SnappyCompressor()
+                self._decompressor = SnappyDecompressor()
+                self.snappy = True
+            if self._compressor is not None:
+                await self.stream.send_all(self._compressor.compress(nsq.FRAME_OK))
+                if leftover and self._decompressor is not None:
+                    leftover = self._decompressor.decompress(leftover)
+            if leftover:
+                self.codec.receive_data(leftover)
+        finally:
+            self._sending = False
         if self._out:
-            await self._flush()
+            self._wake.set()
 
     def _auth(self, command: nsq.Auth) -> Any:
         if self.auth is not None:
