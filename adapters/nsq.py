@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 import h11
 import trio
+
 from polymq.codecs import nsq
 from polymq.codecs.compression import (
     DecompressionError,
@@ -128,6 +129,9 @@ class NSQServer:
         self.sessions.add(session)
         try:
             await session.run()
+        except Exception:
+            # A bug in one session must not end trio.serve_tcp, i.e. the whole gateway.
+            log.exception("%s: session failed", session.remote_address)
         finally:
             self.sessions.discard(session)
 
@@ -258,9 +262,10 @@ class NSQSession:
                     self._closing_reason = str(close)
                 await self._drain_output()
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError,
-                trio.TooSlowError, _Close) as exc:
-            log.debug("%s: connection ended: %r", self.remote_address, exc)
+        # `except*`: the nursery wraps its tasks' errors in an ExceptionGroup (trio's strict groups).
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError,
+                 trio.TooSlowError, _Close) as group:
+            log.debug("%s: connection ended: %r", self.remote_address, group.exceptions)
         finally:
             if self._tick is not None:
                 self._tick.cancel()

@@ -11,6 +11,7 @@ import struct
 from typing import Any
 
 import attrs
+
 from polymq.codecs.nsq import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+
 from polymq import __version__
 from polymq.conformance.nsq import command as conformance_nsq
 from polymq.gateway.bench_nsq import command as bench_nsq

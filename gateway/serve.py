@@ -18,6 +18,7 @@ from pathlib import Path
 import attrs
 import click
 import trio
+
 from polymq.adapters.nsq import NSQServer
 from polymq.codecs.nsq import ServerLimits
 from polymq.core.clock import SystemClock
@@ -98,24 +99,25 @@ async def run_gateway(
         limits = attrs.evolve(limits, tls_available=True)
     if config.auth_http_address:
         limits = attrs.evolve(limits, auth_enabled=True)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(timer_task.run)
-        nsq = NSQServer(engine, limits, ssl_context=ssl_context, auth_http_address=config.auth_http_address)
-        if config.nsq_tcp_port is not None:
-            listeners = await nursery.start(
-                partial(trio.serve_tcp, nsq.handle_stream, config.nsq_tcp_port, host=config.bind,
-                        backlog=LISTEN_BACKLOG)
-            )
-            announce("nsq-tcp", listeners[0].socket)
-            nsq.tcp_port = listeners[0].socket.getsockname()[1]
-        if config.nsq_http_port is not None:
-            sock = _listening_socket(config.bind, config.nsq_http_port)
-            announce("nsq-http", sock)
-            nsq.http_port = sock.getsockname()[1]
-            await nursery.start(serve_nsq_http, engine, nsq, sock)
-        print("polymq ready", flush=True)
-        task_status.started(engine)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # Installed before any listener, so a signal at any moment after start-up is a clean stop.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(timer_task.run)
+            nsq = NSQServer(engine, limits, ssl_context=ssl_context, auth_http_address=config.auth_http_address)
+            if config.nsq_tcp_port is not None:
+                listeners = await nursery.start(
+                    partial(trio.serve_tcp, nsq.handle_stream, config.nsq_tcp_port, host=config.bind,
+                            backlog=LISTEN_BACKLOG)
+                )
+                announce("nsq-tcp", listeners[0].socket)
+                nsq.tcp_port = listeners[0].socket.getsockname()[1]
+            if config.nsq_http_port is not None:
+                sock = _listening_socket(config.bind, config.nsq_http_port)
+                announce("nsq-http", sock)
+                nsq.http_port = sock.getsockname()[1]
+                await nursery.start(serve_nsq_http, engine, nsq, sock)
+            print("polymq ready", flush=True)
+            task_status.started(engine)
             async for signum in signals:
                 log.info("received %s, shutting down", signal.Signals(signum).name)
                 await nsq.shutdown()

@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from support.gateway import GatewayProcess, running_gateway
 
 
