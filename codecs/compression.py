@@ -51,6 +51,8 @@ class SnappyCompressor:
         self._started = False
 
     def compress(self, data: bytes) -> bytes:
+        if not data:  # cramjam encodes b"" as b"" (no stream identifier): don't count it as the start
+            return b""
         encoded = bytes(cramjam.snappy.compress(data))
         if self._started:
             # Every call emits a stream identifier; the format allows repeats, but one is enough.

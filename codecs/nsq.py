@@ -40,7 +40,8 @@ MAX_LINE_LENGTH = 16 * 1024
 # Name rule of nsqd internal/protocol/names.go, with the 64-byte limit of v1.3.0 (nsq-notes §6).
 MAX_NAME_LENGTH = 64
 EPHEMERAL_SUFFIX = "#ephemeral"
-_NAME_RE = re.compile(rb"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+# `\Z`, not `$`: Python's `$` also matches before a trailing newline, Go's does not.
+_NAME_RE = re.compile(rb"^[.a-zA-Z0-9_-]+(#ephemeral)?\Z")
 
 _SIZE = struct.Struct(">i")
 _SIZE_U = struct.Struct(">I")
@@ -242,10 +243,15 @@ def go_quote(raw: bytes) -> str:
 
 
 def _base10(raw: bytes) -> int | None:
-    """nsqd's ByteToBase10: digits only (no sign); the empty string is 0."""
+    """nsqd's ByteToBase10: digits only (no sign); the empty string is 0; wraps like Go's uint64."""
     if raw and not raw.isdigit():
         return None
-    return int(raw) if raw else 0
+    if len(raw) <= 19:
+        return int(raw) if raw else 0
+    value = 0  # int() refuses more than 4300 digits, and Go wraps anyway
+    for digit in raw:
+        value = (value * 10 + digit - 48) & 0xFFFFFFFFFFFFFFFF
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +345,8 @@ class ServerConnection:
     # -- input ---------------------------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> None:
-        self._buffer += data
+        if self.state is not ClientState.CLOSED:  # after a fatal error nothing more is parsed
+            self._buffer += data
 
     @property
     def buffered(self) -> int:
@@ -368,10 +375,12 @@ class ServerConnection:
         if newline < 0:
             if len(self._buffer) >= MAX_LINE_LENGTH:
                 self.state = ClientState.CLOSED
+                self._buffer.clear()
                 return CloseSilently(f"command line longer than {MAX_LINE_LENGTH} bytes")
             return NEED_DATA
         if newline >= MAX_LINE_LENGTH:
             self.state = ClientState.CLOSED
+            self._buffer.clear()
             return CloseSilently(f"command line longer than {MAX_LINE_LENGTH} bytes")
         line = bytes(self._buffer[:newline])
         del self._buffer[: newline + 1]
@@ -393,7 +402,7 @@ class ServerConnection:
     def _command(self, params: list[bytes]) -> Event:
         name = params[0]
         if self.limits.tls_required and not self.tls_active and name != b"IDENTIFY":
-            return fatal("E_INVALID", f"cannot {name.decode('latin-1')} in current state (TLS required)")
+            return fatal("E_INVALID", b"cannot " + name + b" in current state (TLS required)")
         handler = _LINE_COMMANDS.get(name)
         if handler is not None:
             return handler(self, params)
@@ -443,8 +452,8 @@ class ServerConnection:
             parsed = _base10(params[1])
             if parsed is None:
                 return fatal("E_INVALID", b"RDY could not parse count " + params[1])
-            count = parsed
-        if count > self.limits.max_rdy_count:
+            count = parsed - (1 << 64) if parsed >= 1 << 63 else parsed  # nsqd: int64(b10)
+        if count < 0 or count > self.limits.max_rdy_count:
             return fatal("E_INVALID", f"RDY count {count} out of range 0-{self.limits.max_rdy_count}")
         return Rdy(count)
 
@@ -506,9 +515,11 @@ class ServerConnection:
     def _identify_body(self, params: list[bytes], body: bytes) -> Event:
         try:
             data = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             return fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
-        if not isinstance(data, dict):
+        if data is None:  # Go's json.Unmarshal of null leaves the struct alone
+            data = {}
+        if not isinstance(data, dict) or not _identify_types_ok(data):
             return fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
         result = negotiate_identify(data, self.limits)
         if isinstance(result, Identify):
@@ -618,10 +629,12 @@ def negotiate_identify(data: dict[str, Any], limits: ServerLimits) -> Identify |
     """Validate IDENTIFY keys with nsqd's rules (nsq-notes §4) and compute the effective values."""
 
     def integer(key: str) -> int | None:
-        value = data.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        value = data.get(key)
+        if value is None:  # absent or null: Go leaves the field at 0
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int):
             return None
-        return int(value)
+        return value
 
     def flag(key: str) -> bool:
         return data.get(key) is True
@@ -672,14 +685,16 @@ def negotiate_identify(data: dict[str, Any], limits: ServerLimits) -> Identify |
     elif msg_timeout < 1000 or msg_timeout > limits.max_msg_timeout_ms:
         return fatal("E_BAD_BODY", f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
 
-    deflate = flag("deflate") and limits.deflate_enabled
-    snappy = flag("snappy") and limits.snappy_enabled
+    # nsqd only looks at deflate/snappy when negotiating features (else it answers OK, uncompressed).
+    negotiation = flag("feature_negotiation")
+    deflate = flag("deflate") and limits.deflate_enabled and negotiation
+    snappy = flag("snappy") and limits.snappy_enabled and negotiation
     if deflate and snappy:
         return fatal("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")
     deflate_level = integer("deflate_level")
     if deflate_level is None:
         return fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
-    if deflate_level <= 0:
+    if deflate_level <= 0 or not deflate:
         deflate_level = 6
     deflate_level = min(deflate_level, limits.max_deflate_level)
 
@@ -688,7 +703,7 @@ def negotiate_identify(data: dict[str, Any], limits: ServerLimits) -> Identify |
         client_id=text("client_id"),
         hostname=text("hostname"),
         user_agent=text("user_agent"),
-        feature_negotiation=flag("feature_negotiation"),
+        feature_negotiation=negotiation,
         heartbeat_interval_ms=heartbeat,
         output_buffer_size=buffer_size,
         output_buffer_timeout_ms=buffer_timeout,
@@ -699,6 +714,32 @@ def negotiate_identify(data: dict[str, Any], limits: ServerLimits) -> Identify |
         sample_rate=sample_rate,
         msg_timeout_ms=msg_timeout,
     )
+
+
+# IDENTIFY keys with their Go types in nsqd's identifyDataV2: a mismatch (or an int overflow) makes
+# json.Unmarshal fail, so nsqd answers "failed to decode JSON body"; null is accepted.
+_IDENTIFY_STRINGS = frozenset({"client_id", "hostname", "user_agent"})
+_IDENTIFY_FLAGS = frozenset({"feature_negotiation", "tls_v1", "deflate", "snappy"})
+_IDENTIFY_INT_BITS = {"heartbeat_interval": 64, "output_buffer_size": 64, "output_buffer_timeout": 64,
+                      "deflate_level": 64, "msg_timeout": 64, "sample_rate": 32}
+
+
+def _identify_types_ok(data: dict[str, Any]) -> bool:
+    for key, value in data.items():
+        if value is None:
+            continue
+        if key in _IDENTIFY_STRINGS:
+            ok = isinstance(value, str)
+        elif key in _IDENTIFY_FLAGS:
+            ok = isinstance(value, bool)
+        elif key in _IDENTIFY_INT_BITS:
+            bits = _IDENTIFY_INT_BITS[key] - 1
+            ok = type(value) is int and -(1 << bits) <= value < (1 << bits)
+        else:
+            continue
+        if not ok:
+            return False
+    return True
 
 
 _LINE_COMMANDS = {
