@@ -56,6 +56,7 @@ AUTH_TIMEOUT_S = 5.0
 STATE_INIT, STATE_SUBSCRIBED, STATE_CLOSING = 0, 3, 4
 # Deadline checks run on heartbeat ticks; allow for the timer firing a hair early or late.
 TICK_TOLERANCE_S = 0.005
+READ_TIMEOUT_REASON = "client timed out: no data for two heartbeat intervals"
 # A TLS handshake gets at least this long (or one heartbeat interval, if longer).
 TLS_HANDSHAKE_TIMEOUT_S = 5.0
 
@@ -241,6 +242,7 @@ class NSQSession:
         self._send_started: float | None = None  # engine clock time the current send began
         self._last_read = 0.0
         self._tick: Timer | None = None
+        self._read_check: Timer | None = None
         self._close_after_flush: str | None = None
         self._compressor: DeflateCompressor | SnappyCompressor | None = None
         self._decompressor: DeflateDecompressor | SnappyDecompressor | None = None
@@ -260,6 +262,8 @@ class NSQSession:
                     await self._read_loop()
                 except _Close as close:
                     self._closing_reason = str(close)
+                    if self.consumer is not None:
+                        self.consumer.set_credit(0)  # no message frames after a fatal error frame
                 await self._drain_output()
                 nursery.cancel_scope.cancel()
         # `except*`: the nursery wraps its tasks' errors in an ExceptionGroup (trio's strict groups).
@@ -267,8 +271,9 @@ class NSQSession:
                  trio.TooSlowError, _Close) as group:
             log.debug("%s: connection ended: %r", self.remote_address, group.exceptions)
         finally:
-            if self._tick is not None:
-                self._tick.cancel()
+            for timer in (self._tick, self._read_check):
+                if timer is not None:
+                    timer.cancel()
             if self.consumer is not None:
                 self.consumer.detach()
                 self.consumer = None
@@ -306,10 +311,21 @@ class NSQSession:
             return
         self._send(nsq.FRAME_HEARTBEAT)
         self._wake.set()
-        if now - self._last_read >= 2 * interval - TICK_TOLERANCE_S:
-            self._close_after_flush = "client timed out: no data for two heartbeat intervals"
+        read_deadline = self._last_read + 2 * interval
+        if now >= read_deadline - TICK_TOLERANCE_S:
+            self._close_after_flush = READ_TIMEOUT_REASON
             return
+        if read_deadline < now + interval and self._read_check is None:
+            # The deadline falls before the next tick: check it at the exact time, as nsqd does.
+            self._read_check = self.engine.timers.schedule(read_deadline, self._check_read_deadline)
         self._schedule_tick()
+
+    def _check_read_deadline(self) -> None:
+        self._read_check = None
+        interval = self.heartbeat_interval
+        if interval > 0 and self.engine.clock.now() - self._last_read >= 2 * interval - TICK_TOLERANCE_S:
+            self._close_after_flush = READ_TIMEOUT_REASON
+            self._wake.set()
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -400,8 +416,11 @@ class NSQSession:
             self._wake.set()
 
     async def _drain_output(self) -> None:
-        if self._out and not self._sending:
-            with trio.move_on_after(max(self.heartbeat_interval, 1.0)):
+        with trio.move_on_after(max(self.heartbeat_interval, 1.0)):
+            while self._sending:  # the writer is mid-send: its loop sends what is queued too
+                self._drained = trio.Event()
+                await self._drained.wait()
+            if self._out:
                 await self._flush()
 
     def _deliver(self, message: Message) -> None:
@@ -477,7 +496,10 @@ class NSQSession:
             if self._compressor is not None:
                 await self.stream.send_all(self._compressor.compress(nsq.FRAME_OK))
                 if leftover and self._decompressor is not None:
-                    leftover = self._decompressor.decompress(leftover)
+                    try:
+                        leftover = self._decompressor.decompress(leftover)
+                    except DecompressionError as exc:
+                        raise _Close(f"bad compressed stream: {exc}") from exc
             if leftover:
                 self.codec.receive_data(leftover)
         finally:
