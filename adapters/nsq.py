@@ -30,6 +30,7 @@ import attrs
 import h11
 import trio
 
+from polymq.adapters.transport import SocketTransport, StreamTransport
 from polymq.codecs import nsq
 from polymq.codecs.compression import (
     DecompressionError,
@@ -125,8 +126,8 @@ class NSQServer:
     def auth_enabled(self) -> bool:
         return self.auth_http_address is not None
 
-    async def handle_stream(self, stream: trio.SocketStream) -> None:
-        session = NSQSession(self, stream)
+    async def handle_connection(self, transport: SocketTransport) -> None:
+        session = NSQSession(self, transport)
         self.sessions.add(session)
         try:
             await session.run()
@@ -205,13 +206,14 @@ class _Close(Exception):
 
 
 class NSQSession:
-    def __init__(self, server: NSQServer, stream: trio.abc.Stream) -> None:
+    def __init__(self, server: NSQServer, transport: SocketTransport | StreamTransport) -> None:
         self.server = server
         self.engine = server.engine
         self.limits = server.limits
-        self.stream: trio.abc.Stream = stream
+        self.transport: SocketTransport | StreamTransport = transport
+        self.ssl_stream: trio.SSLStream[trio.SocketStream] | None = None
         self.codec = nsq.ServerConnection(server.limits)
-        self.remote_address = _peer(stream)
+        self.remote_address = transport.peer
         self.connect_ts = int(time.time())
         # Negotiated settings (IDENTIFY); defaults are nsqd's.
         self.client_id = self.remote_address.rsplit(":", 1)[0]
@@ -279,7 +281,7 @@ class NSQSession:
                 self.consumer = None
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(1):
-                    await self.stream.aclose()
+                    await self.transport.aclose()
 
     def close(self, reason: str) -> None:
         """Close from outside the session (channel deleted, shutdown, a deadline passed)."""
@@ -333,7 +335,7 @@ class NSQSession:
         codec = self.codec
         clock = self.engine.clock
         while True:
-            data = await self.stream.receive_some(READ_SIZE)
+            data = await self.transport.receive_some(READ_SIZE)
             if not data:
                 return
             self._last_read = clock.now()
@@ -407,7 +409,7 @@ class NSQSession:
                 self._flush_deadline = math.inf
                 if self._compressor is not None:
                     data = self._compressor.compress(data)
-                await self.stream.send_all(data)
+                await self.transport.send_all(data)
         finally:
             self._sending = False
             self._send_started = None
@@ -474,17 +476,19 @@ class NSQSession:
             self._out.clear()
             self._out_bytes = 0
             self._urgent = False
-            await self.stream.send_all(reply)
+            await self.transport.send_all(reply)
             leftover = self.codec.take_buffered()
             if tls:
                 assert self.server.ssl_context is not None
-                ssl_stream = trio.SSLStream(self.stream, self.server.ssl_context, server_side=True)
+                assert isinstance(self.transport, SocketTransport)
+                ssl_stream = trio.SSLStream(self.transport.to_stream(), self.server.ssl_context, server_side=True)
                 with trio.fail_after(max(self.heartbeat_interval, TLS_HANDSHAKE_TIMEOUT_S)):
                     await ssl_stream.do_handshake()
-                self.stream = ssl_stream
+                self.transport = StreamTransport(ssl_stream, self.remote_address)
+                self.ssl_stream = ssl_stream
                 self.tls = True
                 self.codec.tls_active = True
-                await self.stream.send_all(nsq.FRAME_OK)
+                await self.transport.send_all(nsq.FRAME_OK)
             if command.deflate:
                 self._compressor = DeflateCompressor(command.deflate_level)
                 self._decompressor = DeflateDecompressor(self.limits.max_body_size + 2 * nsq.MAX_LINE_LENGTH)
@@ -494,7 +498,7 @@ class NSQSession:
                 self._decompressor = SnappyDecompressor()
                 self.snappy = True
             if self._compressor is not None:
-                await self.stream.send_all(self._compressor.compress(nsq.FRAME_OK))
+                await self.transport.send_all(self._compressor.compress(nsq.FRAME_OK))
                 if leftover and self._decompressor is not None:
                     try:
                         leftover = self._decompressor.decompress(leftover)
@@ -687,10 +691,10 @@ class NSQSession:
         )
         cipher = ""
         version = ""
-        if isinstance(self.stream, trio.SSLStream):
+        if self.ssl_stream is not None:
             try:
-                cipher = self.stream.cipher()[0]
-                version = self.stream.version() or ""
+                cipher = self.ssl_stream.cipher()[0]
+                version = self.ssl_stream.version() or ""
             except (ssl.SSLError, trio.NeedHandshakeError, AttributeError):
                 pass
         stats: dict[str, Any] = {
@@ -724,11 +728,3 @@ class NSQSession:
         stats["_topic"] = self.topic
         stats["_channel"] = self.channel
         return stats
-
-
-def _peer(stream: trio.abc.Stream) -> str:
-    try:
-        host, port = stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
-    except (AttributeError, OSError):
-        return "unknown:0"
-    return f"{host}:{port}"

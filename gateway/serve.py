@@ -12,7 +12,6 @@ import math
 import signal
 import socket
 import sys
-from functools import partial
 from pathlib import Path
 
 import attrs
@@ -20,6 +19,7 @@ import click
 import trio
 
 from polymq.adapters.nsq import NSQServer
+from polymq.adapters.transport import serve_tcp
 from polymq.codecs.nsq import ServerLimits
 from polymq.core.clock import SystemClock
 from polymq.core.engine import Engine
@@ -31,7 +31,7 @@ log = logging.getLogger("polymq")
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_NSQ_TCP_PORT = 4150
 DEFAULT_NSQ_HTTP_PORT = 4151
-# trio.serve_tcp's listen backlog; the original MQKS used 256, nsqd the OS default.
+# The listen backlog; the original MQKS used 256, nsqd the OS default.
 LISTEN_BACKLOG = 1024
 
 
@@ -105,12 +105,10 @@ async def run_gateway(
             nursery.start_soon(timer_task.run)
             nsq = NSQServer(engine, limits, ssl_context=ssl_context, auth_http_address=config.auth_http_address)
             if config.nsq_tcp_port is not None:
-                listeners = await nursery.start(
-                    partial(trio.serve_tcp, nsq.handle_stream, config.nsq_tcp_port, host=config.bind,
-                            backlog=LISTEN_BACKLOG)
-                )
-                announce("nsq-tcp", listeners[0].socket)
-                nsq.tcp_port = listeners[0].socket.getsockname()[1]
+                tcp_sock = _listening_socket(config.bind, config.nsq_tcp_port)
+                announce("nsq-tcp", tcp_sock)
+                nsq.tcp_port = tcp_sock.getsockname()[1]
+                await nursery.start(serve_tcp, nsq.handle_connection, tcp_sock)
             if config.nsq_http_port is not None:
                 sock = _listening_socket(config.bind, config.nsq_http_port)
                 announce("nsq-http", sock)
