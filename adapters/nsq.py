@@ -132,7 +132,7 @@ class NSQServer:
         try:
             await session.run()
         except Exception:
-            # A bug in one session must not end trio.serve_tcp, i.e. the whole gateway.
+            # A bug in one session must not end the accept loop, i.e. the whole gateway.
             log.exception("%s: session failed", session.remote_address)
         finally:
             self.sessions.discard(session)
