@@ -245,6 +245,7 @@ class NSQSession:
         self._last_read = 0.0
         self._tick: Timer | None = None
         self._read_check: Timer | None = None
+        self._refill = False  # FINs of this read freed credit: dispatch once at the end
         self._close_after_flush: str | None = None
         self._compressor: DeflateCompressor | SnappyCompressor | None = None
         self._decompressor: DeflateDecompressor | SnappyDecompressor | None = None
@@ -360,6 +361,10 @@ class NSQSession:
                 result = handler(self, event)
                 if result is not None:  # a command that must await (IDENTIFY upgrade, AUTH)
                     await result
+            if self._refill:
+                self._refill = False
+                if self.consumer is not None:
+                    self.consumer.refill()
             if self._urgent and not self._sending:
                 # The writer is idle: answer from here, saving a task switch per round trip.
                 await self._flush()
@@ -599,7 +604,17 @@ class NSQSession:
             self.consumer.set_credit(command.count)
 
     def _fin(self, command: nsq.Fin) -> None:
-        self._ack("FIN", "E_FIN_FAILED", command.msg_id, lambda c, i: c.finish(i))
+        consumer = self.consumer
+        message_id = parse_message_id(command.msg_id)
+        if consumer is not None and message_id is not None:
+            # The freed credit is used once per read (`_refill` in the read loop), not per FIN.
+            outcome = consumer.finish(message_id, refill=False)
+            if outcome is Outcome.OK:
+                self._refill = True
+                return
+        else:
+            outcome = Outcome.NOT_IN_FLIGHT
+        self._send_error(nsq.non_fatal("E_FIN_FAILED", b"FIN " + command.msg_id + b" failed " + outcome.value.encode()))
 
     def _req(self, command: nsq.Req) -> None:
         self._ack("REQ", "E_REQ_FAILED", command.msg_id, lambda c, i: c.requeue(i, command.timeout_ms / 1000))

@@ -329,6 +329,7 @@ class ServerConnection:
         self.heartbeats_disabled = False
         self.tls_active = False
         self._buffer = bytearray()
+        self._pos = 0  # bytes of `_buffer` already parsed
         self._pending: _PendingBody | None = None
 
     # -- state transitions the adapter reports -------------------------------------------------
@@ -345,45 +346,49 @@ class ServerConnection:
     # -- input ---------------------------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> None:
-        if self.state is not ClientState.CLOSED:  # after a fatal error nothing more is parsed
-            self._buffer += data
+        if self.state is ClientState.CLOSED:  # after a fatal error nothing more is parsed
+            return
+        if self._pos:
+            # Parsed bytes are dropped once per read, not once per command (no O(n^2) memmove).
+            del self._buffer[: self._pos]
+            self._pos = 0
+        self._buffer += data
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) - self._pos
 
     def take_buffered(self) -> bytes:
         """Remove and return unparsed input (bytes that arrived before a TLS or compression upgrade)."""
-        data = bytes(self._buffer)
+        data = bytes(self._buffer[self._pos :])
         self._buffer.clear()
+        self._pos = 0
         return data
 
     def next_event(self) -> Event:
         if self.state is ClientState.CLOSED:
             return NEED_DATA
+        buffer = self._buffer
         if self.state is ClientState.MAGIC:
-            if len(self._buffer) < 4:
+            if len(buffer) - self._pos < 4:
                 return NEED_DATA
-            magic = bytes(self._buffer[:4])
-            del self._buffer[:4]
+            magic = bytes(buffer[self._pos : self._pos + 4])
+            self._pos += 4
             if magic != MAGIC_V2:
                 return self._fail(ProtocolError("E_BAD_PROTOCOL", b""))
             self.state = ClientState.INIT
         if self._pending is not None:
             return self._continue_body()
-        newline = self._buffer.find(b"\n")
+        pos = self._pos
+        newline = buffer.find(b"\n", pos)
         if newline < 0:
-            if len(self._buffer) >= MAX_LINE_LENGTH:
-                self.state = ClientState.CLOSED
-                self._buffer.clear()
-                return CloseSilently(f"command line longer than {MAX_LINE_LENGTH} bytes")
+            if len(buffer) - pos >= MAX_LINE_LENGTH:
+                return self._close_silently()
             return NEED_DATA
-        if newline >= MAX_LINE_LENGTH:
-            self.state = ClientState.CLOSED
-            self._buffer.clear()
-            return CloseSilently(f"command line longer than {MAX_LINE_LENGTH} bytes")
-        line = bytes(self._buffer[:newline])
-        del self._buffer[: newline + 1]
+        if newline - pos >= MAX_LINE_LENGTH:
+            return self._close_silently()
+        line = bytes(buffer[pos:newline])
+        self._pos = newline + 1
         if line.endswith(b"\r"):
             line = line[:-1]
         event = self._command(line.split(b" "))
@@ -394,8 +399,15 @@ class ServerConnection:
     def _fail(self, error: ProtocolError) -> ProtocolError:
         self.state = ClientState.CLOSED
         self._buffer.clear()
+        self._pos = 0
         self._pending = None
         return error
+
+    def _close_silently(self) -> CloseSilently:
+        self.state = ClientState.CLOSED
+        self._buffer.clear()
+        self._pos = 0
+        return CloseSilently(f"command line longer than {MAX_LINE_LENGTH} bytes")
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -417,20 +429,22 @@ class ServerConnection:
     def _continue_body(self) -> Event:
         pending = self._pending
         assert pending is not None
+        buffer = self._buffer
         if pending.size is None:
-            if len(self._buffer) < 4:
+            if len(buffer) - self._pos < 4:
                 return NEED_DATA
-            size = _SIZE.unpack_from(self._buffer)[0]
-            del self._buffer[:4]
+            size = _SIZE.unpack_from(buffer, self._pos)[0]
+            self._pos += 4
             error = _BODY_COMMANDS[pending.name][1](self, size)
             if error is not None:
                 return self._fail(error)
             pending.size = size
         size = pending.size
-        if len(self._buffer) < size:
+        pos = self._pos
+        if len(buffer) - pos < size:
             return NEED_DATA
-        body = bytes(self._buffer[:size])
-        del self._buffer[:size]
+        body = bytes(buffer[pos : pos + size])
+        self._pos = pos + size
         self._pending = None
         event = _BODY_COMMANDS[pending.name][2](self, pending.params, body)
         if isinstance(event, ProtocolError) and event.fatal:
