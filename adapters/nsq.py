@@ -246,6 +246,9 @@ class NSQSession:
         self._tick: Timer | None = None
         self._read_check: Timer | None = None
         self._refill = False  # FINs of this read freed credit: dispatch once at the end
+        # The read loop is handling a read: output it queues is flushed when it is done, so
+        # there is no need to wake the writer task for it (one task switch less per command).
+        self._reading = False
         self._close_after_flush: str | None = None
         self._compressor: DeflateCompressor | SnappyCompressor | None = None
         self._decompressor: DeflateDecompressor | SnappyDecompressor | None = None
@@ -346,6 +349,7 @@ class NSQSession:
                 except DecompressionError as exc:
                     raise _Close(f"bad compressed stream: {exc}") from exc
             codec.receive_data(data)
+            self._reading = True
             while True:
                 event = codec.next_event()
                 if event is nsq.NEED_DATA:
@@ -360,11 +364,14 @@ class NSQSession:
                 handler = self._handlers[type(event)]
                 result = handler(self, event)
                 if result is not None:  # a command that must await (IDENTIFY upgrade, AUTH)
+                    self._reading = False
                     await result
+                    self._reading = True
             if self._refill:
                 self._refill = False
                 if self.consumer is not None:
                     self.consumer.refill()
+            self._reading = False
             if self._urgent and not self._sending:
                 # The writer is idle: answer from here, saving a task switch per round trip.
                 await self._flush()
@@ -440,10 +447,12 @@ class NSQSession:
         consumer = self.consumer
         if self._out_bytes >= self.output_buffer_size or (consumer is not None and consumer.available() <= 0):
             self._urgent = True
-            self._wake.set()
+            if not self._reading:
+                self._wake.set()
         elif self._flush_deadline == math.inf and self.output_buffer_timeout > 0:
             self._flush_deadline = trio.current_time() + self.output_buffer_timeout
-            self._wake.set()
+            if not self._reading:
+                self._wake.set()
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -652,7 +661,8 @@ class NSQSession:
 
     def _ack_publish(self) -> None:
         self._send(nsq.FRAME_OK)
-        self._wake.set()
+        if not self._reading:  # else the read loop flushes when it has handled the whole read
+            self._wake.set()
 
     def _pub(self, command: nsq.Pub) -> Any:
         pending = self._check_auth("PUB", command.topic)

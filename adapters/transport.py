@@ -43,23 +43,26 @@ class SocketTransport:
         self.sock = sock
         self.peer = _format_peer(sock)
         self._yield_before_read = False
+        self._drained = False
         self._closed = False
 
     async def receive_some(self, max_bytes: int) -> bytes:
-        if self._yield_before_read:
+        sock = self.sock
+        if self._drained:
+            # The last read emptied the socket (it returned less than asked): in request/response
+            # traffic a read now would only say EAGAIN, so wait first and save that syscall.
+            await trio.lowlevel.wait_readable(sock)
+        elif self._yield_before_read:
             # The last read did not wait: let other tasks run before reading again (fairness).
             await trio.lowlevel.checkpoint()
         while True:
             try:
-                data = self.sock.recv(max_bytes)
+                data = sock.recv(max_bytes)
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(self.sock)
-                self._yield_before_read = False
-                try:
-                    return self.sock.recv(max_bytes)
-                except BlockingIOError:
-                    continue
-            self._yield_before_read = True
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            self._drained = len(data) < max_bytes
+            self._yield_before_read = not self._drained
             return data
 
     async def send_all(self, data: bytes) -> None:

@@ -47,9 +47,22 @@ _SIZE = struct.Struct(">i")
 _SIZE_U = struct.Struct(">I")
 
 
+# Names already found valid: a publisher repeats the same few topics, so most checks are one
+# set lookup instead of a regex. Bounded; cleared when full.
+_KNOWN_VALID_NAMES: set[bytes] = set()
+_KNOWN_VALID_NAMES_MAX = 10_000
+
+
 def is_valid_name(name: bytes) -> bool:
     """nsqd's topic/channel name rule: `[.a-zA-Z0-9_-]+` plus optional `#ephemeral`, 1..64 bytes."""
-    return 0 < len(name) <= MAX_NAME_LENGTH and _NAME_RE.match(name) is not None
+    if name in _KNOWN_VALID_NAMES:
+        return True
+    if 0 < len(name) <= MAX_NAME_LENGTH and _NAME_RE.match(name) is not None:
+        if len(_KNOWN_VALID_NAMES) >= _KNOWN_VALID_NAMES_MAX:
+            _KNOWN_VALID_NAMES.clear()
+        _KNOWN_VALID_NAMES.add(bytes(name))
+        return True
+    return False
 
 
 def is_ephemeral(name: str) -> bool:
