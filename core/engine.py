@@ -148,8 +148,14 @@ class Consumer:
 
     # -- acknowledgements --------------------------------------------------------------------
 
-    def finish(self, message_id: int) -> Outcome:
-        return self.queue._finish(self, message_id)
+    def finish(self, message_id: int, *, refill: bool = True) -> Outcome:
+        """Acknowledge. With `refill=False` the freed credit waits for `refill()`, so an adapter
+        that handles a whole read of acks dispatches once for all of them."""
+        return self.queue._finish(self, message_id, refill)
+
+    def refill(self) -> None:
+        """Deliver what this consumer's credit allows now."""
+        self.queue._consumer_changed(self)
 
     def requeue(self, message_id: int, delay: float = 0.0) -> Outcome:
         return self.queue._requeue(self, message_id, delay)
@@ -196,6 +202,7 @@ class Queue:
         self.deleted = False
         self._deferred_timer: Timer | None = None
         self._delete_timer: Timer | None = None
+        self._dispatching = False  # a deliver callback that acks or releases must not recurse
         self._deferred_seq = itertools.count()
         self.message_count = 0
         self.requeue_count = 0
@@ -254,12 +261,23 @@ class Queue:
     # -- delivering ----------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
+        if self._dispatching:
+            # Called from a deliver callback (finish, release, credit...): the running loop
+            # below sees the change on its next turn, without one stack frame per message.
+            return
+        self._dispatching = True
+        try:
+            self._dispatch_loop()
+        finally:
+            self._dispatching = False
+
+    def _dispatch_loop(self) -> None:
         ready = self.ready
         ring = self.ring
         engine = self.engine
         now = engine.clock.now()
         durable = self.durable
-        while ready and ring:
+        while ready and ring and not self.paused:
             consumer = ring[0]
             message = ready.popleft()
             if message.expires_at is not None and message.expires_at <= now:
@@ -267,13 +285,14 @@ class Queue:
                 if durable:
                     engine.storage.message_removed(self.name, message.id)
                 continue
-            message.attempts += 1
-            consumer.message_count += 1
             if consumer.sample_rate and random.randrange(100) > consumer.sample_rate:
-                # NSQ sample_rate: a message outside the sample is dropped for this channel.
+                # NSQ sample_rate: a message outside the sample is dropped for this channel
+                # (never sent, so not counted as a delivery: nsqd's messagePump).
                 if durable:
                     engine.storage.message_removed(self.name, message.id)
                 continue
+            message.attempts += 1
+            consumer.message_count += 1
             if consumer.mode is CreditMode.TOKENS:
                 consumer.credit -= 1
             if consumer.auto_ack:
@@ -325,14 +344,15 @@ class Queue:
         message.deadline = None
         return message
 
-    def _finish(self, consumer: Consumer, message_id: int) -> Outcome:
+    def _finish(self, consumer: Consumer, message_id: int, refill: bool = True) -> Outcome:
         message = self._take_in_flight(consumer, message_id)
         if isinstance(message, Outcome):
             return message
         consumer.finish_count += 1
         if self.durable:
             self.engine.storage.message_removed(self.name, message_id)
-        self._consumer_changed(consumer)
+        if refill:
+            self._consumer_changed(consumer)
         return Outcome.OK
 
     def _requeue(self, consumer: Consumer, message_id: int, delay: float) -> Outcome:
@@ -343,6 +363,9 @@ class Queue:
         self.requeue_count += 1
         self._return(message, delay)
         self._consumer_changed(consumer)
+        if self.ready and self.ring and not self.paused:
+            # The requeuing consumer may have no credit left (RDY 0 then REQ): others may take it.
+            self._dispatch()
         return Outcome.OK
 
     def _return(self, message: Message, delay: float = 0.0, front: bool = False) -> None:
@@ -456,7 +479,7 @@ class Queue:
 
     def _auto_delete(self) -> None:
         self._delete_timer = None
-        if not self.consumers and not self.deleted:
+        if not self.consumers and not self.deleted and self.auto_delete is not None:
             self.engine.delete_queue(self.name)
 
     # -- administration ------------------------------------------------------------------------
@@ -643,11 +666,17 @@ class Engine:
 
     def unbind(self, queue_name: str, topic_name: str) -> None:
         queue = self.queues.get(queue_name)
+        if queue is not None:
+            self._unbind(queue, topic_name)
+
+    def _unbind(self, queue: Queue, topic_name: str) -> None:
+        # By object, not by name: `delete_queue` has already removed the queue from `self.queues`.
         topic = self.topics.get(topic_name)
-        if queue is not None and topic_name in queue.topics:
+        if topic_name in queue.topics:
             queue.topics.remove(topic_name)
-            self._save_queue(queue)
-        if topic is not None and queue is not None and queue in topic.queues:
+            if not queue.deleted:
+                self._save_queue(queue)
+        if topic is not None and queue in topic.queues:
             topic.queues.remove(queue)
             if topic.ephemeral and not topic.queues and not topic.deleted:
                 self.delete_topic(topic_name)
@@ -671,7 +700,7 @@ class Engine:
             if consumer.on_close is not None:
                 consumer.on_close("queue deleted")
         for topic_name in list(queue.topics):
-            self.unbind(name, topic_name)
+            self._unbind(queue, topic_name)
         queue.ready.clear()
         queue.deferred.clear()
         queue.in_flight.clear()
@@ -748,7 +777,7 @@ class Engine:
     ) -> int:
         """Publish a batch in order (NSQ MPUB); returns the first id."""
         topic = self.ensure_topic(topic_name)
-        first = self.ids.reserve(len(bodies))
+        first = self.ids.reserve(len(bodies) or 1)  # an empty batch still spends the id it returns
         timestamp = self.clock.wall_ns()
         messages = [Message(first + index, body, timestamp, headers) for index, body in enumerate(bodies)]
         topic.message_count += len(messages)
