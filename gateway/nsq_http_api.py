@@ -335,7 +335,7 @@ class NsqHttpApi:
         engine: Engine,
         nsq: NSQInfo,
         *,
-        bind_host: str = "0.0.0.0",
+        bind_host: str = "127.0.0.1",  # only reported (/config addresses); the listener binds elsewhere
         now: Callable[[], float] = time.time,
         gc_pauses: GcPauses | None = None,
         python_version: str | None = None,
