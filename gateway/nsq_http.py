@@ -85,6 +85,10 @@ class NsqHttpApp:
         length = request.content_length
         if not finished and (length is None or length - consumed <= DRAIN_LIMIT):
             await _drain(receive)
+        if response.after_sync:
+            synced = trio.Event()
+            self.api.engine.storage.sync(synced.set)
+            await synced.wait()
         await _send(send, response)
 
 

@@ -119,6 +119,8 @@ class Response:
     body: bytes = b""
     content_type: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
+    # Send only once everything stored so far is durable (`Storage.sync`): a publish's `OK`.
+    after_sync: bool = False
 
     def all_headers(self) -> list[tuple[str, str]]:
         """Headers to send: ours, then Content-Type and Content-Length (never chunked, like nsqd)."""
@@ -144,6 +146,10 @@ def error(status: int, message: str) -> Response:
 
 def ok_text(text: str = "OK") -> Response:
     return Response(200, text.encode(), TEXT_TYPE)
+
+
+# The answer to an accepted /pub or /mpub, sent after the storage sync like NSQ's TCP `OK`.
+PUBLISHED = Response(200, b"OK", TEXT_TYPE, after_sync=True)
 
 
 def ok_json(value: Any) -> Response:
@@ -507,7 +513,7 @@ class NsqHttpApi:
                     return error(400, "INVALID_DEFER")
             self._ensure_topic(topic)
             self.engine.publish(topic, body, delay=delay_ms / 1000)
-            return ok_text()
+            return PUBLISHED
 
         # One byte over the limit tells "too big" from "exactly the limit" (nsqd's LimitReader).
         return NeedBody(max_size + 1, complete)
@@ -546,7 +552,7 @@ class NsqHttpApi:
             self._ensure_topic(topic)
             if bodies:
                 self.engine.publish_many(topic, bodies)
-            return ok_text()
+            return PUBLISHED
 
         return NeedBody(read_max, complete)
 

@@ -13,13 +13,18 @@ import re
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import trio
+from trio.testing import wait_all_tasks_blocked
 
 from polymq.codecs import nsq_client
 from polymq.codecs.nsq import ServerLimits
 from polymq.core.engine import Engine
+from polymq.core.storage import MemoryStorage
+from polymq.gateway.nsq_http import NsqHttpApp
 from polymq.gateway.nsq_http_api import (
     GcPauses,
     NeedBody,
@@ -622,3 +627,62 @@ def test_http_refused_with_auth_enabled():
         assert_error(http_request(gw, "POST", "/mpub?topic=a", b"x"), 403, "UNAUTHORIZED")
         stats = json.loads(http_request(gw, "GET", "/stats?format=json")[2])
         assert stats["topics"] == []
+
+
+# -- durability: an HTTP publish is acknowledged only after the storage sync ---------------------
+
+
+class HeldSyncStorage(MemoryStorage):
+    """Holds `sync` callbacks until the test releases them (a disk that has not fsynced yet)."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], None]] = []
+
+    def sync(self, callback: Callable[[], None]) -> None:
+        self.pending.append(callback)
+
+
+@pytest.mark.parametrize(("path", "query", "body"), [
+    ("/pub", b"topic=durable", b"hello"),
+    ("/mpub", b"topic=durable", b"one\ntwo"),
+])
+async def test_http_publish_ok_waits_for_the_storage_sync(path: str, query: bytes, body: bytes):
+    storage = HeldSyncStorage()
+    app = NsqHttpApp(NsqHttpApi(Engine(storage=storage), FakeNSQ()))
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": query,
+             "headers": [(b"content-length", str(len(body)).encode())]}
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(app, scope, receive, send)
+        await wait_all_tasks_blocked()
+        assert sent == []  # stored, not yet durable: no answer
+        assert len(storage.pending) == 1
+        storage.pending.pop()()
+    assert sent[0]["status"] == 200
+    assert sent[1]["body"] == b"OK"
+
+
+async def test_http_publish_errors_do_not_wait_for_a_sync():
+    storage = HeldSyncStorage()
+    app = NsqHttpApp(NsqHttpApi(Engine(storage=storage), FakeNSQ()))
+    scope = {"type": "http", "method": "POST", "path": "/pub", "query_string": b"topic=bad*name",
+             "headers": [(b"content-length", b"1")]}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"x", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 400
+    assert storage.pending == []
