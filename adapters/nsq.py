@@ -30,7 +30,7 @@ import attrs
 import h11
 import trio
 
-from polymq.adapters.transport import SocketTransport, StreamTransport
+from polymq.adapters.transport import SocketTransport, StreamTransport, Transport
 from polymq.codecs import nsq
 from polymq.codecs.compression import (
     DecompressionError,
@@ -206,11 +206,11 @@ class _Close(Exception):
 
 
 class NSQSession:
-    def __init__(self, server: NSQServer, transport: SocketTransport | StreamTransport) -> None:
+    def __init__(self, server: NSQServer, transport: Transport) -> None:
         self.server = server
         self.engine = server.engine
         self.limits = server.limits
-        self.transport: SocketTransport | StreamTransport = transport
+        self.transport: Transport = transport
         self.ssl_stream: trio.SSLStream[trio.SocketStream] | None = None
         self.codec = nsq.ServerConnection(server.limits)
         self.remote_address = transport.peer
@@ -277,6 +277,7 @@ class NSQSession:
                  trio.TooSlowError, _Close) as group:
             log.debug("%s: connection ended: %r", self.remote_address, group.exceptions)
         finally:
+            log.debug("%s: closed: %s", self.remote_address, self._closing_reason or "client went away")
             for timer in (self._tick, self._read_check):
                 if timer is not None:
                     timer.cancel()
@@ -466,7 +467,7 @@ class NSQSession:
         self.msg_timeout = command.msg_timeout_ms / 1000
         self.sample_rate = command.sample_rate
         self._schedule_tick()
-        tls = command.tls_v1 and self.server.ssl_context is not None
+        tls = command.tls_v1 and self.limits.tls_available
         if not command.feature_negotiation:
             self._send(nsq.FRAME_OK)
             return None
@@ -612,34 +613,37 @@ class NSQSession:
         if self.consumer is not None:
             self.consumer.set_credit(command.count)
 
+    def _target(self, raw_id: bytes) -> tuple[Consumer, int] | None:
+        """The consumer and engine id a FIN/REQ/TOUCH names, or None when it can name nothing."""
+        message_id = parse_message_id(raw_id)
+        if self.consumer is None or message_id is None:
+            return None
+        return self.consumer, message_id
+
+    def _ack_failed(self, name: bytes, code: str, raw_id: bytes, outcome: Outcome) -> None:
+        # nsqd: `E_FIN_FAILED FIN <id> failed ID not in flight` (non-fatal, nsq-notes §3.1).
+        self._send_error(nsq.non_fatal(code, name + b" " + raw_id + b" failed " + outcome.value.encode()))
+
     def _fin(self, command: nsq.Fin) -> None:
-        consumer = self.consumer
-        message_id = parse_message_id(command.msg_id)
-        if consumer is not None and message_id is not None:
-            # The freed credit is used once per read (`_refill` in the read loop), not per FIN.
-            outcome = consumer.finish(message_id, refill=False)
-            if outcome is Outcome.OK:
-                self._refill = True
-                return
+        target = self._target(command.msg_id)
+        # The freed credit is used once per read (`_refill` in the read loop), not per FIN.
+        outcome = target[0].finish(target[1], refill=False) if target else Outcome.NOT_IN_FLIGHT
+        if outcome is Outcome.OK:
+            self._refill = True
         else:
-            outcome = Outcome.NOT_IN_FLIGHT
-        self._send_error(nsq.non_fatal("E_FIN_FAILED", b"FIN " + command.msg_id + b" failed " + outcome.value.encode()))
+            self._ack_failed(b"FIN", "E_FIN_FAILED", command.msg_id, outcome)
 
     def _req(self, command: nsq.Req) -> None:
-        self._ack("REQ", "E_REQ_FAILED", command.msg_id, lambda c, i: c.requeue(i, command.timeout_ms / 1000))
+        target = self._target(command.msg_id)
+        outcome = target[0].requeue(target[1], command.timeout_ms / 1000) if target else Outcome.NOT_IN_FLIGHT
+        if outcome is not Outcome.OK:
+            self._ack_failed(b"REQ", "E_REQ_FAILED", command.msg_id, outcome)
 
     def _touch(self, command: nsq.Touch) -> None:
-        self._ack("TOUCH", "E_TOUCH_FAILED", command.msg_id, lambda c, i: c.touch(i))
-
-    def _ack(self, name: str, code: str, raw_id: bytes, action: Callable[[Consumer, int], Outcome]) -> None:
-        consumer = self.consumer
-        message_id = parse_message_id(raw_id)
-        if consumer is None or message_id is None:
-            outcome = Outcome.NOT_IN_FLIGHT
-        else:
-            outcome = action(consumer, message_id)
+        target = self._target(command.msg_id)
+        outcome = target[0].touch(target[1]) if target else Outcome.NOT_IN_FLIGHT
         if outcome is not Outcome.OK:
-            self._send_error(nsq.non_fatal(code, f"{name} ".encode() + raw_id + f" failed {outcome.value}".encode()))
+            self._ack_failed(b"TOUCH", "E_TOUCH_FAILED", command.msg_id, outcome)
 
     def _cls(self, command: nsq.Cls) -> None:
         if self.consumer is not None:

@@ -44,7 +44,6 @@ EPHEMERAL_SUFFIX = "#ephemeral"
 _NAME_RE = re.compile(rb"^[.a-zA-Z0-9_-]+(#ephemeral)?\Z")
 
 _SIZE = struct.Struct(">i")
-_SIZE_U = struct.Struct(">I")
 
 
 # Names already found valid: a publisher repeats the same few topics, so most checks are one
@@ -220,6 +219,7 @@ NEED_DATA = _NeedData()
 Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Req | Touch | Cls | Nop
 Event = Command | ProtocolError | CloseSilently | _NeedData
 
+# The only error codes after which nsqd keeps the connection (nsq-notes §3.1).
 NON_FATAL_CODES = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 
 

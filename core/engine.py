@@ -40,10 +40,6 @@ class CreditMode(enum.Enum):
     TOKENS = "tokens"  # each delivery spends one unit of credit (eMQP READY)
 
 
-class EngineError(Exception):
-    """A request the engine refuses (unknown queue or topic, exiting)."""
-
-
 class Message:
     """One copy of a message in one queue (or in a topic's backlog).
 
@@ -207,7 +203,6 @@ class Queue:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
-        self.created_at = engine.clock.now()
 
     @property
     def durable(self) -> bool:
@@ -528,7 +523,6 @@ class Topic:
         self.deleted = False
         self.message_count = 0
         self.message_bytes = 0
-        self.created_at = engine.clock.now()
 
     @property
     def durable(self) -> bool:

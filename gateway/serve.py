@@ -79,7 +79,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def announce(name: str, sock: socket.socket | trio.socket.SocketType) -> None:
+def announce(name: str, sock: socket.socket) -> None:
     host, port = sock.getsockname()[:2]
     print(f"polymq listening {name} {host}:{port}", flush=True)
 
