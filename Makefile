@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.polymq-installed
 
-.PHONY: install serve test lint interop-envs bench conformance
+.PHONY: install serve test lint interop-envs system-tools bench conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,15 @@ serve: install
 interop-envs:
 	bash tests/interop/setup_envs.sh
 
+# strace records the gateway's system calls in the fsync-order test (Debian's package).
+system-tools:
+	command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace)
+
 lint: install
 	$(BIN)/ruff check .
 
 # Everything: lint, unit, property, integration, interop, conformance.
-test: install interop-envs lint
+test: install interop-envs system-tools lint
 	$(BIN)/pytest
 
 bench: install

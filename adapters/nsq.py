@@ -23,6 +23,7 @@ import socket
 import ssl
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -250,6 +251,11 @@ class NSQSession:
         # there is no need to wake the writer task for it (one task switch less per command).
         self._reading = False
         self._close_after_flush: str | None = None
+        # Deliveries from a durable channel wait for their STATE record before they are sent (`_flush`).
+        self._durable_channel = False
+        self._delivered_unstored = False
+        # Publishes waiting for the storage: (command name, why it was refused or None), in order.
+        self._pending_publishes: deque[tuple[str, str | None]] = deque()
         self._compressor: DeflateCompressor | SnappyCompressor | None = None
         self._decompressor: DeflateDecompressor | SnappyDecompressor | None = None
         self._cancel_scope: trio.CancelScope | None = None
@@ -373,7 +379,7 @@ class NSQSession:
                 if self.consumer is not None:
                     self.consumer.refill()
             self._reading = False
-            if self._urgent and not self._sending:
+            if self._urgent and not self._sending and not self._delivered_unstored:
                 # The writer is idle: answer from here, saving a task switch per round trip.
                 await self._flush()
             elif self._out:
@@ -415,10 +421,22 @@ class NSQSession:
         self._send_started = self.engine.clock.now()
         try:
             while self._out:
-                data = b"".join(self._out)
-                self._out.clear()
-                self._out_bytes = 0
-                self._urgent = False
+                if self._delivered_unstored:
+                    # A message leaves only once the record of its delivery (its attempts) is written,
+                    # so a crash can never bring it back with fewer attempts than a client saw.
+                    self._delivered_unstored = False
+                    count = len(self._out)
+                    stored = trio.Event()
+                    self.engine.storage.sync(lambda _error: stored.set())
+                    await stored.wait()
+                    frames = self._out[:count]
+                    del self._out[:count]
+                else:
+                    frames = self._out
+                    self._out = []
+                data = b"".join(frames)
+                self._out_bytes -= len(data)
+                self._urgent = bool(self._out)
                 self._flush_deadline = math.inf
                 if self._compressor is not None:
                     data = self._compressor.compress(data)
@@ -445,6 +463,8 @@ class NSQSession:
         out.append(header)
         out.append(body)
         self._out_bytes += len(header) + len(body)
+        if self._durable_channel:
+            self._delivered_unstored = True
         consumer = self.consumer
         if self._out_bytes >= self.output_buffer_size or (consumer is not None and consumer.available() <= 0):
             self._urgent = True
@@ -602,6 +622,7 @@ class NSQSession:
             on_close=self.close,
             tag=self,
         )
+        self._durable_channel = self.consumer.queue.durable
         self.codec.subscribed()
         self._send(nsq.FRAME_OK)
 
@@ -663,13 +684,30 @@ class NSQSession:
         if topic not in self.engine.topics:
             self.engine.ensure_topic(topic, ephemeral=nsq.is_ephemeral(topic))
 
-    def _published(self, topic: str, count: int) -> None:
+    def _storage_failed(self, name: str) -> bool:
+        """While the storage cannot write, a publish is refused (in its turn, after earlier answers)."""
+        failure = self.engine.storage.failure
+        if failure is None:
+            return False
+        self._pending_publishes.append((name, failure))
+        self.engine.storage.sync(self._ack_publish)
+        return True
+
+    def _published(self, name: str, topic: str, count: int) -> None:
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
         # The acknowledgement waits for the storage's durability policy (group commit).
+        self._pending_publishes.append((name, None))
         self.engine.storage.sync(self._ack_publish)
 
-    def _ack_publish(self) -> None:
-        self._send(nsq.FRAME_OK)
+    def _ack_publish(self, error: OSError | None) -> None:
+        name, refused = self._pending_publishes.popleft()
+        if error is None and refused is None:
+            self._send(nsq.FRAME_OK)
+        else:
+            # nsqd: `E_PUB_FAILED PUB failed <error>`, fatal (E_MPUB_FAILED, E_DPUB_FAILED alike).
+            reason = refused or (error.strerror if error is not None and error.strerror else str(error))
+            self._send_error(nsq.fatal(f"E_{name}_FAILED", f"{name} failed {reason}"))
+            self._close_after_flush = f"{name} failed: {reason}"
         if not self._reading:  # else the read loop flushes when it has handled the whole read
             self._wake.set()
 
@@ -677,27 +715,33 @@ class NSQSession:
         pending = self._check_auth("PUB", command.topic)
         if pending is not None:
             return self._after(pending, lambda: self._pub(command))
+        if self._storage_failed("PUB"):
+            return None
         self._ensure_topic(command.topic)
         self.engine.publish(command.topic, command.body)
-        self._published(command.topic, 1)
+        self._published("PUB", command.topic, 1)
         return None
 
     def _mpub(self, command: nsq.Mpub) -> Any:
         pending = self._check_auth("MPUB", command.topic)
         if pending is not None:
             return self._after(pending, lambda: self._mpub(command))
+        if self._storage_failed("MPUB"):
+            return None
         self._ensure_topic(command.topic)
         self.engine.publish_many(command.topic, command.bodies)
-        self._published(command.topic, len(command.bodies))
+        self._published("MPUB", command.topic, len(command.bodies))
         return None
 
     def _dpub(self, command: nsq.Dpub) -> Any:
         pending = self._check_auth("DPUB", command.topic)
         if pending is not None:
             return self._after(pending, lambda: self._dpub(command))
+        if self._storage_failed("DPUB"):
+            return None
         self._ensure_topic(command.topic)
         self.engine.publish(command.topic, command.body, delay=command.defer_ms / 1000)
-        self._published(command.topic, 1)
+        self._published("DPUB", command.topic, 1)
         return None
 
     _handlers: dict[type, Callable[[NSQSession, Any], Any]] = {

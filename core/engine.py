@@ -25,7 +25,8 @@ from typing import Any
 
 from polymq.core.clock import Clock, SystemClock
 from polymq.core.ids import IdSource
-from polymq.core.storage import MemoryStorage, Storage, StoredMessage
+from polymq.core.message import Message
+from polymq.core.storage import MemoryStorage, OwnerLog, Storage
 from polymq.core.timers import Timer, TimerService
 
 
@@ -40,44 +41,13 @@ class CreditMode(enum.Enum):
     TOKENS = "tokens"  # each delivery spends one unit of credit (eMQP READY)
 
 
-class Message:
-    """One copy of a message in one queue (or in a topic's backlog).
-
-    Copies of one publish share id, body, timestamp and headers; each has its own attempts and
-    delivery state.
-    """
-
-    __slots__ = ("attempts", "body", "deadline", "delivered_at", "due", "expires_at", "headers", "id",
-                 "owner", "timestamp_ns")
-
-    def __init__(
-        self,
-        id: int,
-        body: bytes,
-        timestamp_ns: int,
-        headers: Mapping[str, Any] | None = None,
-        expires_at: float | None = None,
-        attempts: int = 0,
-    ) -> None:
-        self.id = id
-        self.body = body
-        self.timestamp_ns = timestamp_ns
-        self.headers = headers
-        self.expires_at = expires_at
-        self.attempts = attempts
-        self.owner: Consumer | None = None
-        self.deadline: float | None = None
-        self.delivered_at = 0.0
-        self.due: float | None = None
-
-    def copy(self) -> Message:
-        return Message(self.id, self.body, self.timestamp_ns, self.headers, self.expires_at, self.attempts)
-
-    def __repr__(self) -> str:
-        return f"Message(id={self.id}, attempts={self.attempts}, body={self.body[:32]!r})"
-
-
 Deliver = Callable[[Message], None]
+
+# Spilled copies read back from disk at a time when a queue's memory runs dry.
+REFILL_BATCH = 1024
+# Spilled backlog copies passed on to the bound queues per timer turn (the rest wait a turn, so
+# a big backlog never stalls the loop).
+PUMP_BATCH = 1024
 
 
 class Consumer:
@@ -196,6 +166,7 @@ class Queue:
         self.ring: deque[Consumer] = deque()  # consumers with credit to spare
         self.paused = False
         self.deleted = False
+        self.log: OwnerLog | None = None  # set by the engine for a durable queue
         self._deferred_timer: Timer | None = None
         self._delete_timer: Timer | None = None
         self._dispatching = False  # a deliver callback that acks or releases must not recurse
@@ -206,28 +177,62 @@ class Queue:
 
     @property
     def durable(self) -> bool:
-        return not self.ephemeral and self.engine.storage.persistent
+        return self.log is not None
 
     @property
     def depth(self) -> int:
-        return len(self.ready)
+        """Ready copies, in memory and spilled to disk."""
+        return len(self.ready) + (self.log.spilled if self.log is not None else 0)
+
+    @property
+    def spilled(self) -> int:
+        return self.log.spilled if self.log is not None else 0
 
     # -- putting messages in -------------------------------------------------------------------
 
     def _put(self, message: Message, due: float | None = None) -> None:
         self.message_count += 1
-        if due is not None and due > self.engine.clock.now():
-            self._defer(message, due)
+        deferred = due is not None and due > self.engine.clock.now()
+        log = self.log
+        if log is not None:
+            message.due = due if deferred else None
+            if not deferred and (log.spilled or len(self.ready) >= self.engine.storage.mem_queue_size):
+                log.append((message,), 0)  # past the memory limit: on disk only
+                return
+            log.append((message,))
+        if deferred:
+            self._defer(message, due)  # type: ignore[arg-type]
         else:
             self.ready.append(message)
             if self.ring and not self.paused:
                 self._dispatch()
 
-    def _put_many(self, messages: Iterable[Message]) -> None:
-        before = len(self.ready)
+    def _put_many(self, messages: list[Message]) -> None:
+        self.message_count += len(messages)
+        log = self.log
+        if log is not None:
+            room = 0 if log.spilled else self.engine.storage.mem_queue_size - len(self.ready)
+            if room < len(messages):
+                room = max(room, 0)
+                log.append(messages, room)
+                messages = messages[:room]
+            else:
+                log.append(messages)
         self.ready.extend(messages)
-        self.message_count += len(self.ready) - before
         if self.ring and not self.paused:
+            self._dispatch()
+
+    def _refill(self) -> bool:
+        """Read spilled copies back into memory; False when none can be read now."""
+        log = self.log
+        if log is None or not log.spilled:
+            return False
+        messages = log.read(min(REFILL_BATCH, max(1, self.engine.storage.mem_queue_size)))
+        self.ready.extend(messages)
+        return bool(messages)
+
+    def _on_readable(self) -> None:
+        if not self.ready and self.ring and not self.paused:
             self._dispatch()
 
     def _defer(self, message: Message, due: float) -> None:
@@ -271,20 +276,20 @@ class Queue:
         ring = self.ring
         engine = self.engine
         now = engine.clock.now()
-        durable = self.durable
-        while ready and ring and not self.paused:
+        log = self.log
+        while ring and not self.paused and (ready or (log is not None and log.spilled and self._refill())):
             consumer = ring[0]
             message = ready.popleft()
             if message.expires_at is not None and message.expires_at <= now:
                 engine.expired_count += 1
-                if durable:
-                    engine.storage.message_removed(self.name, message.id)
+                if log is not None:
+                    log.removed(message)
                 continue
             if consumer.sample_rate and random.randrange(100) > consumer.sample_rate:
                 # NSQ sample_rate: a message outside the sample is dropped for this channel
                 # (never sent, so not counted as a delivery: nsqd's messagePump).
-                if durable:
-                    engine.storage.message_removed(self.name, message.id)
+                if log is not None:
+                    log.removed(message)
                 continue
             message.attempts += 1
             consumer.message_count += 1
@@ -293,9 +298,11 @@ class Queue:
             if consumer.auto_ack:
                 if consumer.mode is CreditMode.WINDOW:
                     consumer.outstanding += 1
-                if durable:
-                    engine.storage.message_removed(self.name, message.id)
+                if log is not None:
+                    log.removed(message)
             else:
+                if log is not None:
+                    log.state(message)  # attempts survive a crash while it is in flight
                 message.owner = consumer
                 message.delivered_at = now
                 timeout = consumer.msg_timeout
@@ -319,7 +326,7 @@ class Queue:
             if not consumer.in_ring:
                 consumer.in_ring = True
                 self.ring.append(consumer)
-            if self.ready and not self.paused:
+            if (self.ready or self.spilled) and not self.paused:
                 self._dispatch()
         elif consumer.in_ring:
             consumer.in_ring = False
@@ -344,8 +351,8 @@ class Queue:
         if isinstance(message, Outcome):
             return message
         consumer.finish_count += 1
-        if self.durable:
-            self.engine.storage.message_removed(self.name, message_id)
+        if self.log is not None:
+            self.log.removed(message)
         if refill:
             self._consumer_changed(consumer)
         return Outcome.OK
@@ -364,8 +371,8 @@ class Queue:
         return Outcome.OK
 
     def _return(self, message: Message, delay: float = 0.0, front: bool = False) -> None:
-        if self.durable:
-            self.engine.storage.message_updated(self.name, _stored(self.engine, message, delay))
+        if self.log is not None:
+            self.log.state(message, self.engine.clock.wall_ns() + int(delay * 1e9) if delay > 0 else 0)
         if delay > 0:
             self._defer(message, self.engine.clock.now() + delay)
         elif front:
@@ -501,8 +508,8 @@ class Queue:
                 consumer.timer.cancel()
                 consumer.timer = None
             self._consumer_changed(consumer)
-        if self.durable:
-            self.engine.storage.owner_emptied(self.name)
+        if self.log is not None:
+            self.log.emptied()
 
     @property
     def deferred_count(self) -> int:
@@ -518,28 +525,76 @@ class Topic:
         self.name = name
         self.ephemeral = ephemeral
         self.queues: list[Queue] = []
-        self.backlog: deque[Message] = deque()  # kept while no queue is bound, or while paused
+        # Kept while no queue is bound or while paused, and until what was kept has gone on.
+        self.backlog: deque[Message] = deque()
+        self.log: OwnerLog | None = None  # set by the engine for a durable topic
         self.paused = False
         self.deleted = False
         self.message_count = 0
         self.message_bytes = 0
+        self._pump_timer: Timer | None = None
 
     @property
     def durable(self) -> bool:
-        return not self.ephemeral and self.engine.storage.persistent
+        return self.log is not None
 
     @property
     def depth(self) -> int:
-        return len(self.backlog)
+        return len(self.backlog) + self.spilled
+
+    @property
+    def spilled(self) -> int:
+        return self.log.spilled if self.log is not None else 0
+
+    def _holds(self) -> bool:
+        """Publishes wait in the backlog (keeping their order behind what is there already)."""
+        return self.paused or not self.queues or bool(self.backlog) or bool(self.spilled)
+
+    def _keep(self, messages: list[Message]) -> None:
+        log = self.log
+        if log is not None:
+            mem_queue_size = self.engine.storage.mem_queue_size
+            room = 0 if log.spilled else mem_queue_size - len(self.backlog)
+            if any(m.due is not None for m in messages):
+                room = len(messages) if not log.spilled else room  # deferred copies stay objects
+            if room < len(messages):
+                room = max(room, 0)
+                log.append(messages, room)
+                messages = messages[:room]
+            else:
+                log.append(messages)
+        self.backlog.extend(messages)
 
     def _flush_backlog(self) -> None:
-        if self.paused or not self.queues or not self.backlog:
+        """Pass the backlog on to the bound queues: what is in memory now, the spilled rest a batch a turn."""
+        if self.paused or not self.queues or self.deleted:
             return
-        backlog = list(self.backlog)
-        self.backlog.clear()
-        if self.durable:
-            self.engine.storage.owner_emptied(self.name, topic=True)
-        self.engine._distribute(self, backlog)
+        if self.backlog:
+            backlog = list(self.backlog)
+            self.backlog.clear()
+            self._moved(backlog)
+        log = self.log
+        if log is not None and log.spilled and self._pump_timer is None:
+            engine = self.engine
+            self._pump_timer = engine.timers.schedule(engine.clock.now(), self._pump)
+
+    def _pump(self) -> None:
+        self._pump_timer = None
+        log = self.log
+        if self.paused or not self.queues or self.deleted or log is None:
+            return
+        messages = log.read(PUMP_BATCH)
+        if messages:
+            self._moved(messages)
+        if log.spilled and messages:
+            self._pump_timer = self.engine.timers.schedule(self.engine.clock.now(), self._pump)
+        # else: nothing readable yet; `on_readable` calls `_pump` after the next commit
+
+    def _moved(self, messages: list[Message]) -> None:
+        if self.log is not None:
+            for message in messages:
+                self.log.removed(message)  # written after the queues' copies (queues commit first)
+        self.engine._distribute(self, messages)
 
     def set_paused(self, paused: bool) -> None:
         self.paused = paused
@@ -549,20 +604,11 @@ class Topic:
 
     def empty(self) -> None:
         self.backlog.clear()
-        if self.durable:
-            self.engine.storage.owner_emptied(self.name, topic=True)
+        if self.log is not None:
+            self.log.emptied()
 
     def __repr__(self) -> str:
         return f"Topic({self.name!r}, queues={[q.name for q in self.queues]}, backlog={len(self.backlog)})"
-
-
-def _stored(engine: Engine, message: Message, delay: float = 0.0) -> StoredMessage:
-    now = engine.clock.now()
-    wall = engine.clock.wall_ns()
-    expires = None if message.expires_at is None else wall + int((message.expires_at - now) * 1e9)
-    deliver_at = wall + int(delay * 1e9) if delay > 0 else None
-    return StoredMessage(message.id, message.body, message.timestamp_ns, message.attempts, message.headers,
-                         expires, deliver_at)
 
 
 class Engine:
@@ -596,8 +642,9 @@ class Engine:
         if topic is None:
             topic = Topic(self, name, ephemeral=ephemeral)
             self.topics[name] = topic
-            if topic.durable:
-                self.storage.topic_saved(name, False)
+            if not ephemeral and self.storage.persistent:
+                topic.log = self.storage.open_topic(name)
+                topic.log.on_readable = topic._pump
         return topic
 
     def delete_topic(self, name: str) -> bool:
@@ -612,8 +659,10 @@ class Engine:
             else:
                 self.unbind(queue.name, name)
         topic.backlog.clear()
+        if topic._pump_timer is not None:
+            topic._pump_timer.cancel()
         if topic.durable:
-            self.storage.topic_deleted(name)
+            self.storage.topic_deleted(name, topic.log)
         for observer in self.on_topic_deleted:
             observer(name)
         return True
@@ -635,7 +684,9 @@ class Engine:
         if queue is None:
             queue = Queue(self, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options)
             self.queues[name] = queue
-            self._save_queue(queue)
+            if not ephemeral and self.storage.persistent:
+                queue.log = self.storage.open_queue(name, queue.topics, queue.paused, self._queue_options(queue))
+                queue.log.on_readable = queue._on_readable
         return queue
 
     def configure_queue(self, queue: Queue, *, auto_delete: float | None, options: Mapping[str, Any]) -> None:
@@ -645,8 +696,11 @@ class Engine:
 
     def _save_queue(self, queue: Queue) -> None:
         if queue.durable:
-            self.storage.queue_saved(queue.name, queue.topics, queue.paused,
-                                     {"auto_delete": queue.auto_delete, **queue.options})
+            self.storage.queue_saved(queue.name, queue.topics, queue.paused, self._queue_options(queue))
+
+    @staticmethod
+    def _queue_options(queue: Queue) -> dict[str, Any]:
+        return {"auto_delete": queue.auto_delete, **queue.options}
 
     def bind(self, queue_name: str, topic_name: str, *, ephemeral_topic: bool = False) -> Queue:
         queue = self.queues[queue_name]
@@ -702,7 +756,7 @@ class Engine:
             if timer is not None:
                 timer.cancel()
         if queue.durable:
-            self.storage.queue_deleted(name)
+            self.storage.queue_deleted(name, queue.log)
         for observer in self.on_queue_deleted:
             observer(queue)
         return True
@@ -758,10 +812,8 @@ class Engine:
             message.due = now + delay
         topic.message_count += 1
         topic.message_bytes += len(body)
-        if topic.paused or not topic.queues:
-            topic.backlog.append(message)
-            if topic.durable:
-                self.storage.messages_added(topic_name, [_stored(self, message, delay)], topic=True)
+        if topic._holds():
+            topic._keep([message])
         else:
             self._distribute(topic, [message])
         return message_id
@@ -776,10 +828,8 @@ class Engine:
         messages = [Message(first + index, body, timestamp, headers) for index, body in enumerate(bodies)]
         topic.message_count += len(messages)
         topic.message_bytes += sum(map(len, bodies))
-        if topic.paused or not topic.queues:
-            topic.backlog.extend(messages)
-            if topic.durable:
-                self.storage.messages_added(topic_name, [_stored(self, m) for m in messages], topic=True)
+        if topic._holds():
+            topic._keep(messages)
         else:
             self._distribute(topic, messages)
         return first
@@ -789,12 +839,6 @@ class Engine:
         for index, queue in enumerate(queues):
             # The last queue takes the original objects; the others get copies.
             copies = messages if index == len(queues) - 1 else [m.copy() for m in messages]
-            if queue.durable:
-                now = self.clock.now()
-                self.storage.messages_added(
-                    queue.name,
-                    [_stored(self, m, (m.due - now) if m.due is not None else 0.0) for m in copies],
-                )
             if len(copies) == 1:
                 message = copies[0]
                 due = messages[0].due
@@ -804,6 +848,44 @@ class Engine:
             else:
                 for copy, original in zip(copies, messages, strict=True):
                     queue._put(copy, original.due)
+
+    # -- restart -----------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """Bring back what the storage kept: topics, queues, bindings, options, pause state, messages."""
+        snapshot = self.storage.load(self.ids)
+        now = self.clock.now()
+        for record in snapshot.topics:
+            topic = Topic(self, record.name, ephemeral=False)
+            topic.paused = record.paused
+            topic.log = record.log
+            topic.log.on_readable = topic._pump
+            # One backlog in log order, deferred copies among the others as they were published.
+            topic.backlog.extend(sorted(record.log.recovered_ready + record.log.recovered_deferred,
+                                        key=lambda message: message.pos))
+            record.log.recovered_ready = record.log.recovered_deferred = []
+            self.topics[record.name] = topic
+        for record in snapshot.queues:
+            options = dict(record.options)
+            auto_delete = options.pop("auto_delete", None)
+            queue = Queue(self, record.name, ephemeral=False, auto_delete=auto_delete, options=options)
+            queue.paused = record.paused
+            queue.log = record.log
+            queue.log.on_readable = queue._on_readable
+            queue.ready.extend(record.log.recovered_ready)
+            for message in record.log.recovered_deferred:
+                queue._defer(message, message.due if message.due is not None else now)
+            record.log.recovered_ready = record.log.recovered_deferred = []
+            self.queues[record.name] = queue
+            for topic_name in record.topics:
+                topic = self.ensure_topic(topic_name)
+                queue.topics.append(topic_name)
+                topic.queues.append(queue)
+            if queue.auto_delete is not None:
+                # Nobody is attached after a restart: the auto-delete countdown starts now.
+                queue._delete_timer = self.timers.schedule(now + queue.auto_delete, queue._auto_delete)
+        for topic in self.topics.values():
+            topic._flush_backlog()
 
     # -- the timer task's entry point ----------------------------------------------------------
 

@@ -1,34 +1,60 @@
 """The storage seam (ARCHITECTURE §4).
 
 The engine reports every durable change through this interface: metadata (topics, queues,
-bindings, options, pause state) and the life of each message copy (added, finished, made
-ready again with its attempts, deferred with its due time). An implementation decides how to
-make it durable; the engine never waits on it. Acknowledgements that must follow durability
-ask for a `sync` ticket and are sent from its callback (group commit: one sync covers every
-change made before it).
+bindings, options, pause state) to the `Storage`, and the life of each message copy (added,
+delivered, returned with its attempts and due time, gone) to the `OwnerLog` of its durable queue
+or topic backlog. The engine never waits on storage. Acknowledgements that must follow
+durability ask for a `sync` ticket and are sent from its callback (group commit: one sync covers
+every change made before it).
 
-Ephemeral topics and queues are never reported.
+Ephemeral topics and queues get no log and are never reported. `MemoryStorage` keeps nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
+if TYPE_CHECKING:
+    from polymq.core.ids import IdSource
+    from polymq.core.message import Message
+
+# Called with None once the changes are stored, or with the error that stopped them.
+SyncCallback = Callable[[OSError | None], None]
+
+
+class OwnerLog(Protocol):
+    """The durable record of one queue's (or topic backlog's) message copies."""
+
+    # Copies held only on disk, after every copy the owner holds in memory (read back with `read`).
+    spilled: int
+    # Called when spilled copies that were on their way to the disk can be read.
+    on_readable: Callable[[], None] | None
+    recovered_ready: list[Message]
+    recovered_deferred: list[Message]
+
+    def append(self, messages: Sequence[Message], keep: int | None = None) -> None:
+        """New copies; past `keep`, the owner keeps no object (they count in `spilled`)."""
+        ...
+
+    def removed(self, message: Message) -> None: ...
+
+    def state(self, message: Message, due_wall_ns: int = 0) -> None:
+        """Delivered (attempts grew) or returned to the queue (maybe deferred until `due_wall_ns`)."""
+        ...
+
+    def emptied(self) -> None: ...
+
+    def read(self, count: int) -> list[Message]: ...
+
 
 @attrs.frozen(slots=True)
-class StoredMessage:
-    """A message copy as storage knows it."""
-
-    id: int
-    body: bytes
-    timestamp_ns: int
-    attempts: int
-    headers: Mapping[str, Any] | None
-    expires_at_wall_ns: int | None
-    deliver_at_wall_ns: int | None  # deferred until then; None = ready
+class TopicRecord:
+    name: str
+    paused: bool
+    log: OwnerLog
 
 
 @attrs.frozen(slots=True)
@@ -37,14 +63,7 @@ class QueueRecord:
     topics: tuple[str, ...]
     paused: bool
     options: Mapping[str, Any]
-    messages: tuple[StoredMessage, ...]
-
-
-@attrs.frozen(slots=True)
-class TopicRecord:
-    name: str
-    paused: bool
-    backlog: tuple[StoredMessage, ...]
+    log: OwnerLog
 
 
 @attrs.frozen(slots=True)
@@ -53,36 +72,31 @@ class Snapshot:
 
     topics: tuple[TopicRecord, ...] = ()
     queues: tuple[QueueRecord, ...] = ()
-    last_id: int = 0
 
 
 class Storage(Protocol):
-    # True when changes must be reported at all (an in-memory store can skip the bookkeeping).
+    # True when durable owners get a log (an in-memory store skips the bookkeeping).
     persistent: bool
+    # Copies per owner kept as objects before the rest are spilled to disk.
+    mem_queue_size: int
+    # Why the last commit failed (publishes fail while it is set), or None.
+    failure: str | None
 
-    def load(self) -> Snapshot: ...
+    def load(self, ids: IdSource) -> Snapshot: ...
+
+    def open_topic(self, name: str) -> OwnerLog: ...
 
     def topic_saved(self, name: str, paused: bool) -> None: ...
 
-    def topic_deleted(self, name: str) -> None: ...
+    def topic_deleted(self, name: str, log: OwnerLog | None) -> None: ...
+
+    def open_queue(self, name: str, topics: Iterable[str], paused: bool, options: Mapping[str, Any]) -> OwnerLog: ...
 
     def queue_saved(self, name: str, topics: Iterable[str], paused: bool, options: Mapping[str, Any]) -> None: ...
 
-    def queue_deleted(self, name: str) -> None: ...
+    def queue_deleted(self, name: str, log: OwnerLog | None) -> None: ...
 
-    def messages_added(self, owner: str, messages: Iterable[StoredMessage], *, topic: bool = False) -> None:
-        """New copies in a queue (or, with `topic`, in a topic's backlog)."""
-        ...
-
-    def message_removed(self, owner: str, message_id: int, *, topic: bool = False) -> None: ...
-
-    def message_updated(self, owner: str, message: StoredMessage) -> None:
-        """Attempts or due time changed (requeue, timeout, deferral)."""
-        ...
-
-    def owner_emptied(self, owner: str, *, topic: bool = False) -> None: ...
-
-    def sync(self, callback: Callable[[], None]) -> None:
+    def sync(self, callback: SyncCallback) -> None:
         """Call `callback` once every change reported so far is durable under the configured policy."""
         ...
 
@@ -91,33 +105,29 @@ class MemoryStorage:
     """Keeps nothing: the engine's own structures are the only copy. A restart starts empty."""
 
     persistent = False
+    mem_queue_size = 0  # unused: nothing is ever spilled without a disk
+    failure: str | None = None
 
-    def load(self) -> Snapshot:
+    def load(self, ids: IdSource) -> Snapshot:
         return Snapshot()
+
+    def open_topic(self, name: str) -> OwnerLog:
+        raise TypeError("MemoryStorage keeps no logs")
 
     def topic_saved(self, name: str, paused: bool) -> None:
         pass
 
-    def topic_deleted(self, name: str) -> None:
+    def topic_deleted(self, name: str, log: OwnerLog | None) -> None:
         pass
+
+    def open_queue(self, name: str, topics: Iterable[str], paused: bool, options: Mapping[str, Any]) -> OwnerLog:
+        raise TypeError("MemoryStorage keeps no logs")
 
     def queue_saved(self, name: str, topics: Iterable[str], paused: bool, options: Mapping[str, Any]) -> None:
         pass
 
-    def queue_deleted(self, name: str) -> None:
+    def queue_deleted(self, name: str, log: OwnerLog | None) -> None:
         pass
 
-    def messages_added(self, owner: str, messages: Iterable[StoredMessage], *, topic: bool = False) -> None:
-        pass
-
-    def message_removed(self, owner: str, message_id: int, *, topic: bool = False) -> None:
-        pass
-
-    def message_updated(self, owner: str, message: StoredMessage) -> None:
-        pass
-
-    def owner_emptied(self, owner: str, *, topic: bool = False) -> None:
-        pass
-
-    def sync(self, callback: Callable[[], None]) -> None:
-        callback()
+    def sync(self, callback: SyncCallback) -> None:
+        callback(None)

@@ -18,7 +18,7 @@ from hypercorn.utils import wrap_app
 
 from polymq.adapters.nsq import NSQServer
 from polymq.core.engine import Engine
-from polymq.gateway.nsq_http_api import GcPauses, NeedBody, NsqHttpApi, Request, Response
+from polymq.gateway.nsq_http_api import STORAGE_FAILED, GcPauses, NeedBody, NsqHttpApi, Request, Response
 
 log = logging.getLogger("polymq.nsq_http")
 
@@ -87,8 +87,17 @@ class NsqHttpApp:
             await _drain(receive)
         if response.after_sync:
             synced = trio.Event()
-            self.api.engine.storage.sync(synced.set)
+            failed: list[OSError] = []
+
+            def stored(error: OSError | None) -> None:
+                if error is not None:
+                    failed.append(error)
+                synced.set()
+
+            self.api.engine.storage.sync(stored)
             await synced.wait()
+            if failed:
+                response = STORAGE_FAILED
         await _send(send, response)
 
 

@@ -511,6 +511,8 @@ class NsqHttpApi:
                 delay_ms = int(text)
                 if delay_ms < 0 or delay_ms > self.limits.max_req_timeout_ms:
                     return error(400, "INVALID_DEFER")
+            if self.engine.storage.failure is not None:
+                return STORAGE_FAILED
             self._ensure_topic(topic)
             self.engine.publish(topic, body, delay=delay_ms / 1000)
             return PUBLISHED
@@ -548,6 +550,8 @@ class NsqHttpApi:
                 bodies = _split_text_mpub(body, read_max, limits.max_msg_size)
                 if isinstance(bodies, Response):
                     return bodies
+            if self.engine.storage.failure is not None:
+                return STORAGE_FAILED
             # The topic is created only for a valid batch (nsqd creates it first: §13).
             self._ensure_topic(topic)
             if bodies:
@@ -1000,3 +1004,5 @@ def _apply_log_level(level: int) -> None:
                     5: logging.CRITICAL}[level]
     logging.getLogger("polymq").setLevel(python_level)
 
+# nsqd answers a publish its storage could not take with 503 EXITING (http.go doPUB).
+STORAGE_FAILED = error(503, "EXITING")

@@ -22,7 +22,9 @@ from polymq.adapters.nsq import NSQServer
 from polymq.adapters.transport import serve_tcp
 from polymq.codecs.nsq import ServerLimits
 from polymq.core.clock import SystemClock
+from polymq.core.disk_storage import MEM_QUEUE_SIZE, DiskStorage, FsyncPolicy
 from polymq.core.engine import Engine
+from polymq.gateway.committer import Committer
 from polymq.gateway.nsq_http import serve_nsq_http
 
 log = logging.getLogger("polymq")
@@ -41,6 +43,8 @@ class GatewayConfig:
     nsq_tcp_port: int | None = DEFAULT_NSQ_TCP_PORT  # None = protocol off
     nsq_http_port: int | None = DEFAULT_NSQ_HTTP_PORT
     data_dir: Path = Path("data")
+    fsync: FsyncPolicy = attrs.field(factory=FsyncPolicy)
+    mem_queue_size: int = MEM_QUEUE_SIZE
     nsq_limits: ServerLimits = attrs.field(factory=ServerLimits)
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -66,6 +70,8 @@ class TimerTask:
             if delay > 0:
                 with trio.move_on_after(delay):
                     await self._wake.wait()
+            else:
+                await trio.lowlevel.checkpoint()  # a timer due at once (a backlog pump) must not starve the loop
             self._wake = trio.Event()
             engine.run_timers()
 
@@ -87,7 +93,16 @@ def announce(name: str, sock: socket.socket) -> None:
 async def run_gateway(
     config: GatewayConfig, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    engine = Engine(clock=SystemClock())
+    clock = SystemClock()
+    storage = DiskStorage(config.data_dir, clock, policy=config.fsync, mem_queue_size=config.mem_queue_size)
+    engine = Engine(clock=clock, storage=storage)
+    started = clock.now()
+    engine.restore()
+    log.info("storage %s (fsync %s): restored %d topics, %d queues, %d messages in %.2f s", config.data_dir,
+             config.fsync, len(engine.topics), len(engine.queues),
+             sum(q.depth + len(q.deferred) for q in engine.queues.values())
+             + sum(t.depth for t in engine.topics.values()), clock.now() - started)
+    committer = Committer(storage)
     timer_task = TimerTask(engine)
     limits = config.nsq_limits
     ssl_context = None
@@ -103,6 +118,7 @@ async def run_gateway(
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timer_task.run)
+            nursery.start_soon(committer.run)
             nsq = NSQServer(engine, limits, ssl_context=ssl_context, auth_http_address=config.auth_http_address)
             if config.nsq_tcp_port is not None:
                 tcp_sock = _listening_socket(config.bind, config.nsq_tcp_port)
@@ -121,6 +137,9 @@ async def run_gateway(
                 await nsq.shutdown()
                 nursery.cancel_scope.cancel()
                 break
+    # Sessions are closed and their in-flight messages returned: write and fdatasync it all.
+    await committer.flush()
+    storage.close()
 
 
 @click.command()
@@ -130,7 +149,13 @@ async def run_gateway(
 @click.option("--nsq-http-port", type=int, default=DEFAULT_NSQ_HTTP_PORT, show_default=True,
               help="nsqd HTTP API port (0 = any free port, -1 = off).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True,
-              help="Where durable storage keeps its files.")
+              help="Where the embedded durable store keeps its files.")
+@click.option("--fsync", "fsync", default="always", show_default=True,
+              help="always: acknowledge after fdatasync (group commit); interval:MS: acknowledge after the write, "
+                   "fdatasync every MS (an OS crash or power cut loses at most MS of acknowledged publishes); "
+                   "never: leave it to the OS (a process crash loses nothing, an OS crash may).")
+@click.option("--mem-queue-size", type=click.IntRange(min=0), default=MEM_QUEUE_SIZE, show_default=True,
+              help="Messages per queue and topic kept in memory; the rest are read back from disk (nsqd's flag).")
 @click.option("--tls-cert", type=click.Path(exists=True, path_type=Path), default=None,
               help="PEM certificate: enables the NSQ tls_v1 upgrade.")
 @click.option("--tls-key", type=click.Path(exists=True, path_type=Path), default=None, help="PEM private key.")
@@ -139,22 +164,28 @@ async def run_gateway(
 @click.option("--msg-timeout", type=int, default=60_000, show_default=True, help="NSQ default msg timeout (ms).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def command(bind: str, nsq_tcp_port: int, nsq_http_port: int, data_dir: Path, tls_cert: Path | None,
+def command(bind: str, nsq_tcp_port: int, nsq_http_port: int, data_dir: Path, fsync: str, mem_queue_size: int,
+            tls_cert: Path | None,
             tls_key: Path | None, tls_required: bool, auth_http_address: str | None, msg_timeout: int,
             log_level: str) -> None:
     """Run the gateway with every protocol built so far, on loopback by default.
 
-    NSQ V2 on TCP 4150 and the nsqd HTTP API on 4151. Storage is in memory for now
-    (durable embedded storage is the next piece of work).
+    NSQ V2 on TCP 4150 and the nsqd HTTP API on 4151, stored durably under --data-dir.
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limits = ServerLimits(msg_timeout_ms=msg_timeout, tls_required=tls_required)
+    try:
+        policy = FsyncPolicy.parse(fsync)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--fsync") from None
     config = GatewayConfig(
         bind=bind,
         nsq_tcp_port=None if nsq_tcp_port < 0 else nsq_tcp_port,
         nsq_http_port=None if nsq_http_port < 0 else nsq_http_port,
         data_dir=data_dir,
+        fsync=policy,
+        mem_queue_size=mem_queue_size,
         nsq_limits=limits,
         tls_cert=tls_cert,
         tls_key=tls_key,

@@ -9,7 +9,7 @@ from support.gateway import GatewayProcess, running_gateway
 
 @pytest.fixture
 def gateway() -> Iterator[GatewayProcess]:
-    """A fresh `polymq serve` process (in-memory storage, loopback, OS-chosen ports)."""
+    """A fresh `polymq serve` process (its own temporary data dir, loopback, OS-chosen ports)."""
     with running_gateway() as process:
         yield process
 

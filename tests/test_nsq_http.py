@@ -636,9 +636,9 @@ class HeldSyncStorage(MemoryStorage):
     """Holds `sync` callbacks until the test releases them (a disk that has not fsynced yet)."""
 
     def __init__(self) -> None:
-        self.pending: list[Callable[[], None]] = []
+        self.pending: list[Callable[[OSError | None], None]] = []
 
-    def sync(self, callback: Callable[[], None]) -> None:
+    def sync(self, callback: Callable[[OSError | None], None]) -> None:
         self.pending.append(callback)
 
 
@@ -646,7 +646,13 @@ class HeldSyncStorage(MemoryStorage):
     ("/pub", b"topic=durable", b"hello"),
     ("/mpub", b"topic=durable", b"one\ntwo"),
 ])
-async def test_http_publish_ok_waits_for_the_storage_sync(path: str, query: bytes, body: bytes):
+@pytest.mark.parametrize(("outcome", "status", "answer"), [
+    (None, 200, b"OK"),
+    # The storage could not write it (disk full): nsqd's doPUB answers 503 EXITING.
+    (OSError(28, "No space left on device"), 503, b'{"message":"EXITING"}'),
+])
+async def test_http_publish_answer_waits_for_the_storage_sync(path: str, query: bytes, body: bytes,
+                                                               outcome: OSError | None, status: int, answer: bytes):
     storage = HeldSyncStorage()
     app = NsqHttpApp(NsqHttpApi(Engine(storage=storage), FakeNSQ()))
     scope = {"type": "http", "method": "POST", "path": path, "query_string": query,
@@ -665,9 +671,29 @@ async def test_http_publish_ok_waits_for_the_storage_sync(path: str, query: byte
         await wait_all_tasks_blocked()
         assert sent == []  # stored, not yet durable: no answer
         assert len(storage.pending) == 1
-        storage.pending.pop()()
-    assert sent[0]["status"] == 200
-    assert sent[1]["body"] == b"OK"
+        storage.pending.pop()(outcome)
+    assert sent[0]["status"] == status
+    assert sent[1]["body"] == answer
+
+
+async def test_http_publish_is_refused_while_the_storage_is_failing():
+    storage = HeldSyncStorage()
+    storage.failure = "No space left on device"
+    engine = Engine(storage=storage)
+    app = NsqHttpApp(NsqHttpApi(engine, FakeNSQ()))
+    scope = {"type": "http", "method": "POST", "path": "/pub", "query_string": b"topic=full",
+             "headers": [(b"content-length", b"1")]}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"x", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    assert (sent[0]["status"], sent[1]["body"]) == (503, b'{"message":"EXITING"}')
+    assert engine.topic("full") is None and storage.pending == []
 
 
 async def test_http_publish_errors_do_not_wait_for_a_sync():

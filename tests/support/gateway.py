@@ -8,9 +8,11 @@ lines so tests never guess at free ports.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,15 +66,20 @@ def _pump(stream, lines: list[str], ready: threading.Event, addresses: dict[str,
 
 @contextmanager
 def running_gateway(*extra_args: str, data_dir: Path | None = None) -> Iterator[GatewayProcess]:
-    """Run `python -m polymq serve` on loopback with OS-chosen ports until the block ends."""
+    """Run `python -m polymq serve` on loopback with OS-chosen ports until the block ends.
+
+    Without `data_dir` the gateway stores in a fresh temporary folder, removed afterwards.
+    """
+    own_dir = None
+    if data_dir is None:
+        own_dir = data_dir = Path(tempfile.mkdtemp(prefix="polymq-test-"))
     args = [
         sys.executable, "-m", "polymq", "serve",
         "--bind", "127.0.0.1",
         "--nsq-tcp-port", "0",
         "--nsq-http-port", "0",
     ]
-    if data_dir is not None:
-        args += ["--data-dir", str(data_dir)]
+    args += ["--data-dir", str(data_dir)]
     args += list(extra_args)
     process = subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
@@ -89,3 +96,5 @@ def running_gateway(*extra_args: str, data_dir: Path | None = None) -> Iterator[
         yield gateway
     finally:
         gateway.stop()
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)

@@ -1,0 +1,47 @@
+"""A message copy: the one object the engine, the adapters and the storage layer share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from polymq.core.engine import Consumer
+
+
+class Message:
+    """One copy of a message in one queue (or in a topic's backlog).
+
+    Copies of one publish share id, body, timestamp and headers; each has its own attempts and
+    delivery state.
+    """
+
+    __slots__ = ("attempts", "body", "deadline", "delivered_at", "due", "expires_at", "headers", "id",
+                 "owner", "pos", "timestamp_ns")
+
+    def __init__(
+        self,
+        id: int,
+        body: bytes,
+        timestamp_ns: int,
+        headers: Mapping[str, Any] | None = None,
+        expires_at: float | None = None,
+        attempts: int = 0,
+    ) -> None:
+        self.id = id
+        self.body = body
+        self.timestamp_ns = timestamp_ns
+        self.headers = headers
+        self.expires_at = expires_at
+        self.attempts = attempts
+        self.owner: Consumer | None = None
+        self.deadline: float | None = None
+        self.delivered_at = 0.0
+        self.due: float | None = None
+        self.pos = -1  # where its durable record is (`OwnerLog`); -1 = not stored
+
+    def copy(self) -> Message:
+        return Message(self.id, self.body, self.timestamp_ns, self.headers, self.expires_at, self.attempts)
+
+    def __repr__(self) -> str:
+        return f"Message(id={self.id}, attempts={self.attempts}, body={self.body[:32]!r})"

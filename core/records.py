@@ -1,0 +1,195 @@
+"""The on-disk record format of the embedded store: framing, checksums, payloads. No I/O.
+
+Every record is `magic u8 | type u8 | length u32 | crc32 u32 | payload`, little-endian; the
+CRC covers the first six header bytes and the payload, so a torn or bit-flipped record is
+detected whichever part was hit. The magic byte lets a reader find the next record after a
+damaged one (`scan`): it tries each later magic byte until a record's checksum matches.
+
+Positions: a message copy's place in its owner's log is `segment << 32 | index`; ADD records
+carry their first index explicitly, so skipping a damaged record never shifts another
+message's position.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from array import array
+from collections.abc import Iterator, Sequence
+
+import attrs
+
+MAGIC = 0xA7
+HEADER = struct.Struct("<BBII")  # magic, type, payload length, crc32
+# The largest payload a reader accepts: the biggest MPUB nsqd allows (5 MiB body) plus per-message
+# headers; anything larger in a length field is damage, not data.
+MAX_PAYLOAD = 64 * 1024 * 1024
+
+# Record types.
+ADD = 1  # message copies appended to an owner (queue or topic backlog)
+DONE = 2  # copies gone: finished, expired, dropped
+STATE = 3  # copies delivered or returned: (position, attempts, due wall ns) triples, the last one counts
+META = 4  # a metadata change (JSON), in the meta journal
+
+ADD_HEAD = struct.Struct("<IIB")  # first index, count, flags
+ADD_HAS_DEFERRED = 1  # some message of the record has a due time
+# id, timestamp ns, attempts, expires (wall ns, 0 = never), due (wall ns, 0 = now), headers len, body len
+ADD_ENTRY = struct.Struct("<QQHqqII")
+
+SEGMENT_SHIFT = 32
+INDEX_MASK = (1 << SEGMENT_SHIFT) - 1
+
+
+def frame(record_type: int, payload: bytes | bytearray | memoryview) -> bytes:
+    head = struct.pack("<BBI", MAGIC, record_type, len(payload))
+    crc = zlib.crc32(payload, zlib.crc32(head))
+    return head + struct.pack("<I", crc) + payload
+
+
+@attrs.frozen(slots=True)
+class Damage:
+    """Bytes a reader could not use: where, how many, why."""
+
+    offset: int
+    length: int
+    reason: str
+
+
+def intact_length(data: bytes | memoryview, offset: int) -> int:
+    """Length of the whole record at `offset` if it is intact, else 0."""
+    end = len(data)
+    if end - offset < HEADER.size:
+        return 0
+    magic, _, length, crc = HEADER.unpack_from(data, offset)
+    if magic != MAGIC or length > MAX_PAYLOAD or offset + HEADER.size + length > end:
+        return 0
+    body_start = offset + HEADER.size
+    if zlib.crc32(data[body_start : body_start + length], zlib.crc32(data[offset : offset + 6])) != crc:
+        return 0
+    return HEADER.size + length
+
+
+def scan(data: bytes, start: int = 0, damage: list[Damage] | None = None) -> Iterator[tuple[int, int, memoryview]]:
+    """Yield `(offset, type, payload)` for every intact record; report what was skipped in `damage`."""
+    view = memoryview(data)
+    offset = start
+    end = len(data)
+    while offset < end:
+        size = intact_length(view, offset)
+        if size:
+            yield offset, data[offset + 1], view[offset + HEADER.size : offset + size]
+            offset += size
+            continue
+        # Damaged here: find the next offset where an intact record starts.
+        bad = offset
+        reason = _why(view, offset)
+        offset = data.find(MAGIC.to_bytes(1, "little"), offset + 1)
+        while offset != -1 and not intact_length(view, offset):
+            offset = data.find(MAGIC.to_bytes(1, "little"), offset + 1)
+        if offset == -1:
+            offset = end
+        if damage is not None:
+            damage.append(Damage(bad, offset - bad, reason if offset < end else f"{reason} (tail)"))
+
+
+def _why(data: memoryview, offset: int) -> str:
+    if len(data) - offset < HEADER.size:
+        return "torn header"
+    magic, _, length, _ = HEADER.unpack_from(data, offset)
+    if magic != MAGIC:
+        return "bad magic"
+    if length > MAX_PAYLOAD:
+        return "bad length"
+    if offset + HEADER.size + length > len(data):
+        return "truncated record"
+    return "bad checksum"
+
+
+# -- payloads ------------------------------------------------------------------------------------
+
+
+@attrs.define(slots=True)
+class StoredEntry:
+    """One message of an ADD record, as read back."""
+
+    index: int
+    id: int
+    timestamp_ns: int
+    attempts: int
+    expires_wall_ns: int  # 0 = never
+    due_wall_ns: int  # 0 = ready
+    headers: bytes
+    body: bytes
+
+
+def encode_add(first_index: int, entries: Sequence[tuple[int, int, int, int, int, bytes, bytes]]) -> bytes:
+    """`entries`: (id, timestamp ns, attempts, expires wall ns, due wall ns, headers json, body)."""
+    flags = ADD_HAS_DEFERRED if any(entry[4] for entry in entries) else 0
+    parts = [ADD_HEAD.pack(first_index, len(entries), flags)]
+    pack = ADD_ENTRY.pack
+    for message_id, timestamp, attempts, expires, due, headers, body in entries:
+        parts.append(pack(message_id, timestamp, attempts, expires, due, len(headers), len(body)))
+        if headers:
+            parts.append(headers)
+        parts.append(body)
+    return frame(ADD, b"".join(parts))
+
+
+def add_head(payload: memoryview) -> tuple[int, int, int]:
+    """(first index, count, flags) of an ADD payload."""
+    return ADD_HEAD.unpack_from(payload, 0)
+
+
+def decode_add(payload: memoryview, skip: int = 0) -> Iterator[StoredEntry]:
+    """The entries of an ADD payload, from entry number `skip` on."""
+    first, count, _ = ADD_HEAD.unpack_from(payload, 0)
+    offset = ADD_HEAD.size
+    unpack = ADD_ENTRY.unpack_from
+    entry_size = ADD_ENTRY.size
+    for number in range(count):
+        message_id, timestamp, attempts, expires, due, headers_len, body_len = unpack(payload, offset)
+        offset += entry_size
+        if number >= skip:
+            headers = bytes(payload[offset : offset + headers_len])
+            body = bytes(payload[offset + headers_len : offset + headers_len + body_len])
+            yield StoredEntry(first + number, message_id, timestamp, attempts, expires, due, headers, body)
+        offset += headers_len + body_len
+
+
+def encode_positions(positions: array) -> bytes:
+    """A DONE record: an array of u64 positions."""
+    return frame(DONE, positions.tobytes())
+
+
+def decode_positions(payload: memoryview) -> array:
+    positions = array("Q")
+    positions.frombytes(payload[: len(payload) - len(payload) % 8])
+    return positions
+
+
+def encode_states(states: array) -> bytes:
+    """A STATE record: an array('q') of (position, attempts, due wall ns) triples."""
+    return frame(STATE, states.tobytes())
+
+
+def decode_states(payload: memoryview) -> Iterator[tuple[int, int, int]]:
+    values = array("q")
+    values.frombytes(payload[: len(payload) - len(payload) % 24])
+    return zip(values[0::3], values[1::3], values[2::3], strict=True)
+
+
+def encode_meta(change: dict) -> bytes:
+    return frame(META, json.dumps(change, separators=(",", ":")).encode())
+
+
+def decode_meta(payload: memoryview) -> dict:
+    return json.loads(bytes(payload))
+
+
+def encode_headers(headers: object) -> bytes:
+    return b"" if headers is None else json.dumps(headers, separators=(",", ":")).encode()
+
+
+def decode_headers(data: bytes) -> object:
+    return json.loads(data) if data else None

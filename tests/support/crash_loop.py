@@ -1,0 +1,543 @@
+"""Kill -9 crash loop for `polymq serve` (issue 3, item 6), and the checker of its records.
+
+The loop starts the gateway on a data dir, publishes over NSQ (PUB and MPUB, each acknowledged by `OK`)
+while consumers FIN what they get, SIGKILLs the process at a random moment, restarts it on the same data
+dir and repeats; a last epoch publishes nothing and drains. `check` then proves, from the records alone:
+
+* every acknowledged publish was delivered at least once (`lost == 0`);
+* nothing was delivered that was not sent before (`phantom == 0`);
+* a body is delivered twice only across a kill (`illegal_duplicates == 0`): a FIN carries no reply,
+  so a message delivered before a kill may come back after it, never twice within one process life;
+* a redelivery carries a larger `attempts` than the delivery before it (`attempts_not_grown == 0`).
+
+Run as a script: `python tests/support/crash_loop.py --rounds 20 --seed 7` prints the report line and
+exits 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import random
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from pathlib import Path
+
+# As a script, `support` is not on the path yet (pytest adds `tests` through `pythonpath`).
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import attrs
+
+from polymq.codecs import nsq_client as client
+
+from support.gateway import GatewayProcess, running_gateway
+from support.nsq_wire import HEARTBEAT, Closed, split_address
+
+# 60 s, the nsqd default: no message times out (and comes back) within one process life.
+MSG_TIMEOUT_MS = 60_000
+EXAMPLES = 5  # bodies quoted per kind of problem in a report
+
+# --------------------------------------------------------------------------------------------------
+# Records and the checker (pure: no sockets, no processes).
+
+
+@attrs.frozen(slots=True)
+class Delivery:
+    """One message frame a consumer received (and then FINed), in the process life `epoch`."""
+
+    body: bytes
+    attempts: int
+    epoch: int
+    msg_id: bytes = b""
+    consumer: int = 0
+
+
+@attrs.frozen(slots=True)
+class CrashReport:
+    rounds: int  # kills
+    sent: int  # distinct bodies written to a socket
+    acknowledged: int  # ... and answered with OK
+    unacked_delivered: int  # sent, never acknowledged (the kill came first), delivered anyway: allowed
+    delivered: int  # distinct bodies delivered
+    deliveries: int  # message frames received
+    duplicated: int  # bodies delivered more than once
+    lost: int
+    phantom: int
+    illegal_duplicates: int
+    attempts_not_grown: int
+    examples: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.phantom or self.illegal_duplicates or self.attempts_not_grown)
+
+    def line(self) -> str:
+        return (
+            f"crash-loop: rounds={self.rounds} sent={self.sent} acknowledged={self.acknowledged}"
+            f" delivered={self.delivered} deliveries={self.deliveries} duplicated={self.duplicated}"
+            f" unacked_delivered={self.unacked_delivered} lost={self.lost} phantom={self.phantom}"
+            f" illegal_duplicates={self.illegal_duplicates} attempts_not_grown={self.attempts_not_grown}"
+        )
+
+    def problems(self) -> str:
+        """The failed checks with a few example bodies each (empty when all passed)."""
+        lines = [f"{kind}: {', '.join(repr(body[:24]) for body in bodies)}" for kind, bodies in self.examples]
+        return "\n".join(lines)
+
+
+def check(
+    sent: Mapping[bytes, int],
+    acked: AbstractSet[bytes],
+    deliveries: Sequence[Delivery],
+    kills: AbstractSet[int],
+    *,
+    rounds: int | None = None,
+) -> CrashReport:
+    """Check the records of a crash loop.
+
+    `sent` maps each body to the epoch it was first written to a socket in, `acked` holds the bodies
+    answered with OK, `deliveries` is in arrival order, `kills` holds the epochs ended by SIGKILL.
+    """
+    by_body: dict[bytes, list[Delivery]] = {}
+    for delivery in deliveries:
+        by_body.setdefault(delivery.body, []).append(delivery)
+
+    lost = sorted(body for body in acked if body not in by_body)
+    # Delivered in an epoch before the one it was sent in is as impossible as never sent.
+    phantom = sorted(
+        body for body, got in by_body.items() if body not in sent or min(d.epoch for d in got) < sent[body]
+    )
+    duplicated = sorted(body for body, got in by_body.items() if len(got) > 1)
+    illegal: list[bytes] = []
+    not_grown: list[bytes] = []
+    for body in duplicated:
+        ordered = sorted(by_body[body], key=lambda d: d.epoch)  # stable: arrival order within an epoch
+        highest = ordered[0].attempts
+        for before, after in itertools.pairwise(ordered):
+            if not any(epoch in kills for epoch in range(before.epoch, after.epoch)):
+                illegal.append(body)
+            if after.attempts <= highest:
+                not_grown.append(body)
+            highest = max(highest, after.attempts)
+
+    unacked_delivered = sum(1 for body in by_body if body in sent and body not in acked)
+    examples = tuple(
+        (kind, tuple(bodies[:EXAMPLES]))
+        for kind, bodies in (
+            ("lost", lost),
+            ("phantom", phantom),
+            ("illegal_duplicates", sorted(set(illegal))),
+            ("attempts_not_grown", sorted(set(not_grown))),
+        )
+        if bodies
+    )
+    return CrashReport(
+        rounds=len(kills) if rounds is None else rounds,
+        sent=len(sent),
+        acknowledged=len(acked),
+        unacked_delivered=unacked_delivered,
+        delivered=len(by_body),
+        deliveries=len(deliveries),
+        duplicated=len(duplicated),
+        lost=len(lost),
+        phantom=len(phantom),
+        illegal_duplicates=len(illegal),
+        attempts_not_grown=len(not_grown),
+        examples=examples,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The shared records of a run, written by the client threads.
+
+
+@attrs.define(slots=True)
+class Ledger:
+    sent: dict[bytes, int] = attrs.Factory(dict)
+    acked: set[bytes] = attrs.Factory(set)
+    deliveries: list[Delivery] = attrs.Factory(list)
+    kills: set[int] = attrs.Factory(set)
+    errors: list[str] = attrs.Factory(list)  # trouble of the harness itself: bad frames, crashed threads
+    # Acknowledged, not delivered yet: the drain watches its size.
+    missing: set[bytes] = attrs.Factory(set)
+    delivered: set[bytes] = attrs.Factory(set)
+    sent_in_epoch: int = 0
+    delivered_in_epoch: int = 0
+    lock: threading.Lock = attrs.Factory(threading.Lock)
+
+    def new_epoch(self) -> None:
+        with self.lock:
+            self.sent_in_epoch = self.delivered_in_epoch = 0
+
+    def record_sent(self, bodies: list[bytes], epoch: int) -> None:
+        with self.lock:
+            for body in bodies:
+                self.sent.setdefault(body, epoch)
+            self.sent_in_epoch += len(bodies)
+
+    def record_acked(self, bodies: list[bytes]) -> None:
+        with self.lock:
+            self.acked.update(bodies)
+            self.missing.update(body for body in bodies if body not in self.delivered)
+
+    def record_delivery(self, delivery: Delivery) -> None:
+        with self.lock:
+            self.deliveries.append(delivery)
+            self.delivered.add(delivery.body)
+            self.missing.discard(delivery.body)
+            self.delivered_in_epoch += 1
+
+    def record_error(self, text: str) -> None:
+        with self.lock:
+            self.errors.append(text)
+
+    def backlog(self) -> int:
+        with self.lock:
+            return self.sent_in_epoch - self.delivered_in_epoch
+
+    def progress(self) -> tuple[int, int]:
+        """(message frames received so far, acknowledged bodies not delivered yet)."""
+        with self.lock:
+            return len(self.deliveries), len(self.missing)
+
+
+# --------------------------------------------------------------------------------------------------
+# A minimal NSQ connection that never loses a partial frame on a read timeout.
+
+
+class _Wire:
+    def __init__(self, address: str, timeout: float) -> None:
+        self.sock = socket.create_connection(split_address(address), timeout=timeout)
+        self.reader = client.FrameReader()
+        self.frames: deque[client.Frame] = deque()
+        self.send(client.magic())
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def next_frame(self, timeout: float) -> client.Frame | None:
+        """The next frame, answering heartbeats; None when nothing came within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while not self.frames:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self.sock.settimeout(remaining)
+                try:
+                    data = self.sock.recv(65536)
+                except TimeoutError:
+                    return None
+                if not data:
+                    raise Closed("server closed the connection")
+                self.reader.receive_data(data)
+                self.frames.extend(self.reader.frames())
+            frame = self.frames.popleft()
+            if frame.is_response and frame.data == HEARTBEAT:
+                self.send(client.nop())
+                continue
+            return frame
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The loop.
+
+
+@attrs.define(slots=True)
+class CrashLoopConfig:
+    rounds: int = 5  # process lives ended by SIGKILL, before the drain
+    seed: int = 0
+    gateway_args: tuple[str, ...] = ()
+    data_dir: Path | None = None  # None: a temporary folder, removed afterwards
+    publishers: int = 2
+    consumers: int = 2
+    min_run_s: float = 0.2  # a process life lasts uniform(min_run_s, max_run_s) before the kill
+    max_run_s: float = 1.5
+    max_batch: int = 50  # MPUB size is uniform(1, max_batch)
+    window: int = 8  # publish commands awaiting their OK per connection
+    max_backlog: int = 5000  # publishers pause while an epoch's sent - delivered exceeds this
+    rdy: int = 50
+    io_timeout_s: float = 5.0  # any single socket operation; a gateway this slow is treated as gone
+    drain_timeout_s: float = 30.0
+    idle_timeout_s: float = 5.0  # the drain gives up after this long without any delivery
+    settle_s: float = 0.5  # all acknowledged delivered: wait this quiet long for the unacked stragglers
+    topic: str = "crash"
+    channel: str = "c"
+
+
+@attrs.frozen(slots=True)
+class CrashLoopResult:
+    config: CrashLoopConfig
+    report: CrashReport
+    harness_errors: tuple[str, ...]
+    elapsed_s: float
+
+    def line(self) -> str:
+        extra = f" gateway_args={' '.join(self.config.gateway_args)!r}" if self.config.gateway_args else ""
+        return (
+            f"{self.report.line()} harness_errors={len(self.harness_errors)}"
+            f" seed={self.config.seed}{extra} elapsed={self.elapsed_s:.1f}s"
+        )
+
+
+class CrashLoop:
+    def __init__(self, config: CrashLoopConfig) -> None:
+        self.config = config
+        self.ledger = Ledger()
+        self.rng = random.Random(config.seed)
+        self._counter = itertools.count()
+        self._counter_lock = threading.Lock()
+
+    # -- client threads ----------------------------------------------------------------------
+
+    def _thread(self, name: str, target: Callable[..., None], *args: object) -> threading.Thread:
+        def guarded() -> None:
+            try:
+                target(*args)
+            except BaseException:  # a harness bug must show up in the result, not vanish with the thread
+                self.ledger.record_error(f"{name}: {traceback.format_exc()}")
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def _bodies(self, rng: random.Random, count: int) -> list[bytes]:
+        with self._counter_lock:
+            numbers = [next(self._counter) for _ in range(count)]
+        # Unique tokens, padded to varied sizes.
+        return [b"m%09d." % n + b"x" * rng.randrange(64) for n in numbers]
+
+    def _publisher(self, address: str, epoch: int, rng: random.Random, stop: threading.Event) -> None:
+        config, ledger = self.config, self.ledger
+        try:
+            wire = _Wire(address, config.io_timeout_s)
+        except OSError:
+            return  # killed before we connected
+        pending: deque[list[bytes]] = deque()  # OK frames come back in command order
+
+        def read_ack() -> None:
+            frame = wire.next_frame(config.io_timeout_s)
+            if frame is None:
+                raise TimeoutError("no reply to a publish")
+            bodies = pending.popleft()
+            if frame.is_response and frame.data == b"OK":
+                ledger.record_acked(bodies)
+            else:
+                ledger.record_error(f"publisher epoch {epoch}: unexpected reply {frame}")
+
+        try:
+            while not stop.is_set():
+                throttled = ledger.backlog() > config.max_backlog
+                if pending and (len(pending) >= config.window or throttled):
+                    read_ack()
+                elif throttled:
+                    stop.wait(0.005)
+                else:
+                    bodies = self._bodies(rng, rng.randint(1, config.max_batch))
+                    ledger.record_sent(bodies, epoch)  # before the send: a kill may come mid-write
+                    pending.append(bodies)
+                    if len(bodies) == 1 and rng.random() < 0.5:
+                        wire.send(client.pub(config.topic, bodies[0]))
+                    else:
+                        wire.send(client.mpub(config.topic, bodies))
+            while pending:  # OKs the dead process sent before the kill may still be buffered
+                read_ack()
+        except (Closed, OSError):
+            pass  # the gateway died: what is still pending stays unacknowledged
+        finally:
+            wire.close()
+
+    def _consumer(self, address: str, epoch: int, index: int, subscribed: threading.Event,
+                  stop: threading.Event) -> None:
+        config, ledger = self.config, self.ledger
+        wire: _Wire | None = None
+        try:
+            wire = _Wire(address, config.io_timeout_s)
+            wire.send(client.identify({"feature_negotiation": True, "msg_timeout": MSG_TIMEOUT_MS}))
+            reply = wire.next_frame(config.io_timeout_s)
+            assert reply is not None and reply.is_response, f"IDENTIFY reply {reply}"
+            wire.send(client.sub(config.topic, config.channel))
+            reply = wire.next_frame(config.io_timeout_s)
+            assert reply is not None and (reply.frame_type, reply.data) == (0, b"OK"), f"SUB reply {reply}"
+            wire.send(client.rdy(config.rdy))
+        except (Closed, OSError, AssertionError) as exc:
+            ledger.record_error(f"consumer {index} epoch {epoch}: could not subscribe: {exc!r}")
+            if wire is not None:
+                wire.close()
+            return
+        finally:
+            subscribed.set()
+        try:
+            while not stop.is_set():
+                frame = wire.next_frame(0.2)  # short: notice `stop` soon
+                if frame is None:
+                    continue
+                if frame.is_message:
+                    message = client.decode_message(frame.data)
+                    # Recorded before the FIN: a kill between the two makes a redelivery legal.
+                    ledger.record_delivery(Delivery(message.body, message.attempts, epoch, message.msg_id, index))
+                    wire.send(client.fin(message.msg_id))
+                else:
+                    ledger.record_error(f"consumer {index} epoch {epoch}: unexpected frame {frame}")
+        except TimeoutError:
+            # A dead process resets its sockets, it does not stall them; leaving a live gateway would
+            # requeue our in-flight messages within the epoch and fake an illegal duplicate.
+            ledger.record_error(f"consumer {index} epoch {epoch}: a FIN could not be sent in time")
+        except (Closed, OSError):
+            pass  # the gateway died
+        finally:
+            wire.close()
+
+    def _start_consumers(self, gateway: GatewayProcess, epoch: int, stop: threading.Event) -> list[threading.Thread]:
+        threads = []
+        events = []
+        for index in range(self.config.consumers):
+            subscribed = threading.Event()
+            events.append(subscribed)
+            threads.append(self._thread(f"consumer-{epoch}-{index}", self._consumer, gateway.nsq_tcp, epoch, index,
+                                        subscribed, stop))
+        # Subscribed before anything is published, so the channel exists from the first message on.
+        for subscribed in events:
+            subscribed.wait(self.config.io_timeout_s * 3)
+        return threads
+
+    def _join(self, threads: list[threading.Thread]) -> None:
+        for thread in threads:
+            thread.join(self.config.io_timeout_s * 4)
+            if thread.is_alive():
+                self.ledger.record_error(f"{thread.name} did not end")
+
+    # -- epochs ------------------------------------------------------------------------------
+
+    def _check_alive(self, gateway: GatewayProcess, epoch: int) -> None:
+        # Only our SIGKILL may end a process life: a gateway that died on its own is a finding.
+        code = gateway.process.poll()
+        if code is not None:
+            log = "\n".join(gateway.log_lines[-20:])
+            self.ledger.record_error(f"epoch {epoch}: the gateway exited on its own (code {code}):\n{log}")
+
+    def _kill_epoch(self, data_dir: Path, epoch: int) -> None:
+        run_s = self.rng.uniform(self.config.min_run_s, self.config.max_run_s)
+        self.ledger.new_epoch()
+        with running_gateway(*self.config.gateway_args, data_dir=data_dir) as gateway:
+            stop = threading.Event()
+            threads: list[threading.Thread] = []
+            try:
+                threads += self._start_consumers(gateway, epoch, stop)
+                for index in range(self.config.publishers):
+                    rng = random.Random(self.rng.getrandbits(64))
+                    threads.append(self._thread(f"publisher-{epoch}-{index}", self._publisher, gateway.nsq_tcp,
+                                                epoch, rng, stop))
+                time.sleep(run_s)  # the random moment of the kill
+                self._check_alive(gateway, epoch)
+                gateway.stop(signal.SIGKILL)  # our own child, by its PID
+                self.ledger.kills.add(epoch)
+            finally:
+                stop.set()
+                self._join(threads)
+
+    def _drain_epoch(self, data_dir: Path, epoch: int) -> None:
+        config = self.config
+        self.ledger.new_epoch()
+        with running_gateway(*config.gateway_args, data_dir=data_dir) as gateway:
+            stop = threading.Event()
+            threads: list[threading.Thread] = []
+            try:
+                threads += self._start_consumers(gateway, epoch, stop)
+                start = last_change = time.monotonic()
+                last_count = -1
+                while True:
+                    now = time.monotonic()
+                    count, missing = self.ledger.progress()
+                    if count != last_count:
+                        last_count, last_change = count, now
+                    quiet = now - last_change
+                    if missing == 0 and quiet >= config.settle_s:
+                        break
+                    if quiet >= config.idle_timeout_s or now - start >= config.drain_timeout_s:
+                        break
+                    time.sleep(0.05)
+                self._check_alive(gateway, epoch)
+            finally:
+                stop.set()
+                self._join(threads)
+
+    def run(self) -> CrashLoopResult:
+        started = time.monotonic()
+        own_dir = None
+        data_dir = self.config.data_dir
+        if data_dir is None:
+            own_dir = data_dir = Path(tempfile.mkdtemp(prefix="polymq-crash-"))
+        try:
+            for epoch in range(self.config.rounds):
+                self._kill_epoch(data_dir, epoch)
+            self._drain_epoch(data_dir, self.config.rounds)
+        finally:
+            if own_dir is not None:
+                shutil.rmtree(own_dir, ignore_errors=True)
+        ledger = self.ledger
+        with ledger.lock:
+            report = check(ledger.sent, ledger.acked, ledger.deliveries, ledger.kills, rounds=self.config.rounds)
+            errors = tuple(ledger.errors)
+        return CrashLoopResult(self.config, report, errors, time.monotonic() - started)
+
+
+def run_crash_loop(config: CrashLoopConfig) -> CrashLoopResult:
+    return CrashLoop(config).run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="kill -9 crash loop against `polymq serve`")
+    parser.add_argument("--rounds", type=int, default=5, help="SIGKILLs before the final drain")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fsync", default=None, help="passed to the gateway (always|never|interval:MS)")
+    parser.add_argument("--mem-queue-size", type=int, default=None, help="passed to the gateway")
+    parser.add_argument("--data-dir", type=Path, default=None, help="default: a temporary folder")
+    parser.add_argument("--publishers", type=int, default=2)
+    parser.add_argument("--consumers", type=int, default=2)
+    parser.add_argument("--min-run", type=float, default=0.2, help="shortest process life before a kill (s)")
+    parser.add_argument("--max-run", type=float, default=1.5, help="longest process life before a kill (s)")
+    parser.add_argument("--drain-timeout", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    gateway_args: list[str] = []
+    if args.fsync is not None:
+        gateway_args += ["--fsync", args.fsync]
+    if args.mem_queue_size is not None:
+        gateway_args += ["--mem-queue-size", str(args.mem_queue_size)]
+    config = CrashLoopConfig(
+        rounds=args.rounds,
+        seed=args.seed,
+        gateway_args=tuple(gateway_args),
+        data_dir=args.data_dir,
+        publishers=args.publishers,
+        consumers=args.consumers,
+        min_run_s=args.min_run,
+        max_run_s=args.max_run,
+        drain_timeout_s=args.drain_timeout,
+    )
+    result = run_crash_loop(config)
+    print(result.line())
+    if result.harness_errors:
+        print("harness errors:\n" + "\n".join(result.harness_errors), file=sys.stderr)
+    if not result.report.ok:
+        print(result.report.problems(), file=sys.stderr)
+    return 0 if result.report.ok and not result.harness_errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
