@@ -426,9 +426,7 @@ class NSQSession:
                     # so a crash can never bring it back with fewer attempts than a client saw.
                     self._delivered_unstored = False
                     count = len(self._out)
-                    stored = trio.Event()
-                    self.engine.storage.sync(lambda _error: stored.set())
-                    await stored.wait()
+                    await self._stored()
                     frames = self._out[:count]
                     del self._out[:count]
                 else:
@@ -447,6 +445,12 @@ class NSQSession:
         self._drained.set()
         if self._close_after_flush is not None:
             self._wake.set()
+
+    async def _stored(self) -> None:
+        """Wait until everything reported to the storage so far is written."""
+        stored = trio.Event()
+        self.engine.storage.sync(lambda _error: stored.set())
+        await stored.wait()
 
     async def _drain_output(self) -> None:
         with trio.move_on_after(max(self.heartbeat_interval, 1.0)):
