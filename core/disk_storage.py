@@ -145,6 +145,31 @@ class OwnerLog:
         """Store new copies. With `keep`, only the first `keep` stay in memory; the rest are spilled."""
         if self.destroyed or not messages:
             return
+        record = _run_record(messages)
+        if record is None:
+            record = self._entries_record(messages)
+        if self.segment_bytes and self.segment_bytes + record.size > SEGMENT_BYTES:
+            self._roll()
+        first = self.next_index
+        offset = self._emit(record.encode(first))
+        base = (self.segment << records.SEGMENT_SHIFT) | first
+        for number, message in enumerate(messages):
+            message.pos = base + number
+        self.next_index = first + len(messages)
+        self.live[self.segment] += len(messages)
+        if keep is None or keep >= len(messages):
+            if self.spilled:
+                for message in messages:  # kept in memory, yet after the cursor: the reader skips them
+                    self._skip(message.pos)
+            return
+        if self.spilled:
+            for message in messages[:keep]:
+                self._skip(message.pos)
+        else:
+            self.cursor = (self.segment, offset, keep)
+        self.spilled += len(messages) - keep
+
+    def _entries_record(self, messages: Sequence[Message]) -> _PendingAdd:
         clock = self.store.clock
         now = wall = 0.0
         header_cache: dict[int, bytes] = {}
@@ -169,26 +194,7 @@ class OwnerLog:
             body = message.body
             entries.append((message.id, message.timestamp_ns, message.attempts, expires, due, encoded, body))
             size += records.ADD_ENTRY.size + len(encoded) + len(body)
-        if self.segment_bytes and self.segment_bytes + size > SEGMENT_BYTES:
-            self._roll()
-        first = self.next_index
-        offset = self._emit(records.encode_add(first, entries))
-        base = (self.segment << records.SEGMENT_SHIFT) | first
-        for number, message in enumerate(messages):
-            message.pos = base + number
-        self.next_index = first + len(messages)
-        self.live[self.segment] += len(messages)
-        if keep is None or keep >= len(messages):
-            if self.spilled:
-                for message in messages:  # kept in memory, yet after the cursor: the reader skips them
-                    self._skip(message.pos)
-            return
-        if self.spilled:
-            for message in messages[:keep]:
-                self._skip(message.pos)
-        else:
-            self.cursor = (self.segment, offset, keep)
-        self.spilled += len(messages) - keep
+        return _PendingAdd(size, lambda first: records.encode_add(first, entries))
 
     def _skip(self, position: int) -> None:
         _set_bit(self.skip_bits, position)
@@ -388,6 +394,30 @@ class OwnerLog:
             for relative, record_type, payload in records.scan(remainder, 0, damage):
                 yield rest + relative, record_type, payload
             return
+
+@attrs.frozen(slots=True)
+class _PendingAdd:
+    """An ADD record whose size is known before its first index (the segment may roll first)."""
+
+    size: int
+    encode: Callable[[int], bytes]
+
+
+def _run_record(messages: Sequence[Message]) -> _PendingAdd | None:
+    """The compact record of an MPUB-like batch, or None when some message needs the general one."""
+    first = messages[0]
+    timestamp = first.timestamp_ns
+    expected = first.id
+    size = records.HEADER.size + records.ADD_HEAD.size + records.RUN_HEAD.size
+    for message in messages:
+        if (message.id != expected or message.attempts or message.headers is not None
+                or message.expires_at is not None or message.due is not None or message.timestamp_ns != timestamp):
+            return None
+        expected += 1
+        size += 4 + len(message.body)
+    bodies = [message.body for message in messages]
+    return _PendingAdd(size, lambda index: records.encode_run(index, first.id, timestamp, bodies))
+
 
 def _message(entry: records.StoredEntry, segment: int, now: float, wall: int) -> Message:
     expires = None if not entry.expires_wall_ns else now + (entry.expires_wall_ns - wall) / 1e9

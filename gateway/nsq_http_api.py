@@ -841,7 +841,7 @@ class NsqHttpApi:
                 channel_stats.append({
                     "channel_name": name,
                     "depth": queue.depth,
-                    "backend_depth": 0,  # bodies spilled to disk are not counted apart yet
+                    "backend_depth": queue.spilled,  # on disk only (nsqd: in its diskqueue)
                     "in_flight_count": len(queue.in_flight),
                     "deferred_count": queue.deferred_count,
                     "message_count": queue.message_count,
@@ -857,7 +857,7 @@ class NsqHttpApi:
                 "topic_name": topic.name,
                 "channels": channel_stats,
                 "depth": topic.depth,
-                "backend_depth": 0,
+                "backend_depth": topic.spilled,
                 "message_count": topic.message_count,
                 "message_bytes": topic.message_bytes,
                 "paused": topic.paused,

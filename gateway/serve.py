@@ -24,6 +24,7 @@ from polymq.codecs.nsq import ServerLimits
 from polymq.core.clock import SystemClock
 from polymq.core.disk_storage import MEM_QUEUE_SIZE, DiskStorage, FsyncPolicy
 from polymq.core.engine import Engine
+from polymq.core.storage import MemoryStorage
 from polymq.gateway.committer import Committer
 from polymq.gateway.nsq_http import serve_nsq_http
 
@@ -45,6 +46,7 @@ class GatewayConfig:
     data_dir: Path = Path("data")
     fsync: FsyncPolicy = attrs.field(factory=FsyncPolicy)
     mem_queue_size: int = MEM_QUEUE_SIZE
+    in_memory: bool = False  # MemoryStorage: nothing written, a restart starts empty
     nsq_limits: ServerLimits = attrs.field(factory=ServerLimits)
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -94,15 +96,22 @@ async def run_gateway(
     config: GatewayConfig, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED
 ) -> None:
     clock = SystemClock()
-    storage = DiskStorage(config.data_dir, clock, policy=config.fsync, mem_queue_size=config.mem_queue_size)
+    storage: DiskStorage | MemoryStorage
+    committer: Committer | None = None
+    if config.in_memory:
+        storage = MemoryStorage()
+        log.warning("storage in memory only: nothing is written, a restart starts empty")
+    else:
+        storage = DiskStorage(config.data_dir, clock, policy=config.fsync, mem_queue_size=config.mem_queue_size)
+        committer = Committer(storage)
     engine = Engine(clock=clock, storage=storage)
     started = clock.now()
     engine.restore()
-    log.info("storage %s (fsync %s): restored %d topics, %d queues, %d messages in %.2f s", config.data_dir,
-             config.fsync, len(engine.topics), len(engine.queues),
-             sum(q.depth + len(q.deferred) for q in engine.queues.values())
-             + sum(t.depth for t in engine.topics.values()), clock.now() - started)
-    committer = Committer(storage)
+    if committer is not None:
+        log.info("storage %s (fsync %s): restored %d topics, %d queues, %d messages in %.2f s", config.data_dir,
+                 config.fsync, len(engine.topics), len(engine.queues),
+                 sum(q.depth + len(q.deferred) for q in engine.queues.values())
+                 + sum(t.depth for t in engine.topics.values()), clock.now() - started)
     timer_task = TimerTask(engine)
     limits = config.nsq_limits
     ssl_context = None
@@ -118,7 +127,8 @@ async def run_gateway(
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timer_task.run)
-            nursery.start_soon(committer.run)
+            if committer is not None:
+                nursery.start_soon(committer.run)
             nsq = NSQServer(engine, limits, ssl_context=ssl_context, auth_http_address=config.auth_http_address)
             if config.nsq_tcp_port is not None:
                 tcp_sock = _listening_socket(config.bind, config.nsq_tcp_port)
@@ -138,8 +148,9 @@ async def run_gateway(
                 nursery.cancel_scope.cancel()
                 break
     # Sessions are closed and their in-flight messages returned: write and fdatasync it all.
-    await committer.flush()
-    storage.close()
+    if committer is not None:
+        await committer.flush()
+        storage.close()
 
 
 @click.command()
@@ -156,6 +167,8 @@ async def run_gateway(
                    "never: leave it to the OS (a process crash loses nothing, an OS crash may).")
 @click.option("--mem-queue-size", type=click.IntRange(min=0), default=MEM_QUEUE_SIZE, show_default=True,
               help="Messages per queue and topic kept in memory; the rest are read back from disk (nsqd's flag).")
+@click.option("--in-memory", is_flag=True,
+              help="Keep nothing on disk (benchmarks, throwaway tests): a restart starts empty.")
 @click.option("--tls-cert", type=click.Path(exists=True, path_type=Path), default=None,
               help="PEM certificate: enables the NSQ tls_v1 upgrade.")
 @click.option("--tls-key", type=click.Path(exists=True, path_type=Path), default=None, help="PEM private key.")
@@ -165,7 +178,7 @@ async def run_gateway(
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def command(bind: str, nsq_tcp_port: int, nsq_http_port: int, data_dir: Path, fsync: str, mem_queue_size: int,
-            tls_cert: Path | None,
+            in_memory: bool, tls_cert: Path | None,
             tls_key: Path | None, tls_required: bool, auth_http_address: str | None, msg_timeout: int,
             log_level: str) -> None:
     """Run the gateway with every protocol built so far, on loopback by default.
@@ -186,6 +199,7 @@ def command(bind: str, nsq_tcp_port: int, nsq_http_port: int, data_dir: Path, fs
         data_dir=data_dir,
         fsync=policy,
         mem_queue_size=mem_queue_size,
+        in_memory=in_memory,
         nsq_limits=limits,
         tls_cert=tls_cert,
         tls_key=tls_key,

@@ -712,3 +712,24 @@ async def test_http_publish_errors_do_not_wait_for_a_sync():
     await app(scope, receive, send)
     assert sent[0]["status"] == 400
     assert storage.pending == []
+
+
+def test_stats_backend_depth_counts_what_lives_on_disk_only():
+    # nsqd's backend_depth: messages past --mem-queue-size, held in the diskqueue only.
+    with running_gateway("--mem-queue-size", "5") as gateway:
+        assert_ok(http_request(gateway, "POST", "/mpub?topic=spill", b"\n".join(b"m%d" % i for i in range(12))))
+
+        def stats() -> dict[str, Any]:
+            return json.loads(http_request(gateway, "GET", "/stats?format=json&topic=spill")[2])["topics"][0]
+
+        assert (stats()["depth"], stats()["backend_depth"]) == (12, 7)  # a backlog: no channel yet
+        assert_empty(http_request(gateway, "POST", "/channel/create?topic=spill&channel=c"))
+        assert_ok(http_request(gateway, "POST", "/pub?topic=spill", b"m12"))
+        # The backlog moves on to the new channel a batch per loop turn: wait for it, with a deadline.
+        deadline = time.monotonic() + 5
+        while stats()["depth"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        topic = stats()
+        channel = topic["channels"][0]
+        assert (topic["depth"], topic["backend_depth"]) == (0, 0)
+        assert (channel["depth"], channel["backend_depth"]) == (13, 8)
