@@ -103,6 +103,7 @@ class OwnerLog:
         self.states = array("q")  # (position, attempts, due wall ns) triples
         self.unlinks: list[int] = []
         self.flushed: dict[int, int] = {}  # bytes of each segment on disk
+        self.final_size: dict[int, int] = {}  # bytes of each segment that will get no more records
         self.dirty = False
         self.destroyed = False
         # Spilled: copies in the log only, read back in order from `cursor` (segment, record offset,
@@ -134,6 +135,7 @@ class OwnerLog:
         return offset
 
     def _roll(self) -> None:
+        self.final_size[self.segment] = self.segment_bytes
         self.segment += 1
         self.segment_bytes = 0
         self.next_index = 0
@@ -229,6 +231,7 @@ class OwnerLog:
         del self.done[:]
         del self.states[:]
         old = list(self.retained)
+        self.final_size.clear()
         self.segment += 1
         self.segment_bytes = 0
         self.next_index = 0
@@ -249,6 +252,7 @@ class OwnerLog:
             del self.live[segment]
             self.skip_bits.pop(segment, None)
             self.flushed.pop(segment, None)
+            self.final_size.pop(segment, None)
             if self._read_fd is not None and self._read_fd[0] == segment:
                 self._close_reader()
             self.unlinks.append(segment)
@@ -303,7 +307,9 @@ class OwnerLog:
         return self._read_fd[1]
 
     def _sealed(self, segment: int) -> bool:
-        return segment != self.segment and not any(item[0] == segment for item in self.pending)
+        """Every record of `segment` is on disk and no more will come (not merely handed to a commit)."""
+        final = self.final_size.get(segment)
+        return final is not None and self.flushed.get(segment, 0) >= final
 
     def read(self, count: int) -> list[Message]:
         """Up to `count` spilled copies, in order; fewer when the rest is not written yet."""
@@ -463,6 +469,8 @@ class DiskStorage:
         self._unsynced = False
         self.failure: str | None = None  # the last commit's error, None once a commit succeeds
         self.on_work: Callable[[], None] | None = None  # the committer's wake-up
+        self._logs: list[OwnerLog] = []  # to close their readers
+        self._deleted_uids: set[int] = set()
 
     # -- the metadata journal ------------------------------------------------------------------
 
@@ -485,7 +493,9 @@ class DiskStorage:
     def _new_log(self, prefix: str) -> tuple[int, OwnerLog]:
         uid = self._next_uid
         self._next_uid += 1
-        return uid, OwnerLog(self, self.dir / f"{prefix}{uid}")
+        owner = OwnerLog(self, self.dir / f"{prefix}{uid}")
+        self._logs.append(owner)
+        return uid, owner
 
     def open_topic(self, name: str) -> OwnerLog:
         uid, owner = self._new_log("t")
@@ -500,8 +510,9 @@ class DiskStorage:
             self._meta({"t": "topic", "name": name, "uid": meta["uid"], "paused": paused})
 
     def topic_deleted(self, name: str, owner: OwnerLog | None) -> None:
-        if self._topics.pop(name, None) is not None:
-            self._meta({"t": "topic-", "name": name})
+        meta = self._topics.pop(name, None)
+        if meta is not None:
+            self._meta({"t": "topic-", "name": name, "uid": meta["uid"]})
         if owner is not None:
             owner.destroy()
 
@@ -519,8 +530,9 @@ class DiskStorage:
         self._meta({"t": "queue", "name": name, **meta})
 
     def queue_deleted(self, name: str, owner: OwnerLog | None) -> None:
-        if self._queues.pop(name, None) is not None:
-            self._meta({"t": "queue-", "name": name})
+        meta = self._queues.pop(name, None)
+        if meta is not None:
+            self._meta({"t": "queue-", "name": name, "uid": meta["uid"]})
         if owner is not None:
             owner.destroy()
 
@@ -622,17 +634,26 @@ class DiskStorage:
         self._id_high_water = ids.last + ID_RESERVE
         self._rewrite_meta()
         known = {f"t{meta['uid']}" for meta in self._topics.values()} | {f"q{m['uid']}" for m in self._queues.values()}
-        for entry in self.dir.iterdir():
-            if entry.is_dir() and entry.name[:1] in ("t", "q") and entry.name not in known:
-                shutil.rmtree(entry, ignore_errors=True)  # the files of a topic or queue deleted before a crash
+        for entry in sorted(self.dir.iterdir()):
+            if not entry.is_dir() or entry.name[:1] not in ("t", "q") or entry.name in known:
+                continue
+            if entry.name[1:].isdigit() and int(entry.name[1:]) in self._deleted_uids:
+                shutil.rmtree(entry, ignore_errors=True)  # deleted just before a crash: its removal was pending
+            else:
+                # Its journal record is damaged or gone: keep the messages for a human, out of the way.
+                orphan = self.dir / f"orphan-{entry.name}"
+                entry.rename(orphan)
+                log.warning("%s is not in the journal (damaged?): moved to %s with its messages", entry, orphan)
         topics = []
         for name, meta in self._topics.items():
             owner = OwnerLog(self, self.dir / f"t{meta['uid']}")
+            self._logs.append(owner)
             _recover(owner, self.clock)
             topics.append(TopicRecord(name, meta["paused"], owner))
         queues = []
         for name, meta in self._queues.items():
             owner = OwnerLog(self, self.dir / f"q{meta['uid']}")
+            self._logs.append(owner)
             _recover(owner, self.clock)
             queues.append(QueueRecord(name, tuple(meta["topics"]), meta["paused"], meta["options"], owner))
         return Snapshot(tuple(topics), tuple(queues))
@@ -645,11 +666,13 @@ class DiskStorage:
             self._next_uid = max(self._next_uid, change["uid"] + 1)
         elif kind == "topic-":
             self._topics.pop(name, None)
+            self._deleted_uids.add(change.get("uid", 0))
         elif kind == "queue":
             self._queues[name] = {key: change[key] for key in ("uid", "topics", "paused", "options")}
             self._next_uid = max(self._next_uid, change["uid"] + 1)
         elif kind == "queue-":
             self._queues.pop(name, None)
+            self._deleted_uids.add(change.get("uid", 0))
         elif kind == "ids":
             self._id_high_water = max(self._id_high_water, change["hw"])
 
@@ -670,7 +693,9 @@ class DiskStorage:
             os.close(fd)
 
     def close(self) -> None:
-        """Release the data dir (the process may exit without it; the lock goes with the process)."""
+        """Release the data dir: every reader and the lock (a process that exits releases them too)."""
+        for owner in self._logs:
+            owner._close_reader()
         os.close(self._lock_fd)
 
 
@@ -720,7 +745,7 @@ def _recover(owner: OwnerLog, clock: Clock) -> None:
         path = owner.path(segment)
         offsets = add_offsets.pop(segment)
         data = path.read_bytes() if offsets else b""
-        owner.flushed[segment] = os.path.getsize(path)
+        owner.flushed[segment] = owner.final_size[segment] = os.path.getsize(path)
         bits = done.get(segment)
         base = segment << records.SEGMENT_SHIFT
         for offset in offsets:

@@ -494,6 +494,8 @@ class Queue:
 
     def empty(self) -> None:
         """Drop every message: ready, deferred and in flight (nsqd's channel empty)."""
+        if self.log is not None:
+            self.log.emptied()  # first: the refills below must find nothing spilled
         self.ready.clear()
         self.deferred.clear()
         if self._deferred_timer is not None:
@@ -508,8 +510,6 @@ class Queue:
                 consumer.timer.cancel()
                 consumer.timer = None
             self._consumer_changed(consumer)
-        if self.log is not None:
-            self.log.emptied()
 
     @property
     def deferred_count(self) -> int:
@@ -878,7 +878,8 @@ class Engine:
             record.log.recovered_ready = record.log.recovered_deferred = []
             self.queues[record.name] = queue
             for topic_name in record.topics:
-                topic = self.ensure_topic(topic_name)
+                # Every durable topic has a record: a binding to any other was to an ephemeral topic.
+                topic = self.topics.get(topic_name) or self.ensure_topic(topic_name, ephemeral=True)
                 queue.topics.append(topic_name)
                 topic.queues.append(queue)
             if queue.auto_delete is not None:
