@@ -362,6 +362,10 @@ class NSQSession:
                 if event is nsq.NEED_DATA:
                     break
                 if isinstance(event, nsq.ProtocolError):
+                    if event.fatal and self._pending_publishes:
+                        # Earlier publishes are answered first, as nsqd answers one command at a time.
+                        self._reading = False
+                        await self._stored()
                     self._send_error(event)
                     if event.fatal:
                         raise _Close(event.frame_text.decode("utf-8", "replace"))
@@ -705,6 +709,8 @@ class NSQSession:
 
     def _ack_publish(self, error: OSError | None) -> None:
         name, refused = self._pending_publishes.popleft()
+        if self._close_after_flush is not None:
+            return  # a fatal error went out already: nothing may follow it
         if error is None and refused is None:
             self._send(nsq.FRAME_OK)
         else:
