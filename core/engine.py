@@ -209,15 +209,8 @@ class Queue:
 
     def _put_many(self, messages: list[Message]) -> None:
         self.message_count += len(messages)
-        log = self.log
-        if log is not None:
-            room = 0 if log.spilled else self.engine.storage.mem_queue_size - len(self.ready)
-            if room < len(messages):
-                room = max(room, 0)
-                log.append(messages, room)
-                messages = messages[:room]
-            else:
-                log.append(messages)
+        if self.log is not None:
+            messages = _store(self.log, messages, len(self.ready), self.engine.storage.mem_queue_size)
         self.ready.extend(messages)
         if self.ring and not self.paused:
             self._dispatch()
@@ -519,6 +512,18 @@ class Queue:
         return f"Queue({self.name!r}, ready={len(self.ready)}, in_flight={len(self.in_flight)})"
 
 
+def _store(log: OwnerLog, messages: list[Message], held: int, mem_queue_size: int) -> list[Message]:
+    """Write new copies to `log`; returns those that stay objects (past `mem_queue_size`, or behind
+    copies already spilled, the rest live on disk only)."""
+    room = 0 if log.spilled else mem_queue_size - held
+    if room >= len(messages):
+        log.append(messages)
+        return messages
+    room = max(room, 0)
+    log.append(messages, room)
+    return messages[:room]
+
+
 class Topic:
     def __init__(self, engine: Engine, name: str, *, ephemeral: bool) -> None:
         self.engine = engine
@@ -553,16 +558,10 @@ class Topic:
     def _keep(self, messages: list[Message]) -> None:
         log = self.log
         if log is not None:
-            mem_queue_size = self.engine.storage.mem_queue_size
-            room = 0 if log.spilled else mem_queue_size - len(self.backlog)
-            if any(m.due is not None for m in messages):
-                room = len(messages) if not log.spilled else room  # deferred copies stay objects
-            if room < len(messages):
-                room = max(room, 0)
-                log.append(messages, room)
-                messages = messages[:room]
+            if not log.spilled and any(m.due is not None for m in messages):
+                log.append(messages)  # deferred copies stay objects while nothing is spilled
             else:
-                log.append(messages)
+                messages = _store(log, messages, len(self.backlog), self.engine.storage.mem_queue_size)
         self.backlog.extend(messages)
 
     def _flush_backlog(self) -> None:
