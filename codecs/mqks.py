@@ -1,0 +1,440 @@
+"""MQKS wire codec, server side: sans-IO, in the manner of h11.
+
+Feed bytes with `ServerConnection.receive_data`, take the typed requests of every complete line
+with `next_events`, and build response lines with the `ok_line`, `error_line`, `delivery_line` and
+`update_line` functions. Parsing follows MQKS v0.4.3 (`server/lib/clients.py` and
+`server/actions/*.py`) as recorded in shared/specs/mqks-notes.md §2-§4, minus the defects of §9:
+a TAB answers `{id} error …` instead of dropping the connection, and a line longer than the
+configured limit is answered and skipped instead of growing the buffer without end.
+
+Ids, queue and event names are `str` (UTF-8); publish and ping data stay `bytes`, a slice of the
+line, so a body is never decoded or copied twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import datetime
+import math
+import random
+import re
+import string
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+# The original reads lines with no limit (mqks-notes §6); polymq answers and skips longer lines.
+# 1 MiB is nsqd's --max-msg-size default, so a body any polymq protocol accepts by default fits.
+MAX_LINE_LENGTH = 1024 * 1024
+# Length of the original's ids (`config.id_length`, mqks-notes §3, §6).
+ID_LENGTH = 24
+# The request id the original answers a line with fewer than three fields with (mqks-notes §2).
+NO_ID = "None"
+CONFIRM_PREFIX = b"--confirm "
+WHEN_UNUSED_FLAG = "--delete-queue-when-unused"
+MANUAL_ACK_FLAG = "--manual-ack"
+ALL_FLAG = "--all"
+
+# The reversible encoding of bodies an MQKS line cannot carry verbatim (README "MQKS bodies"): a
+# newline, a TAB or another control character, bytes that are not UTF-8, an empty body, trailing
+# whitespace (the original strips it), or a body that itself starts with this prefix.
+ENCODED_PREFIX = b"polymq:base64:"
+# C0 controls, DEL, and the Unicode line breaks that `str.splitlines` splits on (NEL, LS, PS).
+_UNSAFE_BODY = re.compile(rb"[\x00-\x1f\x7f]|\xc2\x85|\xe2\x80[\xa8\xa9]")
+
+_BASE62 = string.digits + string.ascii_letters
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests: what the parser hands to the adapter. `request_id` doubles as msg_id / consumer_id.
+
+
+@attrs.frozen(slots=True)
+class Publish:
+    request_id: str
+    event: str
+    data: bytes  # the body the engine stores (`ENCODED_PREFIX` data already decoded)
+    confirm: bool
+
+
+@attrs.frozen(slots=True)
+class Consume:
+    request_id: str  # the consumer id
+    queue: str
+    replace: tuple[str, ...]  # events before `--add`; empty = keep the bindings
+    add: tuple[str, ...]
+    # None = flag absent (the queue's setting stays); True = delete at once; float = seconds to wait
+    delete_when_unused: bool | float | None
+    manual_ack: bool
+    confirm: bool
+
+
+@attrs.frozen(slots=True)
+class Rebind:
+    request_id: str
+    queue: str
+    replace: tuple[str, ...]
+    remove: tuple[str, ...]
+    remove_masks: tuple[str, ...]
+    add: tuple[str, ...]
+    confirm: bool
+
+
+@attrs.frozen(slots=True)
+class Ack:
+    request_id: str
+    consumer_id: str
+    msg_id: str | None  # None = `--all`
+    confirm: bool
+
+
+@attrs.frozen(slots=True)
+class Reject:
+    request_id: str
+    consumer_id: str
+    msg_id: str | None  # None = `--all`
+    confirm: bool
+
+
+@attrs.frozen(slots=True)
+class DeleteConsumer:
+    request_id: str
+    consumer_id: str
+    confirm: bool
+
+
+@attrs.frozen(slots=True)
+class DeleteQueue:
+    request_id: str
+    queue: str
+    confirm: bool
+
+
+@attrs.frozen(slots=True)
+class Ping:
+    request_id: str
+    data: bytes
+
+
+@attrs.frozen(slots=True)
+class Eval:
+    request_id: str
+    worker: int | None
+    code: str
+    confirm: bool
+
+
+@attrs.frozen(slots=True)
+class BadRequest:
+    """A line the original answers with `{request_id} error {error_id}`; `reason` goes to the log."""
+
+    request_id: str
+    reason: str
+    line: bytes  # the request, cut to `MAX_LOGGED_LINE` bytes, for the log
+
+
+Request = Publish | Consume | Rebind | Ack | Reject | DeleteConsumer | DeleteQueue | Ping | Eval | BadRequest
+
+# How much of a bad line the log shows.
+MAX_LOGGED_LINE = 512
+
+ACTIONS = frozenset({"publish", "consume", "rebind", "ack", "reject", "delete_consumer", "delete_queue",
+                     "ping", "_eval"})
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise _Invalid("not UTF-8") from None
+
+
+def _names(raw: bytes) -> list[str]:
+    # The original splits on single spaces; an empty part (a double space) names nothing.
+    return [_text(part) for part in raw.split(b" ") if part]
+
+
+def _parse_when_unused(value: str) -> bool | float:
+    if value == WHEN_UNUSED_FLAG:
+        return True
+    try:
+        seconds = float(value[len(WHEN_UNUSED_FLAG) + 1 :])
+    except ValueError:
+        raise _Invalid(f"bad {WHEN_UNUSED_FLAG} value") from None
+    if not math.isfinite(seconds):
+        raise _Invalid(f"bad {WHEN_UNUSED_FLAG} value")
+    return max(0.0, seconds)
+
+
+def _consume(request_id: str, data: bytes, confirm: bool) -> Consume:
+    queue: str | None = None
+    replace: list[str] = []
+    add: list[str] = []
+    target = replace
+    delete_when_unused: bool | float | None = None
+    manual_ack = False
+    for part in _names(data):
+        if part.startswith("--"):
+            if part == "--add":
+                target = add
+            elif part == WHEN_UNUSED_FLAG or part.startswith(WHEN_UNUSED_FLAG + "="):
+                delete_when_unused = _parse_when_unused(part)
+            elif part == MANUAL_ACK_FLAG:
+                manual_ack = True
+            else:
+                raise _Invalid(f"unknown consume flag {part}")
+        elif queue is None:
+            queue = part
+        else:
+            target.append(part)
+    if queue is None:
+        raise _Invalid("consume needs a queue")
+    return Consume(request_id, queue, tuple(replace), tuple(add), delete_when_unused, manual_ack, confirm)
+
+
+_REBIND_SECTIONS = {"--remove": 1, "--remove-mask": 2, "--add": 3}
+
+
+def _rebind(request_id: str, data: bytes, confirm: bool) -> Rebind:
+    queue_raw, space, rest = data.partition(b" ")
+    if not space or not queue_raw:
+        raise _Invalid("rebind needs a queue and at least one argument")
+    sections: tuple[list[str], ...] = ([], [], [], [])
+    target = sections[0]
+    for part in _names(rest):
+        if part.startswith("--"):
+            index = _REBIND_SECTIONS.get(part)
+            if index is None:
+                raise _Invalid(f"unknown rebind flag {part}")
+            target = sections[index]
+        else:
+            target.append(part)
+    replace, remove, masks, add = (tuple(section) for section in sections)
+    return Rebind(request_id, _text(queue_raw), replace, remove, masks, add, confirm)
+
+
+def _ack_args(data: bytes) -> tuple[str, str | None]:
+    consumer_raw, space, msg_raw = data.partition(b" ")
+    if not space or not consumer_raw or not msg_raw or b" " in msg_raw:
+        raise _Invalid("needs {consumer_id} {msg_id}|--all")
+    msg_id = _text(msg_raw)
+    return _text(consumer_raw), None if msg_id == ALL_FLAG else msg_id
+
+
+def _single_name(data: bytes, what: str) -> str:
+    if not data or b" " in data:
+        raise _Invalid(f"needs one {what}")
+    return _text(data)
+
+
+def _eval(request_id: str, data: bytes, confirm: bool) -> Eval:
+    worker = None
+    code = _text(data)
+    if code.startswith("--worker="):
+        head, _, code = code.partition(" ")
+        try:
+            worker = int(head[len("--worker=") :])
+        except ValueError:
+            raise _Invalid("bad --worker") from None
+    if not code:
+        raise _Invalid("_eval needs code")
+    return Eval(request_id, worker, code, confirm)
+
+
+def decode_data(data: bytes) -> bytes:
+    """A publisher's data as the body to store: the reversible encoding is undone."""
+    if data.startswith(ENCODED_PREFIX):
+        try:
+            return base64.b64decode(data[len(ENCODED_PREFIX) :], validate=True)
+        except (binascii.Error, ValueError):
+            raise _Invalid(f"data starting with {ENCODED_PREFIX.decode()} must be base64") from None
+    return data
+
+
+def encode_body(body: bytes) -> bytes:
+    """A body as MQKS data: verbatim when a line can carry it unchanged, else the reversible encoding."""
+    if body and body[-1] != 0x20 and not body.startswith(ENCODED_PREFIX):
+        if body.isascii():
+            if _UNSAFE_BODY.search(body) is None:
+                return body
+        else:
+            try:
+                body.decode()
+            except UnicodeDecodeError:
+                pass
+            else:
+                if _UNSAFE_BODY.search(body) is None:
+                    return body
+    return ENCODED_PREFIX + base64.b64encode(body)
+
+
+def parse_line(line: bytes) -> Request:
+    """One request line (without its `\\n`)."""
+    line = line.rstrip()  # as the original: CRLF works, trailing spaces of data are lost
+    fields = line.split(b" ", 2)
+    if len(fields) < 3:
+        return BadRequest(NO_ID, "fewer than three fields", line[:MAX_LOGGED_LINE])
+    id_raw, action_raw, data = fields
+    try:
+        request_id = _text(id_raw)
+    except _Invalid:
+        return BadRequest(NO_ID, "request id is not UTF-8", line[:MAX_LOGGED_LINE])
+    if b"\t" in id_raw:
+        request_id = NO_ID
+    try:
+        if b"\t" in line:
+            raise _Invalid("TAB in request")
+        action = action_raw.decode("ascii", "replace")
+        confirm = data.startswith(CONFIRM_PREFIX)
+        if confirm:
+            data = data[len(CONFIRM_PREFIX) :]
+        if action == "publish":
+            event_raw, space, body = data.partition(b" ")
+            if not space or not event_raw or not body:
+                raise _Invalid("publish needs {event} {data}")
+            return Publish(request_id, _text(event_raw), decode_data(body), confirm)
+        if action == "consume":
+            return _consume(request_id, data, confirm)
+        if action == "ack":
+            consumer_id, msg_id = _ack_args(data)
+            return Ack(request_id, consumer_id, msg_id, confirm)
+        if action == "reject":
+            consumer_id, msg_id = _ack_args(data)
+            return Reject(request_id, consumer_id, msg_id, confirm)
+        if action == "rebind":
+            return _rebind(request_id, data, confirm)
+        if action == "ping":
+            # The original strips a confirm here too and answers once, with the rest (mqks-notes §2).
+            return Ping(request_id, data)
+        if action == "delete_consumer":
+            return DeleteConsumer(request_id, _single_name(data, "consumer id"), confirm)
+        if action == "delete_queue":
+            return DeleteQueue(request_id, _single_name(data, "queue"), confirm)
+        if action == "_eval":
+            return _eval(request_id, data, confirm)
+        raise _Invalid(f"unknown action {action!r}")
+    except _Invalid as error:
+        return BadRequest(request_id, str(error), line[:MAX_LOGGED_LINE])
+
+
+class ServerConnection:
+    """The receive side of one MQKS connection: bytes in, requests out."""
+
+    def __init__(self, max_line_length: int = MAX_LINE_LENGTH) -> None:
+        self.max_line_length = max_line_length
+        self._buffer = bytearray()
+        self._skipping = False  # inside an over-long line: drop bytes up to its newline
+
+    def receive_data(self, data: bytes) -> None:
+        """Bytes from the socket; `b""` means the peer closed (a last line without `\\n` still counts)."""
+        if data:
+            self._buffer += data
+        elif self._buffer and not self._skipping:
+            self._buffer += b"\n"
+
+    def next_events(self) -> list[Request]:
+        """Every request of the complete lines received so far, in order."""
+        buffer = self._buffer
+        events: list[Request] = []
+        if self._skipping:
+            end = buffer.find(b"\n")
+            if end < 0:
+                buffer.clear()
+                return events
+            del buffer[: end + 1]
+            self._skipping = False
+        end = buffer.rfind(b"\n")
+        if end >= 0:
+            lines = bytes(buffer[:end]).split(b"\n")
+            del buffer[: end + 1]
+            limit = self.max_line_length
+            for line in lines:
+                if len(line) > limit:
+                    events.append(self._too_long(line))
+                else:
+                    events.append(parse_line(line))
+        if len(buffer) > self.max_line_length:
+            events.append(self._too_long(bytes(buffer[: MAX_LOGGED_LINE])))
+            buffer.clear()
+            self._skipping = True
+        return events
+
+    def _too_long(self, head: bytes) -> BadRequest:
+        id_raw, space, _ = head[:MAX_LOGGED_LINE].partition(b" ")
+        request_id = NO_ID
+        if space and b"\t" not in id_raw:
+            with contextlib.suppress(UnicodeDecodeError):
+                request_id = id_raw.decode()
+        return BadRequest(request_id, f"line longer than {self.max_line_length} bytes", head[:MAX_LOGGED_LINE])
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses
+
+
+def ok_line(request_id: str | bytes, data: bytes = b"") -> bytes:
+    """`{id} ok {data}`; an empty data (a confirm) keeps the trailing space, as the original does."""
+    rid = request_id.encode() if isinstance(request_id, str) else request_id
+    return b"%s ok %s\n" % (rid, data)
+
+
+def error_line(request_id: str, error_id: str) -> bytes:
+    return f"{request_id} error {error_id}\n".encode()
+
+
+def delivery_line(consumer_id: bytes, msg_id: bytes, event: bytes, retry: int, body: bytes) -> bytes:
+    """`{consumer_id} ok {msg_id} event={event}[,retry={n}] {data}` (mqks-notes §4.1)."""
+    data = encode_body(body)
+    if retry:
+        return b"%s ok %s event=%s,retry=%d %s\n" % (consumer_id, msg_id, event, retry, data)
+    return b"%s ok %s event=%s %s\n" % (consumer_id, msg_id, event, data)
+
+
+def format_when_unused(value: bool | float | None) -> str:
+    """The suffix the original prints: bare flag for True, Python's `str` of the float otherwise."""
+    if value is None:
+        return ""
+    if value is True:
+        return " " + WHEN_UNUSED_FLAG
+    return f" {WHEN_UNUSED_FLAG}={float(value)!r}"
+
+
+def update_line(consumer_id: str, queue: str, events: Iterable[str], delete_when_unused: bool | float | None,
+                manual_ack: bool) -> bytes:
+    """`{consumer_id} ok --update {queue}[ events sorted][ --delete-queue-when-unused[=f]][ --manual-ack]`."""
+    parts = [f"{consumer_id} ok --update {queue}"]
+    ordered = sorted(events)
+    if ordered:
+        parts.append(" " + " ".join(ordered))
+    parts.append(format_when_unused(delete_when_unused))
+    if manual_ack:
+        parts.append(" " + MANUAL_ACK_FLAG)
+    parts.append("\n")
+    return "".join(parts).encode()
+
+
+def error_id(utc: datetime.datetime, rng: random.Random) -> str:
+    """An id of the original's shape: UTC `%Y%m%d%H%M%S%f` (20 digits) + 4 base62 characters."""
+    return utc.strftime("%Y%m%d%H%M%S%f") + "".join(rng.choice(_BASE62) for _ in range(ID_LENGTH - 20))
+
+
+# ---------------------------------------------------------------------------------------------
+# `--remove-mask` (mqks-notes §4.3)
+
+
+def mask_pattern(masks: Sequence[str]) -> re.Pattern[str]:
+    """Pieces between `*` match literally, `*` is zero or more non-dot characters, anchored at both ends."""
+    return re.compile("|".join("(?:" + "[^.]*".join(re.escape(piece) for piece in mask.split("*")) + r")\Z"
+                               for mask in masks))
+
+
+def masked(events: Iterable[str], masks: Sequence[str]) -> set[str]:
+    """The events a `--remove-mask` removes: only events with a dot are candidates."""
+    pattern = mask_pattern(masks)
+    return {event for event in events if "." in event and pattern.match(event)}
