@@ -142,9 +142,10 @@ class Consumer:
             self.queue._finish(self, message_id)
         return len(ids)
 
-    def detach(self) -> None:
-        """The consumer goes away: its in-flight messages return to the queue at once."""
-        self.queue._detach(self, requeue=True)
+    def detach(self, *, to_tail: bool = False) -> None:
+        """The consumer goes away: its in-flight messages return to the queue at once, at the front
+        (they were its oldest messages) or, for MQKS's reject-on-disconnect, at the tail."""
+        self.queue._detach(self, requeue=True, to_tail=to_tail)
 
 
 class Queue:
@@ -440,7 +441,7 @@ class Queue:
         self.consumers.append(consumer)
         self._consumer_changed(consumer)
 
-    def _detach(self, consumer: Consumer, *, requeue: bool) -> None:
+    def _detach(self, consumer: Consumer, *, requeue: bool, to_tail: bool = False) -> None:
         if consumer.closed:
             return
         consumer.closed = True
@@ -459,9 +460,13 @@ class Queue:
             message.owner = None
             message.deadline = None
         if requeue and not self.deleted:
-            # Back at the front, in their order: they were the oldest messages of the queue.
-            for message in reversed(returned):
-                self._return(message, front=True)
+            if to_tail:
+                for message in returned:
+                    self._return(message)
+            else:
+                # Back at the front, in their order: they were the oldest messages of the queue.
+                for message in reversed(returned):
+                    self._return(message, front=True)
             if self.ready and self.ring and not self.paused:
                 self._dispatch()
         if not self.consumers and self.auto_delete is not None and not self.deleted:
@@ -806,7 +811,7 @@ class Engine:
                 topic = self.ensure_topic(topic_name)
         now = self.clock.now()
         message = Message(message_id, body, self.clock.wall_ns(), headers,
-                          None if ttl is None else now + ttl)
+                          None if ttl is None else now + ttl, 0, topic_name)
         if delay > 0:
             message.due = now + delay
         topic.message_count += 1
@@ -824,7 +829,8 @@ class Engine:
         topic = self.ensure_topic(topic_name)
         first = self.ids.reserve(len(bodies) or 1)  # an empty batch still spends the id it returns
         timestamp = self.clock.wall_ns()
-        messages = [Message(first + index, body, timestamp, headers) for index, body in enumerate(bodies)]
+        messages = [Message(first + index, body, timestamp, headers, None, 0, topic_name)
+                    for index, body in enumerate(bodies)]
         topic.message_count += len(messages)
         topic.message_bytes += sum(map(len, bodies))
         if topic._holds():

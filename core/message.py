@@ -17,7 +17,7 @@ class Message:
     """
 
     __slots__ = ("attempts", "body", "deadline", "delivered_at", "due", "expires_at", "headers", "id",
-                 "owner", "pos", "timestamp_ns")
+                 "owner", "pos", "timestamp_ns", "topic")
 
     def __init__(
         self,
@@ -27,6 +27,7 @@ class Message:
         headers: Mapping[str, Any] | None = None,
         expires_at: float | None = None,
         attempts: int = 0,
+        topic: str | None = None,
     ) -> None:
         self.id = id
         self.body = body
@@ -39,9 +40,13 @@ class Message:
         self.delivered_at = 0.0
         self.due: float | None = None
         self.pos = -1  # where its durable record is (`OwnerLog`); -1 = not stored
+        # The topic it was published to (MQKS shows it as `event=`); None after a restart, where
+        # the adapter falls back to its headers or the queue's binding.
+        self.topic = topic
 
     def copy(self) -> Message:
-        return Message(self.id, self.body, self.timestamp_ns, self.headers, self.expires_at, self.attempts)
+        return Message(self.id, self.body, self.timestamp_ns, self.headers, self.expires_at, self.attempts,
+                       self.topic)
 
     def __repr__(self) -> str:
         return f"Message(id={self.id}, attempts={self.attempts}, body={self.body[:32]!r})"

@@ -18,8 +18,10 @@ import attrs
 import click
 import trio
 
+from polymq.adapters.mqks import MQKSLimits, MQKSServer
 from polymq.adapters.nsq import NSQServer
 from polymq.adapters.transport import serve_tcp
+from polymq.codecs.mqks import MAX_LINE_LENGTH as MQKS_MAX_LINE_LENGTH
 from polymq.codecs.nsq import ServerLimits
 from polymq.core.clock import SystemClock
 from polymq.core.disk_storage import MEM_QUEUE_SIZE, DiskStorage, FsyncPolicy
@@ -34,6 +36,8 @@ log = logging.getLogger("polymq")
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_NSQ_TCP_PORT = 4150
 DEFAULT_NSQ_HTTP_PORT = 4151
+# The original MQKS's first worker (mqks-notes §1: a one-worker deployment listens on 25000).
+DEFAULT_MQKS_PORT = 25000
 # The listen backlog; the original MQKS used 256, nsqd the OS default.
 LISTEN_BACKLOG = 1024
 
@@ -43,6 +47,8 @@ class GatewayConfig:
     bind: str = DEFAULT_BIND
     nsq_tcp_port: int | None = DEFAULT_NSQ_TCP_PORT  # None = protocol off
     nsq_http_port: int | None = DEFAULT_NSQ_HTTP_PORT
+    mqks_port: int | None = DEFAULT_MQKS_PORT
+    mqks_limits: MQKSLimits = attrs.field(factory=MQKSLimits)
     data_dir: Path = Path("data")
     fsync: FsyncPolicy = attrs.field(factory=FsyncPolicy)
     mem_queue_size: int = MEM_QUEUE_SIZE
@@ -140,11 +146,18 @@ async def run_gateway(
                 announce("nsq-http", sock)
                 nsq.http_port = sock.getsockname()[1]
                 await nursery.start(serve_nsq_http, engine, nsq, sock)
+            mqks = MQKSServer(engine, config.mqks_limits)
+            if config.mqks_port is not None:
+                sock = _listening_socket(config.bind, config.mqks_port)
+                announce("mqks", sock)
+                mqks.host, mqks.port = sock.getsockname()[:2]
+                await nursery.start(serve_tcp, mqks.handle_connection, sock)
             print("polymq ready", flush=True)
             task_status.started(engine)
             async for signum in signals:
                 log.info("received %s, shutting down", signal.Signals(signum).name)
                 await nsq.shutdown()
+                await mqks.shutdown()
                 nursery.cancel_scope.cancel()
                 break
     # Sessions are closed and their in-flight messages returned: write and fdatasync it all.
@@ -159,6 +172,13 @@ async def run_gateway(
               help="NSQ V2 TCP port (0 = any free port, -1 = off).")
 @click.option("--nsq-http-port", type=int, default=DEFAULT_NSQ_HTTP_PORT, show_default=True,
               help="nsqd HTTP API port (0 = any free port, -1 = off).")
+@click.option("--mqks-port", type=int, default=DEFAULT_MQKS_PORT, show_default=True,
+              help="MQKS TCP port (0 = any free port, -1 = off).")
+@click.option("--mqks-max-line", type=click.IntRange(min=64), default=MQKS_MAX_LINE_LENGTH, show_default=True,
+              help="Longest MQKS request line in bytes; a longer one is answered with an error and skipped.")
+@click.option("--mqks-consumer-window", type=click.IntRange(min=1), default=MQKSLimits().consumer_window,
+              show_default=True,
+              help="Deliveries an MQKS consumer may hold: unacknowledged (manual-ack) or not yet written (auto-ack).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True,
               help="Where the embedded durable store keeps its files.")
 @click.option("--fsync", "fsync", default="always", show_default=True,
@@ -177,13 +197,14 @@ async def run_gateway(
 @click.option("--msg-timeout", type=int, default=60_000, show_default=True, help="NSQ default msg timeout (ms).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def command(bind: str, nsq_tcp_port: int, nsq_http_port: int, data_dir: Path, fsync: str, mem_queue_size: int,
+def command(bind: str, nsq_tcp_port: int, nsq_http_port: int, mqks_port: int, mqks_max_line: int,
+            mqks_consumer_window: int, data_dir: Path, fsync: str, mem_queue_size: int,
             in_memory: bool, tls_cert: Path | None,
             tls_key: Path | None, tls_required: bool, auth_http_address: str | None, msg_timeout: int,
             log_level: str) -> None:
     """Run the gateway with every protocol built so far, on loopback by default.
 
-    NSQ V2 on TCP 4150 and the nsqd HTTP API on 4151, stored durably under --data-dir.
+    NSQ V2 on TCP 4150, the nsqd HTTP API on 4151 and MQKS on TCP 25000, stored durably under --data-dir.
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -196,6 +217,8 @@ def command(bind: str, nsq_tcp_port: int, nsq_http_port: int, data_dir: Path, fs
         bind=bind,
         nsq_tcp_port=None if nsq_tcp_port < 0 else nsq_tcp_port,
         nsq_http_port=None if nsq_http_port < 0 else nsq_http_port,
+        mqks_port=None if mqks_port < 0 else mqks_port,
+        mqks_limits=MQKSLimits(max_line_length=mqks_max_line, consumer_window=mqks_consumer_window),
         data_dir=data_dir,
         fsync=policy,
         mem_queue_size=mem_queue_size,

@@ -88,6 +88,7 @@ def _gateway_command(data_dir: Path, fsync: str) -> list[str]:
         "--bind", "127.0.0.1",
         "--nsq-tcp-port", "0",
         "--nsq-http-port", "0",
+        "--mqks-port", "-1",
         "--data-dir", str(data_dir),
         f"--fsync={fsync}",
     ]

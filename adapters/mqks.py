@@ -1,0 +1,513 @@
+"""MQKS sessions: request lines to engine calls, engine deliveries to `ok` lines.
+
+One `MQKSSession` per TCP connection, two tasks: the reader parses everything a read returned
+and handles it synchronously (engine calls never await), appending response lines to the
+output list; the writer sends that list as one write. Deliveries from other connections'
+publishes land in the same list and wake the writer.
+
+Model (ARCHITECTURE §3): `publish e` publishes to engine topic `e`, dropped when no queue is
+bound (MQKS's rule); `consume q e1 e2` makes engine queue `q` bound to topics `e1`, `e2`. An
+MQKS consumer is an engine consumer: auto-ack ones hold a window of deliveries not yet written
+(credit comes back as the writer sends), manual-ack ones a window of unacknowledged messages.
+The publisher's msg_id and the event travel in the message headers; messages published by other
+protocols show the engine id (16 hex digits, as NSQ shows it) and their topic.
+
+Where polymq differs from the original on purpose (mqks-notes §9, README "MQKS"): a TAB answers
+`{id} error …` instead of dropping the client; `_eval` answers stats expressions only; a
+`consume --confirm` is answered as soon as the binding is applied (no 0.1 s delay, so no
+delivery overtakes it); a queue created by `rebind` alone keeps what is published to it instead
+of dropping it; queues and unacknowledged messages are stored durably.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from polymq.adapters import mqks_stats
+from polymq.adapters.transport import Transport
+from polymq.codecs import mqks
+from polymq.core.engine import Consumer, Engine, Message, Queue
+
+log = logging.getLogger("polymq.mqks")
+
+# How much one read asks the socket for.
+READ_SIZE = 256 * 1024
+# The reader stops reading while this much output waits for a slow client (bounded memory).
+MAX_PENDING_OUTPUT = 8 * 1024 * 1024
+# Header keys of an MQKS publish: the publisher's own id (shown to consumers) and the event,
+# which survives a restart (the engine's `Message.topic` does not).
+MSG_ID_HEADER = "msg_id"
+EVENT_HEADER = "event"
+# Option key under which a queue keeps its --delete-queue-when-unused as given (True or seconds).
+WHEN_UNUSED_OPTION = "mqks_delete_when_unused"
+
+
+@attrs.frozen
+class MQKSLimits:
+    max_line_length: int = mqks.MAX_LINE_LENGTH
+    # The original has no limit on deliveries a consumer holds (ARCHITECTURE §3 asks for a cap):
+    # auto-ack consumers hold at most this many deliveries not yet written to the socket,
+    # manual-ack consumers at most this many unacknowledged ones.
+    consumer_window: int = 10_000
+    # `host:worker_port:client_port` the original's stats tools read from `config['workers']`.
+    worker_port: int = 24000
+
+
+class MQKSConsumer:
+    """One consumer id: its queue, its mode, its unacknowledged msg_ids (manual-ack)."""
+
+    __slots__ = ("consumer_id", "duplicates", "engine_consumer", "id_bytes", "manual_ack", "queue_name",
+                 "session", "unacked")
+
+    def __init__(self, session: MQKSSession, consumer_id: str, queue_name: str, manual_ack: bool) -> None:
+        self.session = session
+        self.consumer_id = consumer_id
+        self.id_bytes = consumer_id.encode()
+        self.queue_name = queue_name
+        self.manual_ack = manual_ack
+        self.engine_consumer: Consumer | None = None
+        # msg_id -> engine id. Client-chosen msg_ids may repeat: the extra ones wait in
+        # `duplicates` so that none is lost (the original overwrote them, mqks-notes §9).
+        self.unacked: dict[str, int] = {}
+        self.duplicates: dict[str, list[int]] = {}
+
+    def remember(self, msg_id: str, engine_id: int) -> None:
+        if msg_id in self.unacked:
+            self.duplicates.setdefault(msg_id, []).append(engine_id)
+        else:
+            self.unacked[msg_id] = engine_id
+
+    def take(self, msg_id: str) -> int | None:
+        engine_id = self.unacked.pop(msg_id, None)
+        if engine_id is not None:
+            more = self.duplicates.get(msg_id)
+            if more:
+                self.unacked[msg_id] = more.pop(0)
+                if not more:
+                    del self.duplicates[msg_id]
+        return engine_id
+
+    def forget_all(self) -> None:
+        self.unacked.clear()
+        self.duplicates.clear()
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self.unacked) + sum(map(len, self.duplicates.values()))
+
+
+class MQKSServer:
+    """Everything the MQKS listener shares: the engine, the consumers by id and by queue, counters."""
+
+    def __init__(self, engine: Engine, limits: MQKSLimits | None = None, *, rng: random.Random | None = None) -> None:
+        self.engine = engine
+        self.limits = limits or MQKSLimits()
+        self.rng = rng or random.Random()
+        self.sessions: set[MQKSSession] = set()
+        self.consumers: dict[str, MQKSConsumer] = {}
+        self.consumers_by_queue: dict[str, dict[str, MQKSConsumer]] = {}
+        self.host = "127.0.0.1"
+        self.port = 25000
+        # The original's stats counters (`stats.py`): publishes, copies put in queues, deliveries.
+        self.published = 0
+        self.queued = 0
+        self.consumed = 0
+
+    async def handle_connection(self, transport: Transport) -> None:
+        session = MQKSSession(self, transport)
+        self.sessions.add(session)
+        try:
+            await session.run()
+        except Exception:
+            # A bug in one session must not end the accept loop, i.e. the whole gateway.
+            log.exception("%s: session failed", transport.peer)
+        finally:
+            self.sessions.discard(session)
+
+    async def shutdown(self) -> None:
+        for session in list(self.sessions):
+            session.close()
+
+    def new_error_id(self) -> str:
+        return mqks.error_id(datetime.datetime.now(datetime.UTC), self.rng)
+
+    # -- stats for `_eval` ------------------------------------------------------------------------
+
+    def queues_in_use(self) -> int:
+        return len(self.consumers_by_queue)
+
+    def unacked_count(self) -> int:
+        return sum(consumer.unacked_count for consumer in self.consumers.values())
+
+    def responses_waiting(self) -> int:
+        return sum(len(session.out) for session in self.sessions)
+
+    def sessions_with_consumers(self) -> int:
+        return sum(1 for session in self.sessions if session.consumers)
+
+    def worker_address(self) -> str:
+        return f"{self.host}:{self.limits.worker_port}:{self.port}"
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def register(self, consumer: MQKSConsumer) -> None:
+        self.consumers[consumer.consumer_id] = consumer
+        self.consumers_by_queue.setdefault(consumer.queue_name, {})[consumer.consumer_id] = consumer
+        consumer.session.consumers[consumer.consumer_id] = consumer
+
+    def unregister(self, consumer: MQKSConsumer) -> None:
+        if self.consumers.get(consumer.consumer_id) is consumer:
+            del self.consumers[consumer.consumer_id]
+        of_queue = self.consumers_by_queue.get(consumer.queue_name)
+        if of_queue is not None and of_queue.get(consumer.consumer_id) is consumer:
+            del of_queue[consumer.consumer_id]
+            if not of_queue:
+                del self.consumers_by_queue[consumer.queue_name]
+        if consumer.session.consumers.get(consumer.consumer_id) is consumer:
+            del consumer.session.consumers[consumer.consumer_id]
+
+    def delete_consumer(self, consumer: MQKSConsumer) -> None:
+        """Unacknowledged messages go back to the tail with retry+1; unused-queue timers start."""
+        self.unregister(consumer)
+        consumer.forget_all()
+        engine_consumer = consumer.engine_consumer
+        if engine_consumer is not None:
+            consumer.engine_consumer = None
+            engine_consumer.detach(to_tail=True)
+            consumer.session.forget_releases(engine_consumer)
+
+    def send_updates(self, queue: Queue | None, queue_name: str, skip: str | None = None, *,
+                     events: list[str] | None = None) -> None:
+        """`--update` to every consumer of the queue but `skip` (mqks-notes §4.2)."""
+        of_queue = self.consumers_by_queue.get(queue_name)
+        if not of_queue:
+            return
+        if events is None:
+            events = list(queue.topics) if queue is not None else []
+        when_unused = queue.options.get(WHEN_UNUSED_OPTION) if queue is not None else None
+        for consumer_id, consumer in list(of_queue.items()):
+            if consumer_id != skip:
+                consumer.session.send(mqks.update_line(consumer_id, queue_name, events, when_unused,
+                                                       consumer.manual_ack))
+
+
+def _msg_id_and_event(message: Message, queue: Queue) -> tuple[bytes, bytes]:
+    headers = message.headers
+    msg_id = event = None
+    if type(headers) is dict:
+        msg_id = headers.get(MSG_ID_HEADER)
+        event = headers.get(EVENT_HEADER)
+    if event is None:
+        # Published by another protocol: its topic, or after a restart the queue's binding.
+        event = message.topic or (queue.topics[0] if queue.topics else queue.name)
+    return (b"%016x" % message.id if msg_id is None else msg_id.encode()), event.encode()
+
+
+class MQKSSession:
+    def __init__(self, server: MQKSServer, transport: Transport) -> None:
+        self.server = server
+        self.engine = server.engine
+        self.transport = transport
+        self.peer = transport.peer
+        self.codec = mqks.ServerConnection(server.limits.max_line_length)
+        self.consumers: dict[str, MQKSConsumer] = {}
+        self.out: list[bytes] = []
+        self._out_bytes = 0
+        # Auto-ack deliveries queued since the last write, per engine consumer: credit to give back
+        # once they are written.
+        self._unreleased: dict[Consumer, int] = {}
+        self._wake = trio.Event()
+        self._drained = trio.Event()
+        self._sending = False
+        self._reading = False  # output queued while handling a read is flushed when it is done
+        self._closed = False
+        self._cancel_scope: trio.CancelScope | None = None
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            mqks.Publish: self._publish,
+            mqks.Consume: self._consume,
+            mqks.Rebind: self._rebind,
+            mqks.Ack: self._ack,
+            mqks.Reject: self._reject,
+            mqks.DeleteConsumer: self._delete_consumer,
+            mqks.DeleteQueue: self._delete_queue,
+            mqks.Ping: self._ping,
+            mqks.Eval: self._eval,
+            mqks.BadRequest: self._bad_request,
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._cancel_scope = nursery.cancel_scope
+                nursery.start_soon(self._write_loop)
+                await self._read_loop()
+                await self._drain_output()
+                nursery.cancel_scope.cancel()
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            log.debug("%s: connection ended: %r", self.peer, group.exceptions)
+        finally:
+            self._closed = True
+            # Disconnect = delete_consumer for each consumer (mqks-notes §4.4).
+            for consumer in list(self.consumers.values()):
+                self.server.delete_consumer(consumer)
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await self.transport.aclose()
+
+    def close(self) -> None:
+        if self._cancel_scope is not None:
+            self._cancel_scope.cancel()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        codec = self.codec
+        handlers = self._handlers
+        while True:
+            data = await self.transport.receive_some(READ_SIZE)
+            codec.receive_data(data)
+            self._reading = True
+            for request in codec.next_events():
+                try:
+                    handlers[type(request)](request)
+                except Exception:
+                    # A bug must cost one request, not the connection or the gateway.
+                    error_id = self.server.new_error_id()
+                    log.exception("error %s: request %r", error_id, request)
+                    self.send(mqks.error_line(request.request_id, error_id))
+            self._reading = False
+            if not data:
+                return
+            if self.out and not self._sending:
+                await self._flush()  # answer from here: one task switch less per round trip
+            if self._out_bytes > MAX_PENDING_OUTPUT:
+                self._drained = trio.Event()
+                self._wake.set()
+                await self._drained.wait()
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def send(self, line: bytes) -> None:
+        self.out.append(line)
+        self._out_bytes += len(line)
+        if not self._reading and not self._wake.is_set():
+            self._wake.set()
+
+    def forget_releases(self, consumer: Consumer) -> None:
+        self._unreleased.pop(consumer, None)
+
+    async def _write_loop(self) -> None:
+        while True:
+            if self.out and not self._sending:
+                await self._flush()
+                continue
+            await self._wake.wait()
+            self._wake = trio.Event()
+
+    async def _flush(self) -> None:
+        self._sending = True
+        try:
+            while self.out:
+                lines = self.out
+                self.out = []
+                released = self._unreleased
+                self._unreleased = {}
+                data = b"".join(lines)
+                self._out_bytes -= len(data)
+                await self.transport.send_all(data)
+                for consumer, count in released.items():
+                    if not consumer.closed:
+                        consumer.release(count)  # may deliver more into `self.out`
+        finally:
+            self._sending = False
+        self._drained.set()
+
+    async def _drain_output(self) -> None:
+        with trio.move_on_after(1.0):
+            while self._sending:
+                self._drained = trio.Event()
+                await self._drained.wait()
+            if self.out:
+                await self._flush()
+
+    def _deliverer(self, consumer: MQKSConsumer, queue: Queue) -> Callable[[Message], None]:
+        prefix = consumer.id_bytes
+        server = self.server
+
+        def deliver(message: Message) -> None:
+            msg_id, event = _msg_id_and_event(message, queue)
+            line = mqks.delivery_line(prefix, msg_id, event, message.attempts - 1, message.body)
+            self.out.append(line)
+            self._out_bytes += len(line)
+            server.consumed += 1
+            engine_consumer = consumer.engine_consumer
+            if consumer.manual_ack:
+                consumer.remember(msg_id.decode(), message.id)
+            elif engine_consumer is not None:
+                pending = self._unreleased  # swapped by every flush: looked up each time
+                pending[engine_consumer] = pending.get(engine_consumer, 0) + 1
+            if not self._reading and not self._wake.is_set():
+                self._wake.set()
+
+        return deliver
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _ok(self, request_id: str, data: bytes = b"") -> None:
+        self.send(mqks.ok_line(request_id, data))
+
+    def _error(self, request_id: str, reason: str, line: bytes | None = None) -> None:
+        error_id = self.server.new_error_id()
+        # The full error goes to the log only, under the id the client sees (mqks-notes §3).
+        log.warning("error %s: %s: %s (request %r)", error_id, self.peer, reason, line)
+        self.send(mqks.error_line(request_id, error_id))
+
+    def _bad_request(self, request: mqks.BadRequest) -> None:
+        self._error(request.request_id, request.reason, request.line)
+
+    def _publish(self, request: mqks.Publish) -> None:
+        engine = self.engine
+        storage = engine.storage
+        if storage.failure is not None:
+            self._error(request.request_id, f"storage failing: {storage.failure}")
+            return
+        topic = engine.topics.get(request.event)
+        bound = len(topic.queues) if topic is not None else 0
+        engine.publish(request.event, request.data, drop_if_unbound=True,
+                       headers={MSG_ID_HEADER: request.request_id, EVENT_HEADER: request.event})
+        self.server.published += 1
+        self.server.queued += bound
+        if request.confirm:
+            request_id = request.request_id
+
+            def stored(error: OSError | None) -> None:
+                if self._closed:
+                    return
+                if error is None:
+                    self._ok(request_id)
+                else:
+                    self._error(request_id, f"publish not stored: {error}")
+
+            storage.sync(stored)
+
+    def _consume(self, request: mqks.Consume) -> None:
+        server = self.server
+        engine = self.engine
+        consumer_id = request.request_id
+        previous = server.consumers.get(consumer_id)
+        if previous is not None:
+            # The same id again, e.g. a reconnect seen before the old connection's end (the original does this too).
+            server.delete_consumer(previous)
+        queue = engine.ensure_queue(request.queue)
+        old_events = list(queue.topics)
+        if request.replace:
+            new_events = list(dict.fromkeys(request.replace + request.add))
+        else:
+            new_events = list(dict.fromkeys(old_events + list(request.add)))
+        changed = set(new_events) != set(old_events)
+        when_unused = request.delete_when_unused
+        if when_unused is not None and queue.options.get(WHEN_UNUSED_OPTION) != when_unused:
+            auto_delete = 0.0 if when_unused is True else float(when_unused)
+            engine.configure_queue(queue, auto_delete=auto_delete, options={WHEN_UNUSED_OPTION: when_unused})
+            changed = True
+        if set(new_events) != set(old_events):
+            engine.set_bindings(queue.name, new_events)
+        consumer = MQKSConsumer(self, consumer_id, queue.name, request.manual_ack)
+        server.register(consumer)
+        if changed:
+            # The issuer of a plain consume already knows its line; with --add it gets the result.
+            server.send_updates(queue, queue.name, skip=None if request.add else consumer_id)
+        if request.confirm:
+            self._ok(consumer_id)
+        consumer.engine_consumer = engine.attach(
+            queue.name, self._deliverer(consumer, queue), credit=server.limits.consumer_window,
+            auto_ack=not request.manual_ack, on_close=lambda _reason: server.unregister(consumer), tag=consumer,
+        )
+
+    def _rebind(self, request: mqks.Rebind) -> None:
+        engine = self.engine
+        queue = engine.queue(request.queue)
+        old_events = list(queue.topics) if queue is not None else []
+        events = set(request.replace) if request.replace else set(old_events)
+        events.difference_update(request.remove)
+        if request.remove_masks and events:
+            events -= mqks.masked(events, request.remove_masks)
+        events.update(request.add)
+        if events != set(old_events):
+            if queue is None:
+                queue = engine.ensure_queue(request.queue)
+            engine.set_bindings(queue.name, [e for e in old_events if e in events] + sorted(events - set(old_events)))
+            self.server.send_updates(queue, queue.name)
+        if request.confirm:
+            self._ok(request.request_id)
+
+    def _acknowledge(self, request: mqks.Ack | mqks.Reject, finish: bool) -> None:
+        consumer = self.server.consumers.get(request.consumer_id)
+        if consumer is None:
+            return  # the original answers nothing here, even to --confirm (mqks-notes §4)
+        engine_consumer = consumer.engine_consumer
+        if engine_consumer is not None:
+            if request.msg_id is None:
+                consumer.forget_all()
+                if finish:
+                    engine_consumer.finish_all()
+                else:
+                    engine_consumer.requeue_all()
+            else:
+                engine_id = consumer.take(request.msg_id)
+                if engine_id is not None:
+                    if finish:
+                        engine_consumer.finish(engine_id)
+                    else:
+                        engine_consumer.requeue(engine_id)
+        if request.confirm:
+            self._ok(request.request_id)
+
+    def _ack(self, request: mqks.Ack) -> None:
+        self._acknowledge(request, finish=True)
+
+    def _reject(self, request: mqks.Reject) -> None:
+        self._acknowledge(request, finish=False)
+
+    def _delete_consumer(self, request: mqks.DeleteConsumer) -> None:
+        consumer = self.server.consumers.get(request.consumer_id)
+        if consumer is None:
+            return  # no answer even to --confirm (mqks-notes §4)
+        self.server.delete_consumer(consumer)
+        if request.confirm:
+            self._ok(request.request_id)
+
+    def _delete_queue(self, request: mqks.DeleteQueue) -> None:
+        server = self.server
+        queue = self.engine.queue(request.queue)
+        if queue is not None:
+            if queue.topics:
+                server.send_updates(queue, queue.name, events=[])
+            for consumer in list(server.consumers_by_queue.get(queue.name, {}).values()):
+                server.unregister(consumer)
+                consumer.forget_all()
+            self.engine.delete_queue(queue.name)
+        if request.confirm:
+            self._ok(request.request_id)
+
+    def _ping(self, request: mqks.Ping) -> None:
+        self._ok(request.request_id, request.data)
+
+    def _eval(self, request: mqks.Eval) -> None:
+        if request.worker not in (None, 0):
+            self._error(request.request_id, f"no worker {request.worker}: polymq is one worker")
+            return
+        try:
+            result = mqks_stats.answer(request.code, self.server)
+        except mqks_stats.UnknownExpression as error:
+            self._error(request.request_id, f"_eval answers stats expressions only: {error}")
+            return
+        self._ok(request.request_id, result.encode())
