@@ -725,6 +725,35 @@ def test_detach_returns_in_flight_at_once_at_the_front_in_order() -> None:
     first.detach()  # twice: harmless
 
 
+def test_detach_to_tail_returns_in_flight_behind_the_queued_ones() -> None:
+    """MQKS: a manual-ack consumer's disconnect rejects its messages to the tail (mqks-notes §4.4)."""
+    engine, _ = make()
+    engine.ensure_queue("q")
+    engine.bind("q", "e")
+    first, got1 = attach(engine, "q", credit=2)
+    pub(engine, "e", *bodies("m", 4))
+    assert got1.bodies == [b"m0", b"m1"]
+    first.detach(to_tail=True)
+    queue = engine.queue("q")
+    assert queue is not None
+    assert [m.body for m in queue.ready] == [b"m2", b"m3", b"m0", b"m1"]
+    _second, got2 = attach(engine, "q", credit=10)
+    assert got2.log == [(b"m2", 1), (b"m3", 1), (b"m0", 2), (b"m1", 2)]
+
+
+def test_messages_know_their_topic_in_every_copy() -> None:
+    engine, _ = make()
+    engine.ensure_queue("q")
+    engine.bind("q", "e1")
+    engine.bind("q", "e2")
+    _c1, got = attach(engine, "q", credit=10)
+    _c2, got_other = sub(engine, "e2", "c", credit=10)
+    pub(engine, "e1", b"a")
+    engine.publish_many("e2", [b"b", b"c"])
+    assert [(m.body, m.topic) for m in got.messages] == [(b"a", "e1"), (b"b", "e2"), (b"c", "e2")]
+    assert [(m.body, m.topic) for m in got_other.messages] == [(b"b", "e2"), (b"c", "e2")]
+
+
 def test_detach_hands_in_flight_to_a_waiting_consumer() -> None:
     engine, clock = make()
     engine.ensure_queue("t/c")

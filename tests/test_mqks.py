@@ -1,0 +1,168 @@
+"""MQKS through a real `polymq serve`: what polymq adds to the original and what it must keep.
+
+The original's wire behaviour is checked line for line by the conformance suite
+(`test_conformance_mqks.py`); here: durability across restarts and kill -9, the cap on
+deliveries per consumer, duplicate msg_ids, confirm ordering, consumer ids taken over, queues
+created by `rebind`, and shutdown. Raw sockets, exact lines.
+"""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from polymq.codecs.mqks_client import parse_delivery, parse_response
+
+from support.gateway import GatewayProcess, running_gateway
+from support.mqks_wire import Closed, MQKSWire
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="polymq-mqks-") as folder:
+        yield Path(folder)
+
+
+def wire(gateway: GatewayProcess) -> MQKSWire:
+    return MQKSWire(gateway.host_port("mqks"))
+
+
+def test_confirm_of_consume_comes_before_the_backlog_it_delivers(gateway: GatewayProcess) -> None:
+    with wire(gateway) as setup, wire(gateway) as consumer:
+        setup.send(b"r1 rebind --confirm q1 e1")
+        assert setup.line() == b"r1 ok "
+        setup.send(b"m1 publish e1 one\nm2 publish --confirm e1 two")
+        assert setup.line() == b"m2 ok "
+        consumer.send(b"c1 consume --confirm q1")
+        assert consumer.lines(3) == [b"c1 ok ", b"c1 ok m1 event=e1 one", b"c1 ok m2 event=e1 two"]
+
+
+def test_a_queue_made_by_rebind_keeps_what_is_published_to_it(gateway: GatewayProcess) -> None:
+    # The original drops these (no queue object until a consume, mqks-notes §4.1, §9): polymq keeps them.
+    with wire(gateway) as client:
+        client.send(b"r1 rebind --confirm kept e-kept")
+        assert client.line() == b"r1 ok "
+        client.send(b"m1 publish e-kept hello\nc1 consume kept")
+        assert client.line() == b"c1 ok m1 event=e-kept hello"
+
+
+def test_manual_ack_consumer_holds_at_most_its_window() -> None:
+    with running_gateway("--mqks-consumer-window", "3") as gateway, wire(gateway) as client:
+        client.send(b"c1 consume --confirm wq we --manual-ack")
+        assert client.line() == b"c1 ok "
+        client.send(b"\n".join(b"m%d publish we b%d" % (n, n) for n in range(6)))
+        assert client.lines(3) == [b"c1 ok m0 event=we b0", b"c1 ok m1 event=we b1", b"c1 ok m2 event=we b2"]
+        assert client.barrier() == []
+        client.send(b"a1 ack c1 m1")
+        assert client.line() == b"c1 ok m3 event=we b3"
+        assert client.barrier() == []
+        client.send(b"a2 ack c1 --all")
+        assert client.lines(2) == [b"c1 ok m4 event=we b4", b"c1 ok m5 event=we b5"]
+
+
+def test_duplicate_msg_ids_can_each_be_rejected(gateway: GatewayProcess) -> None:
+    # The original keeps one unacked entry per msg_id, so one copy could never be rejected (mqks-notes §9).
+    with wire(gateway) as client:
+        client.send(b"c1 consume --confirm dq de --manual-ack")
+        assert client.line() == b"c1 ok "
+        client.send(b"same publish de first\nsame publish de second")
+        assert client.lines(2) == [b"c1 ok same event=de first", b"c1 ok same event=de second"]
+        client.send(b"r1 reject c1 same\nr2 reject c1 same")
+        assert sorted(client.lines(2)) == [b"c1 ok same event=de,retry=1 first", b"c1 ok same event=de,retry=1 second"]
+        client.send(b"r3 reject c1 same")
+        assert client.line() == b"c1 ok same event=de,retry=2 first"
+
+
+def test_a_consumer_id_used_again_takes_over_and_returns_the_old_unacked(gateway: GatewayProcess) -> None:
+    with wire(gateway) as old, wire(gateway) as new:
+        old.send(b"c1 consume --confirm tq te --manual-ack")
+        assert old.line() == b"c1 ok "
+        old.send(b"m1 publish te one")
+        assert old.line() == b"c1 ok m1 event=te one"
+        new.send(b"c1 consume --confirm tq --manual-ack")
+        assert new.lines(2) == [b"c1 ok ", b"c1 ok m1 event=te,retry=1 one"]
+        assert old.barrier() == []
+        old.send(b"m2 publish te two")  # the old connection's consumer is gone
+        assert new.line() == b"c1 ok m2 event=te two"
+        assert old.barrier() == []
+
+
+def test_reject_goes_to_the_tail_behind_queued_messages(gateway: GatewayProcess) -> None:
+    with wire(gateway) as client, wire(gateway) as publisher:
+        client.send(b"c1 consume --confirm rq re --manual-ack")
+        assert client.line() == b"c1 ok "
+        client.send(b"c2 consume --confirm other-q other-e")  # same connection, another consumer
+        assert client.line() == b"c2 ok "
+        publisher.send(b"m1 publish --confirm re one")
+        assert publisher.line() == b"m1 ok "
+        assert client.line() == b"c1 ok m1 event=re one"
+        client.send(b"x1 delete_consumer --confirm c1")
+        assert client.line() == b"x1 ok "
+        publisher.send(b"m2 publish re two\nm3 publish --confirm re three")
+        assert publisher.line() == b"m3 ok "
+        client.send(b"c3 consume rq --manual-ack")
+        assert [d.body for d in client.deliveries(3)] == [b"one", b"two", b"three"]
+
+
+def test_restart_brings_back_queues_bindings_options_and_unacked_messages(data_dir: Path) -> None:
+    with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client:
+        client.send(b"c1 consume --confirm pq pe1 pe2 --manual-ack --delete-queue-when-unused=30")
+        assert client.line() == b"c1 ok "
+        client.send(b"m1 publish pe1 one\nm2 publish pe2 two\nm3 publish --confirm pe1 three")
+        lines = client.lines(4)
+        assert lines[:2] == [b"c1 ok m1 event=pe1 one", b"c1 ok m2 event=pe2 two"]
+        assert sorted(lines[2:]) == [b"c1 ok m3 event=pe1 three", b"m3 ok "]
+        client.send(b"a1 ack --confirm c1 m2")
+        assert client.line() == b"a1 ok "
+        assert gateway.stop() == 0
+    with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client, wire(gateway) as other:
+        other.send(b"o1 consume --confirm pq --manual-ack")
+        assert other.line() == b"o1 ok "
+        # Returned on shutdown (disconnect = reject): retry counts the delivery before the restart.
+        assert other.lines(2) == [b"o1 ok m1 event=pe1,retry=1 one", b"o1 ok m3 event=pe1,retry=1 three"]
+        client.send(b"c2 consume --confirm pq --add pe3")
+        # The bindings and --delete-queue-when-unused survived: the --update shows both.
+        assert client.line() == b"c2 ok --update pq pe1 pe2 pe3 --delete-queue-when-unused=30.0"
+        assert other.line() == b"o1 ok --update pq pe1 pe2 pe3 --delete-queue-when-unused=30.0 --manual-ack"
+        assert client.line() == b"c2 ok "
+
+
+def test_confirmed_publishes_survive_kill_9(data_dir: Path) -> None:
+    with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client:
+        client.send(b"r1 rebind --confirm kq ke")
+        assert client.line() == b"r1 ok "
+        client.send(b"\n".join(b"m%d publish --confirm ke body %d" % (n, n) for n in range(50)))
+        assert sorted(client.lines(50)) == sorted(b"m%d ok " % n for n in range(50))
+        assert gateway.stop(signal.SIGKILL) == -signal.SIGKILL
+    with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client:
+        client.send(b"c1 consume kq")
+        got = [parse_delivery(parse_response(line).data) for line in client.lines(50)]
+        assert [(d.msg_id, d.event, d.retry, d.body) for d in got] == [
+            (f"m{n}", "ke", 0, b"body %d" % n) for n in range(50)
+        ]
+
+
+def test_auto_ack_delivery_is_done_and_does_not_come_back_after_restart(data_dir: Path) -> None:
+    with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client:
+        client.send(b"c1 consume --confirm aq ae")
+        assert client.line() == b"c1 ok "
+        client.send(b"m1 publish --confirm ae one")
+        assert sorted(client.lines(2)) == [b"c1 ok m1 event=ae one", b"m1 ok "]
+        assert gateway.stop() == 0
+    with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client:
+        client.send(b"c1 consume aq")
+        assert client.barrier() == []
+
+
+def test_sigterm_with_mqks_clients_connected_exits_cleanly(gateway: GatewayProcess) -> None:
+    client = wire(gateway)
+    client.send(b"c1 consume --confirm sq se --manual-ack")
+    assert client.line() == b"c1 ok "
+    assert gateway.stop() == 0
+    with pytest.raises(Closed):
+        client.line()
+    client.close()
