@@ -228,6 +228,9 @@ class MQKSSession:
         self._sending = False
         self._reading = False  # output queued while handling a read is flushed when it is done
         self._closed = False
+        # A manual-ack delivery from a durable queue leaves only after the record of its attempts is
+        # written, so a crash never brings it back with a lower `retry` than the client saw.
+        self._delivered_unstored = False
         self._cancel_scope: trio.CancelScope | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
             mqks.Publish: self._publish,
@@ -316,8 +319,16 @@ class MQKSSession:
         self._sending = True
         try:
             while self.out:
-                lines = self.out
-                self.out = []
+                if self._delivered_unstored:
+                    # Only what was queued before the sync may go: later deliveries wait for the next.
+                    self._delivered_unstored = False
+                    count = len(self.out)
+                    await self._stored()
+                    lines = self.out[:count]
+                    del self.out[:count]
+                else:
+                    lines = self.out
+                    self.out = []
                 released = self._unreleased
                 self._unreleased = {}
                 data = b"".join(lines)
@@ -330,6 +341,11 @@ class MQKSSession:
             self._sending = False
         self._drained.set()
 
+    async def _stored(self) -> None:
+        stored = trio.Event()
+        self.engine.storage.sync(lambda _error: stored.set())
+        await stored.wait()
+
     async def _drain_output(self) -> None:
         with trio.move_on_after(1.0):
             while self._sending:
@@ -341,6 +357,7 @@ class MQKSSession:
     def _deliverer(self, consumer: MQKSConsumer, queue: Queue) -> Callable[[Message], None]:
         prefix = consumer.id_bytes
         server = self.server
+        durable = queue.durable
 
         def deliver(message: Message) -> None:
             msg_id, event = _msg_id_and_event(message, queue)
@@ -351,6 +368,8 @@ class MQKSSession:
             engine_consumer = consumer.engine_consumer
             if consumer.manual_ack:
                 consumer.remember(msg_id.decode(), message.id)
+                if durable:
+                    self._delivered_unstored = True
             elif engine_consumer is not None:
                 pending = self._unreleased  # swapped by every flush: looked up each time
                 pending[engine_consumer] = pending.get(engine_consumer, 0) + 1

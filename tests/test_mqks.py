@@ -166,3 +166,19 @@ def test_sigterm_with_mqks_clients_connected_exits_cleanly(gateway: GatewayProce
     with pytest.raises(Closed):
         client.line()
     client.close()
+
+
+def test_an_unacked_delivery_seen_before_kill_9_comes_back_with_a_higher_retry(data_dir: Path) -> None:
+    # A manual-ack delivery leaves only after the record of its attempt is written (delivery barrier).
+    with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client:
+        client.send(b"c1 consume --confirm uq ue --manual-ack")
+        assert client.line() == b"c1 ok "
+        client.send(b"\n".join(b"m%d publish ue b%d" % (n, n) for n in range(20)))
+        assert [d.retry for d in client.deliveries(20)] == [0] * 20
+        client.send(b"r1 reject c1 m0")
+        assert client.line() == b"c1 ok m0 event=ue,retry=1 b0"
+        assert gateway.stop(signal.SIGKILL) == -signal.SIGKILL
+    with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client:
+        client.send(b"c1 consume uq --manual-ack")
+        got = {d.msg_id: d.retry for d in client.deliveries(20)}
+        assert got == {"m0": 2, **{f"m{n}": 1 for n in range(1, 20)}}
