@@ -198,7 +198,8 @@ def _consume(request_id: str, data: bytes, confirm: bool) -> Consume:
     return Consume(request_id, queue, tuple(replace), tuple(add), delete_when_unused, manual_ack, confirm)
 
 
-_REBIND_SECTIONS = {"--remove": 1, "--remove-mask": 2, "--add": 3}
+# The original looks a section up by the flag's name, so `--replace` names the default section explicitly.
+_REBIND_SECTIONS = {"--replace": 0, "--remove": 1, "--remove-mask": 2, "--add": 3}
 
 
 def _rebind(request_id: str, data: bytes, confirm: bool) -> Rebind:
@@ -220,16 +221,18 @@ def _rebind(request_id: str, data: bytes, confirm: bool) -> Rebind:
 
 
 def _ack_args(data: bytes) -> tuple[str, str | None]:
+    # As the original: the rest of the line is the msg_id (one with a space simply matches nothing).
     consumer_raw, space, msg_raw = data.partition(b" ")
-    if not space or not consumer_raw or not msg_raw or b" " in msg_raw:
+    if not space or not consumer_raw or not msg_raw:
         raise _Invalid("needs {consumer_id} {msg_id}|--all")
     msg_id = _text(msg_raw)
     return _text(consumer_raw), None if msg_id == ALL_FLAG else msg_id
 
 
 def _single_name(data: bytes, what: str) -> str:
-    if not data or b" " in data:
-        raise _Invalid(f"needs one {what}")
+    # The original takes the whole rest of the line as the name.
+    if not data:
+        raise _Invalid(f"needs a {what}")
     return _text(data)
 
 
@@ -276,6 +279,8 @@ def encode_body(body: bytes) -> bytes:
 
 def parse_line(line: bytes) -> Request:
     """One request line (without its `\\n`)."""
+    # The original asserts on the line before its rstrip: a trailing TAB is an error too (mqks-notes §2, §9).
+    has_tab = b"\t" in line
     line = line.rstrip()  # as the original: CRLF works, trailing spaces of data are lost
     fields = line.split(b" ", 2)
     if len(fields) < 3:
@@ -288,7 +293,7 @@ def parse_line(line: bytes) -> Request:
     if b"\t" in id_raw:
         request_id = NO_ID
     try:
-        if b"\t" in line:
+        if has_tab:
             raise _Invalid("TAB in request")
         action = action_raw.decode("ascii", "replace")
         confirm = data.startswith(CONFIRM_PREFIX)
@@ -296,7 +301,8 @@ def parse_line(line: bytes) -> Request:
             data = data[len(CONFIRM_PREFIX) :]
         if action == "publish":
             event_raw, space, body = data.partition(b" ")
-            if not space or not event_raw or not body:
+            # An empty event (a double space) is no error in the original: no queue can bind it, so it drops.
+            if not space or not body:
                 raise _Invalid("publish needs {event} {data}")
             return Publish(request_id, _text(event_raw), decode_data(body), confirm)
         if action == "consume":
@@ -335,7 +341,9 @@ class ServerConnection:
         """Bytes from the socket; `b""` means the peer closed (a last line without `\\n` still counts)."""
         if data:
             self._buffer += data
-        elif self._buffer and not self._skipping:
+        elif self._buffer and not self._buffer.endswith(b"\n"):
+            # Only an unterminated last line needs it: an extra `\n` would be an empty line (`None error`).
+            # While skipping, the buffer may hold the long line's end and then a last line.
             self._buffer += b"\n"
 
     def next_events(self) -> list[Request]:
@@ -366,7 +374,10 @@ class ServerConnection:
         return events
 
     def _too_long(self, head: bytes) -> BadRequest:
-        id_raw, space, _ = head[:MAX_LOGGED_LINE].partition(b" ")
+        # Look no further than a partial line that is just over the limit shows, so the answer does not depend
+        # on whether the line arrived whole or in pieces.
+        head = head[: min(MAX_LOGGED_LINE, self.max_line_length + 1)]
+        id_raw, space, _ = head.partition(b" ")
         request_id = NO_ID
         if space and b"\t" not in id_raw:
             with contextlib.suppress(UnicodeDecodeError):
@@ -436,5 +447,7 @@ def mask_pattern(masks: Sequence[str]) -> re.Pattern[str]:
 
 def masked(events: Iterable[str], masks: Sequence[str]) -> set[str]:
     """The events a `--remove-mask` removes: only events with a dot are candidates."""
+    if not masks:
+        return set()  # an empty pattern would match every event
     pattern = mask_pattern(masks)
     return {event for event in events if "." in event and pattern.match(event)}

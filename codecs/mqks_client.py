@@ -119,10 +119,9 @@ class LineReader:
         buffer = self._buffer
         buffer += data
         end = buffer.rfind(b"\n")
-        if end < 0:
-            if len(buffer) > self.max_line_length:
-                raise ResponseError("response line too long")
-            return []
-        lines = bytes(buffer[:end]).split(b"\n")
+        lines = bytes(buffer[:end]).split(b"\n") if end >= 0 else []
         del buffer[: end + 1]
+        # Also the partial line after the last `\n`: a chunk can end a line and bring a huge one.
+        if len(buffer) > self.max_line_length:
+            raise ResponseError("response line too long")
         return lines
