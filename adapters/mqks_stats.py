@@ -94,4 +94,8 @@ def answer(code: str, source: Any) -> str:
         tree = ast.parse(code.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         raise UnknownExpression(f"not an expression: {error}") from None
-    return str(_evaluate(tree.body, source))
+    try:
+        return str(_evaluate(tree.body, source))
+    except RecursionError:
+        # A deep tree that parses (`not not … 1`, `a[0][0]…`) is too deep for `ast.dump`/`ast.unparse`.
+        raise UnknownExpression("expression nested too deeply") from None
