@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from polymq import __version__
+from polymq.conformance.mqks import command as conformance_mqks
 from polymq.conformance.nsq import command as conformance_nsq
+from polymq.gateway.bench_mqks import command as bench_mqks
 from polymq.gateway.bench_nsq import command as bench_nsq
 from polymq.gateway.serve import command as serve
 
@@ -36,5 +38,7 @@ def conformance() -> None:
 
 
 main.add_command(serve, "serve")
+bench.add_command(bench_mqks, "mqks")
 bench.add_command(bench_nsq, "nsq")
 conformance.add_command(conformance_nsq, "nsq")
+conformance.add_command(conformance_mqks, "mqks")
