@@ -231,6 +231,7 @@ class MQKSSession:
         # A manual-ack delivery from a durable queue leaves only after the record of its attempts is
         # written, so a crash never brings it back with a lower `retry` than the client saw.
         self._delivered_unstored = False
+        self._refill: set[Consumer] = set()  # acked consumers of this read, refilled at its end
         self._cancel_scope: trio.CancelScope | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
             mqks.Publish: self._publish,
@@ -286,6 +287,11 @@ class MQKSSession:
                     error_id = self.server.new_error_id()
                     log.exception("error %s: request %r", error_id, request)
                     self.send(mqks.error_line(request.request_id, error_id))
+            if self._refill:
+                for engine_consumer in self._refill:
+                    if not engine_consumer.closed:
+                        engine_consumer.refill()
+                self._refill.clear()
             self._reading = False
             if not data:
                 return
@@ -432,9 +438,11 @@ class MQKSSession:
         else:
             new_events = list(dict.fromkeys(old_events + list(request.add)))
         changed = set(new_events) != set(old_events)
+        # A consume states the queue's --delete-queue-when-unused: without the flag it is cleared
+        # (the original's consume.py), and either change is an --update for the other consumers.
         when_unused = request.delete_when_unused
-        if when_unused is not None and queue.options.get(WHEN_UNUSED_OPTION) != when_unused:
-            auto_delete = 0.0 if when_unused is True else float(when_unused)
+        if queue.options.get(WHEN_UNUSED_OPTION) != when_unused:
+            auto_delete = None if when_unused is None else 0.0 if when_unused is True else float(when_unused)
             engine.configure_queue(queue, auto_delete=auto_delete, options={WHEN_UNUSED_OPTION: when_unused})
             changed = True
         if set(new_events) != set(old_events):
@@ -484,7 +492,9 @@ class MQKSSession:
                 engine_id = consumer.take(request.msg_id)
                 if engine_id is not None:
                     if finish:
-                        engine_consumer.finish(engine_id)
+                        # The freed credit is used once at the end of this read, not once per ack.
+                        engine_consumer.finish(engine_id, refill=False)
+                        self._refill.add(engine_consumer)
                     else:
                         engine_consumer.requeue(engine_id)
         if request.confirm:

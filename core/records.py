@@ -17,6 +17,7 @@ import struct
 import zlib
 from array import array
 from collections.abc import Iterator, Sequence
+from json.encoder import encode_basestring_ascii as _quote
 
 import attrs
 
@@ -213,8 +214,23 @@ def decode_meta(payload: memoryview) -> dict:
     return json.loads(bytes(payload))
 
 
+_HEADERS_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode_headers(headers: object) -> bytes:
-    return b"" if headers is None else json.dumps(headers, separators=(",", ":")).encode()
+    if headers is None:
+        return b""
+    if type(headers) is dict:
+        # The common shape (string keys and values, e.g. an MQKS publisher's msg_id and event) is
+        # joined from the C string encoder: a quarter of the time of a full JSON encode per message.
+        parts = []
+        for key, value in headers.items():
+            if type(key) is not str or type(value) is not str:
+                break
+            parts.append(_quote(key) + ":" + _quote(value))
+        else:
+            return ("{" + ",".join(parts) + "}").encode()
+    return _HEADERS_ENCODER.encode(headers).encode()
 
 
 def decode_headers(data: bytes) -> object:

@@ -120,15 +120,22 @@ def test_restart_brings_back_queues_bindings_options_and_unacked_messages(data_d
         assert client.line() == b"a1 ok "
         assert gateway.stop() == 0
     with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client, wire(gateway) as other:
-        other.send(b"o1 consume --confirm pq --manual-ack")
-        assert other.line() == b"o1 ok "
+        client.send(b"s1 _eval [len(state.queues), len(state.queues_to_delete_when_unused), "
+                    b"len(state.events_by_queues)]")
+        assert client.line() == b"s1 ok [1, 1, 1]"
+        other.send(b"o1 consume --confirm pq --manual-ack --delete-queue-when-unused=30")
+        assert other.line() == b"o1 ok "  # the setting was kept: no change, so no --update
         # Returned on shutdown (disconnect = reject): retry counts the delivery before the restart.
         assert other.lines(2) == [b"o1 ok m1 event=pe1,retry=1 one", b"o1 ok m3 event=pe1,retry=1 three"]
-        client.send(b"c2 consume --confirm pq --add pe3")
-        # The bindings and --delete-queue-when-unused survived: the --update shows both.
+        client.send(b"c2 consume --confirm pq --add pe3 --delete-queue-when-unused=30")
+        # The bindings survived too: the --update shows them.
         assert client.line() == b"c2 ok --update pq pe1 pe2 pe3 --delete-queue-when-unused=30.0"
         assert other.line() == b"o1 ok --update pq pe1 pe2 pe3 --delete-queue-when-unused=30.0 --manual-ack"
         assert client.line() == b"c2 ok "
+        client.send(b"c3 consume --confirm pq")  # without the flag: cleared, as the original does
+        assert client.line() == b"c2 ok --update pq pe1 pe2 pe3"
+        assert other.line() == b"o1 ok --update pq pe1 pe2 pe3 --manual-ack"
+        assert client.line() == b"c3 ok "
 
 
 def test_confirmed_publishes_survive_kill_9(data_dir: Path) -> None:
