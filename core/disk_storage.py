@@ -116,6 +116,8 @@ class OwnerLog:
         # What recovery found, for the engine to take (`take_recovered`).
         self.recovered_ready: list[Message] = []
         self.recovered_deferred: list[Message] = []
+        # (position, states count) of a single-copy ADD that is still the last pending record.
+        self._cancellable: tuple[int, int] | None = None
 
     def path(self, segment: int) -> Path:
         return self.dir / _segment_name(segment)
@@ -145,6 +147,7 @@ class OwnerLog:
 
     def append(self, messages: Sequence[Message], keep: int | None = None) -> None:
         """Store new copies. With `keep`, only the first `keep` stay in memory; the rest are spilled."""
+        self._cancellable = None
         if self.destroyed or not messages:
             return
         record = _run_record(messages)
@@ -159,6 +162,8 @@ class OwnerLog:
             message.pos = base + number
         self.next_index = first + len(messages)
         self.live[self.segment] += len(messages)
+        if len(messages) == 1 and (keep is None or keep >= 1):
+            self._cancellable = (base, len(self.states))
         if keep is None or keep >= len(messages):
             if self.spilled:
                 for message in messages:  # kept in memory, yet after the cursor: the reader skips them
@@ -207,6 +212,16 @@ class OwnerLog:
         if position < 0 or self.destroyed:
             return
         message.pos = -1
+        cancellable = self._cancellable
+        if cancellable is not None and cancellable[0] == position and cancellable[1] == len(self.states):
+            # Added and gone in the same loop turn (an auto-ack consumer was waiting): the ADD record
+            # is still the last pending one, so neither it nor a DONE is ever written. Positions are
+            # explicit in ADD records, so the unused index shifts nothing.
+            self._cancellable = None
+            _, record = self.pending.pop()
+            self.segment_bytes -= len(record)
+            self.live[position >> records.SEGMENT_SHIFT] -= 1
+            return
         self.done.append(position)
         segment = position >> records.SEGMENT_SHIFT
         live = self.live.get(segment)
@@ -227,6 +242,7 @@ class OwnerLog:
         """Every copy is gone: start a new segment and drop the old ones."""
         if self.destroyed:
             return
+        self._cancellable = None
         self.pending.clear()
         del self.done[:]
         del self.states[:]
@@ -268,6 +284,7 @@ class OwnerLog:
     def _take(self, job: CommitJob, written: list[tuple[OwnerLog, int, Path]]) -> None:
         """Move this log's pending records and file removals into `job`."""
         self.dirty = False
+        self._cancellable = None
         if self.states:
             # STATE before DONE: recovery reads in order, and a DONE ends a copy for good.
             self.pending.append((self.segment, records.encode_states(self.states)))

@@ -1024,3 +1024,31 @@ def test_gateway_starts_on_damaged_files(tmp_path: Path) -> None:
     assert [m.body for m in got] == payloads[:4] + payloads[5:9]
     assert f"{segment}: skipped" in log_text and "(bad checksum)" in log_text and "(tail)" in log_text, log_text
     assert f"{data_dir / files.META_FILE}: skipped" in log_text, log_text
+
+
+def test_a_copy_added_and_gone_in_one_turn_writes_nothing(open_store: Callable[..., Store]) -> None:
+    """Auto-ack pass-through: the ADD is still the last pending record when the copy is delivered."""
+    store = open_store()
+    engine = store.engine
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    engine.publish("t", b"stored before")
+    store.commit()
+    got: list[Message] = []
+    consumer = engine.attach("q", got.append, credit=1_000_000, auto_ack=True)
+    store.commit()  # the delivery of "stored before" (a DONE)
+    engine.publish("t", b"passing through")
+    job, written, callbacks = store.storage.prepare()
+    assert [m.body for m in got] == [b"stored before", b"passing through"]
+    assert job.appends == []  # nothing to write, so no fdatasync either
+    store.storage.complete(job, written, callbacks)
+    consumer.set_credit(0)
+    engine.publish("t", b"stays")
+    engine.publish("t", b"stays too")
+    job, written, callbacks = store.storage.prepare()
+    assert len(job.appends) == 1
+    store.writer.run(job)
+    store.storage.complete(job, written, callbacks)
+    store.close()
+    store = open_store()
+    assert [m.body for m in store.queue("q").ready] == [b"stays", b"stays too"]
