@@ -886,6 +886,21 @@ def _update_bare(t: Target) -> None:
     b.expect_nothing(f"{c2}: nothing more")
 
 
+@check("update-when-unused-cleared")
+def _update_when_unused_cleared(t: Target) -> None:
+    # A consume without the flag clears the queue's setting, and that change is an --update for the
+    # others (the original's server/actions/consume.py: `queues_to_delete_when_unused.pop`).
+    queue, event = t.queue(), t.event("e1")
+    a, b = t.connect("consumer 1"), t.connect("consumer 2")
+    c1, c2 = t.ident("c1"), t.ident("c2")
+    t.consume(a, c1, f"{queue} {event} {WHEN_UNUSED_FLAG}=60")
+    data = f"{queue} {event}"
+    expect_equal(f"'{c2} consume {data}': lines before its ok", [], t.consume(b, c2, data))
+    a.expect_line(f"{c1} after '{c2} consume {data}'", update(c1, queue, [event]))
+    a.expect_nothing(f"{c1}: nothing more")
+    b.expect_nothing(f"{c2}: nothing more")
+
+
 # =============================================================================================
 # §4.4 manual ack, reject, requeue
 
