@@ -34,7 +34,7 @@ import click
 
 from polymq.codecs import mqks_client as mc
 from polymq.codecs.mqks import ALL_FLAG, ID_LENGTH, MANUAL_ACK_FLAG, NO_ID, WHEN_UNUSED_FLAG
-from polymq.conformance.runner import CheckFailed, Registry, run_checks
+from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
 
 # ---------------------------------------------------------------------------------------------
 # What the original does (mqks-notes §1, §3, §4)
@@ -246,13 +246,6 @@ def _is_delivery(data: bytes) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # The per-check context
-
-
-def _address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise click.BadParameter(f"{text!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
 
 
 @attrs.define(slots=True)
@@ -1139,5 +1132,5 @@ def command(address: str, only: str | None, timeout: float) -> None:
     selected = checks.select(only)
     if not selected:
         raise click.UsageError(f"no check name contains {only!r}")
-    summary = run_checks(selected, make_context_factory(_address(address), timeout), lambda line: click.echo(line))
+    summary = run_checks(selected, make_context_factory(parse_address(address), timeout), lambda line: click.echo(line))
     raise SystemExit(0 if summary.failed == 0 else 1)

@@ -49,7 +49,7 @@ from polymq.codecs.nsq import (
     MSG_ID_LENGTH,
     OK,
 )
-from polymq.conformance.runner import CheckFailed, Registry, run_checks
+from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
 
 # ---------------------------------------------------------------------------------------------
 # What nsqd v1.3.0 does with default options (nsq-notes §3, §4, §8)
@@ -389,13 +389,6 @@ class HTTPReply:
 
 # ---------------------------------------------------------------------------------------------
 # The per-check context
-
-
-def _address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise click.BadParameter(f"{text!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
 
 
 @attrs.define(slots=True)
@@ -1692,6 +1685,6 @@ def command(tcp: str, http_address: str, only: str | None, timeout: float) -> No
     selected = checks.select(only)
     if not selected:
         raise click.UsageError(f"no check name contains {only!r}")
-    summary = run_checks(selected, make_context_factory(_address(tcp), _address(http_address), timeout),
+    summary = run_checks(selected, make_context_factory(parse_address(tcp), parse_address(http_address), timeout),
                          lambda line: click.echo(line))
     raise SystemExit(0 if summary.failed == 0 else 1)

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar
 
 import attrs
+import click
 
 ContextT = TypeVar("ContextT")
 
@@ -126,3 +127,11 @@ def run_checks(
         echo(result.line())
     echo(summary.line())
     return summary
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 hosts in brackets) of a server under test."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise click.BadParameter(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
