@@ -235,7 +235,7 @@ def test_missing_update_lines_fail_the_update_checks(module_gateway: GatewayProc
 
     code, failed = suite_through(module_gateway, no_updates, "--only", "update")
     assert code == 1
-    assert set(failed) == {"update-lines", "update-bare-flag"}
+    assert set(failed) == {"update-lines", "update-bare-flag", "update-when-unused-cleared"}
     assert failed["update-lines"].endswith(" --delete-queue-when-unused=5.0', got nothing within 1.0 s)")
 
 
