@@ -2,13 +2,16 @@
 
 Modelled on the original's `tests/benchmark` (mqks-notes §10): queue *i* is bound to event *i*,
 each publisher publishes its messages round-robin over all the events, and consumer *i* reads
-queue *i* until every published message arrived. Three scenarios (default: all, in this order):
+queue *i* until every published message arrived. Four scenarios (default: all, in this order):
 
 - `auto`     N publishers x M messages as fast as the server takes them, N auto-ack consumers
              (the reference run `benchmark 4 20000 0`: 80,000 messages end-to-end);
 - `manual`   the same with `--manual-ack` consumers that ack every message;
 - `latency`  paced publishing, one message every `--interval` per publisher, and the
-             publish-to-deliver latency (avg, p50, p99, max) at a load the server can keep up with.
+             publish-to-deliver latency (avg, p50, p99, max) at a load the server can keep up with;
+- `client`   the project's own trio client (`polymq.adapters.mqks_client.MQKSClient`) in this
+             process: one connection publishing `--client-messages` with `publish_nowait`, one
+             auto-ack consumer (`consume(on_msg=...)`) counting deliveries and their latency.
 
 Every body starts with the wall-clock send time (19 decimal digits of ns); a consumer subtracts
 it from the time its recv() returned. A publisher ends with a ping and waits for the pong, so
@@ -18,11 +21,13 @@ The load runs in spawned worker processes (one per connection by default) on pla
 sockets. Publishers format a chunk of lines per send; consumers split a read into lines and find
 the timestamp of a delivery at a fixed offset (ids have a fixed length), falling back to the full
 parser (`polymq.codecs.mqks_client`) for anything else; manual-ack consumers send the acks of one
-read in one write.
+read in one write. The `client` scenario is the exception: one trio run in the bench process,
+where the client's own parsing and scheduling are what it measures.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import selectors
 import socket
@@ -39,7 +44,7 @@ from polymq.codecs import mqks_client as codec
 from polymq.codecs.mqks import ID_LENGTH, MANUAL_ACK_FLAG, WHEN_UNUSED_FLAG
 from polymq.gateway import bench_common as common
 
-SCENARIOS = ("auto", "manual", "latency")
+SCENARIOS = ("auto", "manual", "latency", "client")
 
 # The original's reference runs (mqks-notes §10): `benchmark 4 20000 0` (4 clients x 20,000
 # messages, no pause) and `benchmark 2 10000 0.0001` (2 paced clients) on a 2-core VM.
@@ -47,6 +52,7 @@ DEFAULT_CLIENTS = 4
 DEFAULT_MESSAGES = 20_000
 DEFAULT_LATENCY_CLIENTS = 2
 DEFAULT_LATENCY_MESSAGES = 5_000
+DEFAULT_CLIENT_MESSAGES = 20_000
 # "Light load": one message every 0.5 ms per publisher (the issue asks for 0.1-1 ms).
 DEFAULT_INTERVAL_S = 0.0005
 # Upstream bodies are `str(time.time())`, ~18 bytes; ours hold a 19-digit ns stamp plus filler.
@@ -77,6 +83,8 @@ IDLE_POLL_S = 0.2
 CONNECT_TIMEOUT_S = 10.0
 # The parent stops a scenario whose counters have not moved for this long.
 STALL_TIMEOUT_S = 15.0
+# How long the client scenario waits for its queue to be deleted at the end.
+CLEANUP_TIMEOUT_S = 5.0
 PING_DATA = b"polymq.bench"
 
 
@@ -426,6 +434,7 @@ class BenchOptions:
     prefix: str
     progress: bool
     server_pid: int | None = None
+    client_messages: int = DEFAULT_CLIENT_MESSAGES
 
 
 @attrs.define(slots=True)
@@ -561,9 +570,118 @@ class _Scenario:
         r.redelivered = sum(c["redelivered"] for c in subs)
 
 
+class _ClientScenario:
+    """`client`: the project's trio MQKSClient, one trio run in this process with two connections.
+
+    The consumer (auto-ack, confirmed before anything is published) counts deliveries in its
+    on_msg and measures their latency; the publisher queues its messages with publish_nowait, a
+    chunk per scheduler turn, then pings (its time ends with the pong, like a worker publisher's).
+    The queue is deleted at the end, whatever happened.
+    """
+
+    def __init__(self, opts: BenchOptions, run_id: str) -> None:
+        self.opts = opts
+        base = f"{opts.prefix}.{run_id}.client"
+        self.event = f"{base}.e0"
+        self.queue = f"{base}.q0"
+        self.total = opts.client_messages
+        self.tail = FILLER * (opts.size - STAMP_DIGITS)
+        self.result = ScenarioResult("client", 1, 1, 1, expected=self.total)
+        self.progress = common.Progress(enabled=None if opts.progress else False)
+        self.latency = common.new_histogram()
+        self.latency_sum_us = 0
+        self.last_ns = 0
+        self._all_consumed: Any = None  # a trio.Event, made inside the trio run
+
+    def run(self) -> ScenarioResult:
+        # Imported here: the other scenarios' worker processes (spawned, they import this module)
+        # have no use for trio.
+        import trio
+
+        from polymq.adapters.mqks_client import MQKSError
+
+        cpu_start = common.process_cpu_s(self.opts.server_pid) if self.opts.server_pid else None
+        try:
+            start_ns, pub_end_ns = trio.run(self._main)
+        except (OSError, MQKSError) as exc:
+            raise click.ClickException(f"scenario client: {exc}") from None
+        finally:
+            self.progress.done()
+        r = self.result
+        r.pub_seconds = max(0.0, (pub_end_ns - start_ns) / 1e9) if pub_end_ns else 0.0
+        r.e2e_seconds = max(0.0, (self.last_ns - start_ns) / 1e9) if self.last_ns else 0.0
+        r.latency = common.summarize(common.sparse(self.latency))
+        r.avg_latency_us = self.latency_sum_us / r.consumed if r.consumed else 0.0
+        cpu_end = common.process_cpu_s(self.opts.server_pid) if self.opts.server_pid else None
+        if cpu_start and cpu_end:
+            wall = max(r.pub_seconds, r.e2e_seconds, 1e-9)
+            r.server_cpu = tuple((end - begin) / wall for begin, end in zip(cpu_start, cpu_end, strict=True))
+        return r
+
+    def _on_msg(self, message: Any) -> None:
+        now = time.time_ns()
+        lat = (now - int(message.body[:STAMP_DIGITS])) // 1000
+        self.latency[common.bucket_of(lat)] += 1
+        self.latency_sum_us += lat
+        self.last_ns = now
+        r = self.result
+        r.consumed += 1
+        if message.retry:
+            r.redelivered += 1
+        if r.consumed >= self.total:
+            self._all_consumed.set()
+
+    def _show(self, start_mono: float) -> None:
+        r, elapsed = self.result, time.monotonic() - start_mono
+        self.progress.update("client", (r.published + r.consumed) / (2 * self.total),
+                             f"pub {r.published:,} ({r.published / elapsed if elapsed else 0:,.0f}/s)  "
+                             f"sub {r.consumed:,} ({r.consumed / elapsed if elapsed else 0:,.0f}/s)")
+
+    async def _main(self) -> tuple[int, int]:
+        """(start, pong) in wall-clock ns; pong 0 if the publisher's ping went unanswered."""
+        import trio
+
+        from polymq.adapters.mqks_client import MQKSClient, MQKSError
+
+        self._all_consumed = trio.Event()
+        r, event, tail, publish_chunk = self.result, self.event, self.tail, CHUNK_MESSAGES
+        async with (MQKSClient(self.opts.host, self.opts.port) as sub,
+                    MQKSClient(self.opts.host, self.opts.port) as pub):
+            try:
+                await sub.consume(self.queue, [self.event], on_msg=self._on_msg, confirm=True)
+                start_mono, start_ns = time.monotonic(), time.time_ns()
+                publish = pub.publish_nowait
+                for first in range(0, self.total, publish_chunk):
+                    for _ in range(min(publish_chunk, self.total - first)):
+                        publish(event, b"%019d%s" % (time.time_ns(), tail))
+                    r.published = min(first + publish_chunk, self.total)
+                    self._show(start_mono)
+                    await trio.sleep(0)  # let the writer send and the consumer read
+                pub_end_ns = 0
+                with trio.move_on_after(STALL_TIMEOUT_S):
+                    await pub.ping(PING_DATA)
+                    pub_end_ns = time.time_ns()
+                last_count, last_change = -1, time.monotonic()
+                while not self._all_consumed.is_set() and pub_end_ns:
+                    with trio.move_on_after(IDLE_POLL_S):
+                        await self._all_consumed.wait()
+                    self._show(start_mono)
+                    if r.consumed != last_count:
+                        last_count, last_change = r.consumed, time.monotonic()
+                    elif time.monotonic() - last_change > STALL_TIMEOUT_S:
+                        break
+                r.stalled = not self._all_consumed.is_set()
+            finally:
+                with (trio.move_on_after(CLEANUP_TIMEOUT_S, shield=True),
+                      contextlib.suppress(OSError, MQKSError)):
+                    await sub.delete_queue(self.queue, confirm=True)
+        return start_ns, pub_end_ns
+
+
 def run_bench(opts: BenchOptions) -> list[ScenarioResult]:
     run_id = uuid.uuid4().hex[:8]
-    return [_Scenario(name, opts, run_id).run() for name in opts.scenarios]
+    return [(_ClientScenario(opts, run_id) if name == "client" else _Scenario(name, opts, run_id)).run()
+            for name in opts.scenarios]
 
 
 def _ms(us: float) -> str:
@@ -578,6 +696,11 @@ def verdicts(r: ScenarioResult) -> list[str]:
         met = "met" if r.latency.p99_us < TARGET_P99_US else "NOT met"
         return [f"latency: avg {_ms(r.avg_latency_us)} vs the original's ~{_ms(ORIGINAL_AVG_LATENCY_US)}; "
                 f"p99 {_ms(r.latency.p99_us)} (target < {_ms(TARGET_P99_US)}: {met})"]
+    if r.name == "client":
+        # A figure of the Python client, not of the server: no target applies to it.
+        return [f"client: the project's trio MQKSClient, 1 publisher (publish_nowait) + 1 auto-ack consumer in one "
+                f"process: {r.e2e_rate():,.0f} msgs/s end-to-end (no target; the original's reference run: "
+                f"~{ORIGINAL_E2E_MSGS_PER_S:,} with 4 of its clients)"]
     speedup = r.e2e_rate() / ORIGINAL_E2E_MSGS_PER_S
     met = "met" if speedup >= TARGET_SPEEDUP else "NOT met"
     # The original's figure is of auto-ack consumers (upstream's benchmark has no manual-ack mode).
@@ -620,6 +743,8 @@ def render(opts: BenchOptions, results: list[ScenarioResult]) -> str:
             f"throughput: {opts.clients} publishers x {opts.messages:,}, {opts.clients} consumers; "
             f"latency: {opts.latency_clients} x {opts.latency_messages:,}, "
             f"one every {opts.interval_s * 1000:g} ms each")
+    if "client" in opts.scenarios:
+        head += f"; client: 1 x {opts.client_messages:,} through MQKSClient"
     return "\n".join([head, "", common.render_table(headers, rows), "", *notes])
 
 
@@ -634,7 +759,7 @@ def _address(ctx: click.Context, param: click.Parameter, value: str) -> tuple[st
 @click.option("--addr", "addr", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True, callback=_address,
               metavar="HOST:PORT", help="MQKS address of the server (the original's worker 0: 25000).")
 @click.option("--scenario", "scenarios", multiple=True, type=click.Choice([*SCENARIOS, "all"]),
-              help="Scenario to run (repeatable; default all: auto, manual, latency).")
+              help="Scenario to run (repeatable; default all: auto, manual, latency, client).")
 @click.option("--clients", type=int, default=DEFAULT_CLIENTS, show_default=True,
               help="Throughput: publishers, and as many queues and consumers.")
 @click.option("--messages", type=int, default=DEFAULT_MESSAGES, show_default=True,
@@ -645,6 +770,8 @@ def _address(ctx: click.Context, param: click.Parameter, value: str) -> tuple[st
               help="Latency: messages per publisher.")
 @click.option("--interval", "interval_s", type=float, default=DEFAULT_INTERVAL_S, show_default=True,
               help="Latency: seconds between two messages of one publisher.")
+@click.option("--client-messages", type=int, default=DEFAULT_CLIENT_MESSAGES, show_default=True,
+              help="Client: messages the project's MQKSClient publishes (one publisher, one consumer).")
 @click.option("--size", type=int, default=DEFAULT_SIZE, show_default=True, help="Message body bytes.")
 @click.option("--processes", type=int, default=None,
               help="Throughput: worker processes to spread the connections over (default: one per connection).")
@@ -655,14 +782,15 @@ def _address(ctx: click.Context, param: click.Parameter, value: str) -> tuple[st
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Progress line on stderr (only when stderr is a terminal).")
 def command(addr: tuple[str, int], scenarios: tuple[str, ...], clients: int, messages: int, latency_clients: int,
-            latency_messages: int, interval_s: float, size: int, processes: int | None, prefix: str,
-            server_pid: int | None, as_json: bool, progress: bool) -> None:
+            latency_messages: int, interval_s: float, client_messages: int, size: int, processes: int | None,
+            prefix: str, server_pid: int | None, as_json: bool, progress: bool) -> None:
     """Benchmark an MQKS server (polymq or the original) like the original's tests/benchmark.
 
     Reports end-to-end msgs/s with auto-ack and manual-ack consumers, and publish-to-deliver
-    latency (avg, p50, p99, max) under paced publishing, against the original's figures.
+    latency (avg, p50, p99, max) under paced publishing, against the original's figures; and the
+    same end-to-end figures for the project's own Python client (MQKSClient).
     """
-    if min(clients, messages, latency_clients, latency_messages) < 1:
+    if min(clients, messages, latency_clients, latency_messages, client_messages) < 1:
         raise click.BadParameter("clients and messages must be at least 1")
     if not MIN_SIZE <= size <= MAX_SIZE - 200:
         raise click.BadParameter(f"must be {MIN_SIZE}..{MAX_SIZE - 200} (the body holds a {STAMP_DIGITS}-digit "
@@ -675,7 +803,7 @@ def command(addr: tuple[str, int], scenarios: tuple[str, ...], clients: int, mes
     opts = BenchOptions(host=addr[0], port=addr[1], scenarios=chosen, clients=clients, messages=messages,
                         latency_clients=latency_clients, latency_messages=latency_messages, interval_s=interval_s,
                         size=size, processes=processes, prefix=prefix, progress=progress and not as_json,
-                        server_pid=server_pid)
+                        server_pid=server_pid, client_messages=client_messages)
     results = run_bench(opts)
     if as_json:
         click.echo(json.dumps({
@@ -687,5 +815,5 @@ def command(addr: tuple[str, int], scenarios: tuple[str, ...], clients: int, mes
         }, indent=2))
     else:
         click.echo(render(opts, results))
-    if any(r.stalled or r.consumed != r.expected for r in results):
+    if any(r.stalled or r.consumed != r.expected or r.consumed != r.published for r in results):
         sys.exit(1)

@@ -12,6 +12,9 @@ import subprocess
 import sys
 from typing import Any
 
+import trio
+
+from polymq.adapters.mqks_client import MQKSClient
 from polymq.gateway.bench_mqks import SCENARIOS
 
 from support.gateway import GatewayProcess
@@ -32,16 +35,16 @@ def addr(gateway: GatewayProcess) -> str:
 
 def test_every_scenario_delivers_what_it_published(gateway: GatewayProcess) -> None:
     # 3 publishers x 400 (not a multiple of 3 per queue: the round-robin still adds up), all
-    # throughput connections in one process (the selector path); latency: 2 x 100 paced.
+    # throughput connections in one process (the selector path); latency: 2 x 100 paced; client: 300.
     completed = run_bench("--addr", addr(gateway), "--json", "--clients", "3", "--messages", "400",
                           "--processes", "1", "--latency-clients", "2", "--latency-messages", "100",
-                          "--interval", "0.0005", "--server-pid", str(gateway.process.pid))
+                          "--interval", "0.0005", "--client-messages", "300", "--server-pid", str(gateway.process.pid))
     assert completed.returncode == 0, completed.stderr + completed.stdout
     report = json.loads(completed.stdout)
     assert report["reference"]["original_e2e_msgs_per_s"] > 0
     scenarios: dict[str, dict[str, Any]] = {s["scenario"]: s for s in report["scenarios"]}
     assert list(scenarios) == list(SCENARIOS)
-    for name, expected, clients in (("auto", 1200, 3), ("manual", 1200, 3), ("latency", 200, 2)):
+    for name, expected, clients in (("auto", 1200, 3), ("manual", 1200, 3), ("latency", 200, 2), ("client", 300, 1)):
         s = scenarios[name]
         assert (s["published"], s["consumed"], s["expected_consumed"]) == (expected, expected, expected), name
         assert (s["publishers"], s["consumers"]) == (clients, clients)
@@ -55,6 +58,34 @@ def test_every_scenario_delivers_what_it_published(gateway: GatewayProcess) -> N
     assert scenarios["auto"]["processes"] == 1
     assert scenarios["latency"]["processes"] == 4  # paced publishers always get their own process
     assert scenarios["latency"]["interval_s"] == 0.0005
+    assert scenarios["client"]["processes"] == 1  # the bench process itself
+
+
+def test_client_scenario(gateway: GatewayProcess) -> None:
+    # The project's trio MQKSClient, one publisher and one auto-ack consumer in the bench process.
+    completed = run_bench("--addr", addr(gateway), "--scenario", "client", "--client-messages", "500")
+    assert completed.returncode == 0, completed.stderr + completed.stdout
+    lines = completed.stdout.splitlines()
+    assert lines[0].endswith("; client: 1 x 500 through MQKSClient")
+    rows = [line.split() for line in lines[4:] if line.startswith("client ")]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row[1:6] == ["1", "pub", "+", "1", "sub"]
+    assert row[6] == "500" and row[8] == "500"  # published, consumed (no "of N": all of them)
+    assert len(row) == 18 and row[11::2] == ["ms"] * 4  # latency avg, p50, p99, max
+    assert any(line.startswith("client: the project's trio MQKSClient") for line in lines)
+    # The queue was deleted at the end (the bench's consumer does not ask for delete-when-unused).
+    assert run_eval(gateway, "len(state.queues)") == "0"
+
+
+def run_eval(gateway: GatewayProcess, code: str) -> str:
+    host, port = gateway.host_port("mqks")
+
+    async def ask() -> str:
+        async with MQKSClient(host, port) as client:
+            return await client.eval(code)
+
+    return trio.run(ask)
 
 
 def test_table_output(gateway: GatewayProcess) -> None:
