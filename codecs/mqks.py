@@ -21,7 +21,7 @@ import math
 import random
 import re
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
@@ -51,7 +51,7 @@ _BASE62 = string.digits + string.ascii_letters
 # Requests: what the parser hands to the adapter. `request_id` doubles as msg_id / consumer_id.
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Publish:
     request_id: str
     event: str
@@ -59,7 +59,7 @@ class Publish:
     confirm: bool
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Consume:
     request_id: str  # the consumer id
     queue: str
@@ -71,7 +71,7 @@ class Consume:
     confirm: bool
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Rebind:
     request_id: str
     queue: str
@@ -82,7 +82,7 @@ class Rebind:
     confirm: bool
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Ack:
     request_id: str
     consumer_id: str
@@ -90,7 +90,7 @@ class Ack:
     confirm: bool
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Reject:
     request_id: str
     consumer_id: str
@@ -98,27 +98,27 @@ class Reject:
     confirm: bool
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class DeleteConsumer:
     request_id: str
     consumer_id: str
     confirm: bool
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class DeleteQueue:
     request_id: str
     queue: str
     confirm: bool
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Ping:
     request_id: str
     data: bytes
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Eval:
     request_id: str
     worker: int | None
@@ -126,7 +126,7 @@ class Eval:
     confirm: bool
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class BadRequest:
     """A line the original answers with `{request_id} error {error_id}`; `reason` goes to the log."""
 
@@ -277,6 +277,51 @@ def encode_body(body: bytes) -> bytes:
     return ENCODED_PREFIX + base64.b64encode(body)
 
 
+def _publish(request_id: str, data: bytes, confirm: bool) -> Publish:
+    event_raw, space, body = data.partition(b" ")
+    # An empty event (a double space) is no error in the original: no queue can bind it, so it drops.
+    if not space or not body:
+        raise _Invalid("publish needs {event} {data}")
+    return Publish(request_id, _text(event_raw), decode_data(body), confirm)
+
+
+def _ack(request_id: str, data: bytes, confirm: bool) -> Ack:
+    consumer_id, msg_id = _ack_args(data)
+    return Ack(request_id, consumer_id, msg_id, confirm)
+
+
+def _reject(request_id: str, data: bytes, confirm: bool) -> Reject:
+    consumer_id, msg_id = _ack_args(data)
+    return Reject(request_id, consumer_id, msg_id, confirm)
+
+
+def _ping(request_id: str, data: bytes, confirm: bool) -> Ping:
+    # The original strips a confirm here too and answers once, with the rest (mqks-notes §2).
+    return Ping(request_id, data)
+
+
+def _delete_consumer(request_id: str, data: bytes, confirm: bool) -> DeleteConsumer:
+    return DeleteConsumer(request_id, _single_name(data, "consumer id"), confirm)
+
+
+def _delete_queue(request_id: str, data: bytes, confirm: bool) -> DeleteQueue:
+    return DeleteQueue(request_id, _single_name(data, "queue"), confirm)
+
+
+# One parser per action: a dict lookup instead of a chain of comparisons on the hot path.
+_PARSERS: dict[bytes, Callable[[str, bytes, bool], Request]] = {
+    b"publish": _publish,
+    b"ack": _ack,
+    b"consume": _consume,
+    b"reject": _reject,
+    b"rebind": _rebind,
+    b"ping": _ping,
+    b"delete_consumer": _delete_consumer,
+    b"delete_queue": _delete_queue,
+    b"_eval": _eval,
+}
+
+
 def parse_line(line: bytes) -> Request:
     """One request line (without its `\\n`)."""
     # The original asserts on the line before its rstrip: a trailing TAB is an error too (mqks-notes §2, §9).
@@ -287,44 +332,20 @@ def parse_line(line: bytes) -> Request:
         return BadRequest(NO_ID, "fewer than three fields", line[:MAX_LOGGED_LINE])
     id_raw, action_raw, data = fields
     try:
-        request_id = _text(id_raw)
-    except _Invalid:
+        request_id = id_raw.decode()
+    except UnicodeDecodeError:
         return BadRequest(NO_ID, "request id is not UTF-8", line[:MAX_LOGGED_LINE])
-    if b"\t" in id_raw:
-        request_id = NO_ID
     try:
         if has_tab:
+            if b"\t" in id_raw:
+                request_id = NO_ID
             raise _Invalid("TAB in request")
-        action = action_raw.decode("ascii", "replace")
-        confirm = data.startswith(CONFIRM_PREFIX)
-        if confirm:
-            data = data[len(CONFIRM_PREFIX) :]
-        if action == "publish":
-            event_raw, space, body = data.partition(b" ")
-            # An empty event (a double space) is no error in the original: no queue can bind it, so it drops.
-            if not space or not body:
-                raise _Invalid("publish needs {event} {data}")
-            return Publish(request_id, _text(event_raw), decode_data(body), confirm)
-        if action == "consume":
-            return _consume(request_id, data, confirm)
-        if action == "ack":
-            consumer_id, msg_id = _ack_args(data)
-            return Ack(request_id, consumer_id, msg_id, confirm)
-        if action == "reject":
-            consumer_id, msg_id = _ack_args(data)
-            return Reject(request_id, consumer_id, msg_id, confirm)
-        if action == "rebind":
-            return _rebind(request_id, data, confirm)
-        if action == "ping":
-            # The original strips a confirm here too and answers once, with the rest (mqks-notes §2).
-            return Ping(request_id, data)
-        if action == "delete_consumer":
-            return DeleteConsumer(request_id, _single_name(data, "consumer id"), confirm)
-        if action == "delete_queue":
-            return DeleteQueue(request_id, _single_name(data, "queue"), confirm)
-        if action == "_eval":
-            return _eval(request_id, data, confirm)
-        raise _Invalid(f"unknown action {action!r}")
+        parser = _PARSERS.get(action_raw)
+        if parser is None:
+            raise _Invalid(f"unknown action {action_raw.decode('ascii', 'replace')!r}")
+        if data.startswith(CONFIRM_PREFIX):
+            return parser(request_id, data[len(CONFIRM_PREFIX) :], True)
+        return parser(request_id, data, False)
     except _Invalid as error:
         return BadRequest(request_id, str(error), line[:MAX_LOGGED_LINE])
 
