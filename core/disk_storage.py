@@ -116,8 +116,10 @@ class OwnerLog:
         # What recovery found, for the engine to take (`take_recovered`).
         self.recovered_ready: list[Message] = []
         self.recovered_deferred: list[Message] = []
-        # (position, states count) of a single-copy ADD that is still the last pending record.
-        self._cancellable: tuple[int, int] | None = None
+        # (first position, copies, states count) of the ADD that is still the last pending record, and
+        # the positions of its copies already gone: their DONE is held back (see `removed`).
+        self._cancellable: tuple[int, int, int] | None = None
+        self._withheld: list[int] = []
 
     def path(self, segment: int) -> Path:
         return self.dir / _segment_name(segment)
@@ -147,7 +149,7 @@ class OwnerLog:
 
     def append(self, messages: Sequence[Message], keep: int | None = None) -> None:
         """Store new copies. With `keep`, only the first `keep` stay in memory; the rest are spilled."""
-        self._cancellable = None
+        self._settle()
         if self.destroyed or not messages:
             return
         record = _run_record(messages)
@@ -162,8 +164,8 @@ class OwnerLog:
             message.pos = base + number
         self.next_index = first + len(messages)
         self.live[self.segment] += len(messages)
-        if len(messages) == 1 and (keep is None or keep >= 1):
-            self._cancellable = (base, len(self.states))
+        if keep is None or keep >= len(messages):
+            self._cancellable = (base, len(messages), len(self.states))
         if keep is None or keep >= len(messages):
             if self.spilled:
                 for message in messages:  # kept in memory, yet after the cursor: the reader skips them
@@ -206,6 +208,13 @@ class OwnerLog:
     def _skip(self, position: int) -> None:
         _set_bit(self.skip_bits, position)
 
+    def _settle(self) -> None:
+        """The last pending ADD can no longer be cancelled: its copies already gone get their DONE."""
+        self._cancellable = None
+        if self._withheld:
+            self.done.extend(self._withheld)
+            self._withheld.clear()
+
     def removed(self, message: Message) -> None:
         """The copy is gone (finished, expired, dropped)."""
         position = message.pos
@@ -213,15 +222,23 @@ class OwnerLog:
             return
         message.pos = -1
         cancellable = self._cancellable
-        if cancellable is not None and cancellable[0] == position and cancellable[1] == len(self.states):
-            # Added and gone in the same loop turn (an auto-ack consumer was waiting): the ADD record
-            # is still the last pending one, so neither it nor a DONE is ever written. Positions are
-            # explicit in ADD records, so the unused index shifts nothing.
-            self._cancellable = None
-            _, record = self.pending.pop()
-            self.segment_bytes -= len(record)
-            self.live[position >> records.SEGMENT_SHIFT] -= 1
-            return
+        if cancellable is not None:
+            first, count, states = cancellable
+            if first <= position < first + count and states == len(self.states):
+                # Added and gone in the same loop turn (an auto-ack consumer was waiting). While its ADD
+                # is the last pending record, the DONE waits; once every copy of it is gone, neither
+                # the ADD nor a DONE is ever written. Positions are explicit in ADD records, so the
+                # unused indexes shift nothing.
+                self.live[position >> records.SEGMENT_SHIFT] -= 1
+                withheld = self._withheld
+                withheld.append(position)
+                if len(withheld) == count:
+                    self._cancellable = None
+                    withheld.clear()
+                    _, record = self.pending.pop()
+                    self.segment_bytes -= len(record)
+                return
+            self._settle()
         self.done.append(position)
         segment = position >> records.SEGMENT_SHIFT
         live = self.live.get(segment)
@@ -235,6 +252,7 @@ class OwnerLog:
         """Attempts changed (a delivery) or the copy went back to the queue, maybe deferred."""
         if message.pos < 0 or self.destroyed:
             return
+        self._settle()
         self.states.extend((message.pos, message.attempts, due_wall_ns))
         self._mark_dirty()
 
@@ -243,6 +261,7 @@ class OwnerLog:
         if self.destroyed:
             return
         self._cancellable = None
+        self._withheld.clear()
         self.pending.clear()
         del self.done[:]
         del self.states[:]
@@ -284,7 +303,7 @@ class OwnerLog:
     def _take(self, job: CommitJob, written: list[tuple[OwnerLog, int, Path]]) -> None:
         """Move this log's pending records and file removals into `job`."""
         self.dirty = False
-        self._cancellable = None
+        self._settle()
         if self.states:
             # STATE before DONE: recovery reads in order, and a DONE ends a copy for good.
             self.pending.append((self.segment, records.encode_states(self.states)))

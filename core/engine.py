@@ -823,14 +823,32 @@ class Engine:
         return message_id
 
     def publish_many(
-        self, topic_name: str, bodies: list[bytes], *, headers: Mapping[str, Any] | None = None
+        self,
+        topic_name: str,
+        bodies: list[bytes],
+        *,
+        headers: Mapping[str, Any] | None = None,
+        each_headers: list[Mapping[str, Any]] | None = None,
+        drop_if_unbound: bool = False,
     ) -> int:
-        """Publish a batch in order (NSQ MPUB); returns the first id."""
-        topic = self.ensure_topic(topic_name)
+        """Publish a batch in order (NSQ MPUB, consecutive MQKS publishes); returns the first id.
+
+        `each_headers` gives every message its own headers (else they share `headers`);
+        `drop_if_unbound` applies MQKS's rule to the whole batch."""
         first = self.ids.reserve(len(bodies) or 1)  # an empty batch still spends the id it returns
+        if drop_if_unbound:
+            topic_or_none = self.topics.get(topic_name)
+            if topic_or_none is None or not topic_or_none.queues:
+                self.dropped_count += len(bodies)
+                return first
+        topic = self.ensure_topic(topic_name)
         timestamp = self.clock.wall_ns()
-        messages = [Message(first + index, body, timestamp, headers, None, 0, topic_name)
-                    for index, body in enumerate(bodies)]
+        if each_headers is None:
+            messages = [Message(first + index, body, timestamp, headers, None, 0, topic_name)
+                        for index, body in enumerate(bodies)]
+        else:
+            messages = [Message(first + index, body, timestamp, message_headers, None, 0, topic_name)
+                        for index, (body, message_headers) in enumerate(zip(bodies, each_headers, strict=True))]
         topic.message_count += len(messages)
         topic.message_bytes += sum(map(len, bodies))
         if topic._holds():

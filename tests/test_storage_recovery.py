@@ -1052,3 +1052,37 @@ def test_a_copy_added_and_gone_in_one_turn_writes_nothing(open_store: Callable[.
     store.close()
     store = open_store()
     assert [m.body for m in store.queue("q").ready] == [b"stays", b"stays too"]
+
+
+def test_a_batch_delivered_in_part_keeps_its_record_and_the_done_of_the_part(open_store: Callable[..., Store]) -> None:
+    """A batch's ADD is cancelled only when every copy is gone; else the held-back DONEs are written."""
+    store = open_store()
+    engine = store.engine
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    got: list[Message] = []
+    consumer = engine.attach("q", got.append, credit=2, auto_ack=True)  # room for 2 of the 3
+    engine.publish_many("t", [b"a", b"b", b"c"], each_headers=[{"n": "1"}, {"n": "2"}, {"n": "3"}])
+    assert [m.body for m in got] == [b"a", b"b"]
+    store.commit()
+    consumer.release(2)  # written out: room again, "c" goes too (a later turn: its DONE is written)
+    assert [m.body for m in got] == [b"a", b"b", b"c"]
+    consumer.set_credit(0)
+    engine.publish_many("t", [b"d", b"e"], each_headers=[{"n": "4"}, {"n": "5"}])
+    store.close()
+    store = open_store()
+    assert [(m.body, m.headers) for m in store.queue("q").ready] == [(b"d", {"n": "4"}), (b"e", {"n": "5"})]
+
+
+def test_a_batch_delivered_whole_in_its_turn_writes_nothing(open_store: Callable[..., Store]) -> None:
+    store = open_store()
+    engine = store.engine
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    store.commit()
+    got: list[Message] = []
+    engine.attach("q", got.append, credit=100, auto_ack=True)
+    engine.publish_many("t", [b"a", b"b", b"c"], each_headers=[{"n": "1"}, {"n": "2"}, {"n": "3"}])
+    job, written, callbacks = store.storage.prepare()
+    assert [m.body for m in got] == [b"a", b"b", b"c"] and job.appends == []
+    store.storage.complete(job, written, callbacks)
