@@ -48,6 +48,8 @@ log = logging.getLogger("polymq.storage")
 
 # nsqd rolls its diskqueue files at 100 MiB (--max-bytes-per-file); smaller segments are freed sooner.
 SEGMENT_BYTES = 64 * 1024 * 1024
+# Bytes of an ADD record besides its entries: framing and the ADD head.
+_ADD_OVERHEAD = records.HEADER.size + records.ADD_HEAD.size
 # Bytes read per `pread` when reading spilled messages back (nsqd reads through a 4 KiB bufio; bigger
 # reads mean fewer system calls per message).
 READ_CHUNK = 256 * 1024
@@ -98,7 +100,8 @@ class OwnerLog:
         self.next_index = 0
         self.retained: deque[int] = deque([0])  # segments that exist (or will), oldest first
         self.live: dict[int, int] = {0: 0}  # copies added by each segment and not done yet
-        self.pending: list[tuple[int, bytes]] = []  # records not yet handed to a commit
+        # Records not yet handed to a commit; the last may be the open ADD record (`_OpenAdd`).
+        self.pending: list[tuple[int, bytes | _OpenAdd]] = []
         self.done = array("Q")
         self.states = array("q")  # (position, attempts, due wall ns) triples
         self.unlinks: list[int] = []
@@ -120,6 +123,10 @@ class OwnerLog:
         # the positions of its copies already gone: their DONE is held back (see `removed`).
         self._cancellable: tuple[int, int, int] | None = None
         self._withheld: list[int] = []
+        # The ADD record single-copy appends of this loop turn share (publishers of one message at a
+        # time); encoded at `_take`. Its size is counted in `segment_bytes` as it grows.
+        self._open: _OpenAdd | None = None
+        self._open_cancellable = False  # no STATE names a copy of it yet
 
     def path(self, segment: int) -> Path:
         return self.dir / _segment_name(segment)
@@ -149,6 +156,9 @@ class OwnerLog:
 
     def append(self, messages: Sequence[Message], keep: int | None = None) -> None:
         """Store new copies. With `keep`, only the first `keep` stay in memory; the rest are spilled."""
+        if len(messages) == 1 and (keep is None or keep >= 1) and not self.spilled and not self.destroyed:
+            self._append_open(messages[0])
+            return
         self._settle()
         if self.destroyed or not messages:
             return
@@ -178,39 +188,62 @@ class OwnerLog:
             self.cursor = (self.segment, offset, keep)
         self.spilled += len(messages) - keep
 
+    def _append_open(self, message: Message) -> None:
+        entry = self._entry(message, {})
+        size = records.ADD_ENTRY.size + len(entry[5]) + len(entry[6])
+        record = self._open
+        if record is None or self.segment_bytes + size > SEGMENT_BYTES:
+            self._settle()
+            if self.segment_bytes and self.segment_bytes + _ADD_OVERHEAD + size > SEGMENT_BYTES:
+                self._roll()
+            record = self._open = _OpenAdd(self.next_index, (self.segment << records.SEGMENT_SHIFT) | self.next_index)
+            self.pending.append((self.segment, record))
+            self.segment_bytes += _ADD_OVERHEAD
+            self._open_cancellable = True
+            self._mark_dirty()
+        record.entries.append(entry)
+        record.size += size
+        self.segment_bytes += size
+        message.pos = (self.segment << records.SEGMENT_SHIFT) | self.next_index
+        self.next_index += 1
+        self.live[self.segment] += 1
+
+    def _entry(self, message: Message, header_cache: dict[int, bytes]) -> records.AddEntry:
+        expires = due = 0
+        if message.expires_at is not None or message.due is not None:
+            clock = self.store.clock
+            now, wall = clock.now(), clock.wall_ns()
+            if message.expires_at is not None:
+                expires = int(wall + (message.expires_at - now) * 1e9)
+            if message.due is not None:
+                due = int(wall + (message.due - now) * 1e9)
+        headers = message.headers
+        if headers is None:
+            encoded = b""
+        else:
+            encoded = header_cache.get(id(headers))
+            if encoded is None:
+                encoded = header_cache[id(headers)] = records.encode_headers(headers)
+        return (message.id, message.timestamp_ns, message.attempts, expires, due, encoded, message.body)
+
     def _entries_record(self, messages: Sequence[Message]) -> _PendingAdd:
-        clock = self.store.clock
-        now = wall = 0.0
         header_cache: dict[int, bytes] = {}
-        entries = []
-        size = records.HEADER.size + records.ADD_HEAD.size
-        for message in messages:
-            expires = due = 0
-            if message.expires_at is not None or message.due is not None:
-                if not wall:
-                    now, wall = clock.now(), clock.wall_ns()
-                if message.expires_at is not None:
-                    expires = int(wall + (message.expires_at - now) * 1e9)
-                if message.due is not None:
-                    due = int(wall + (message.due - now) * 1e9)
-            headers = message.headers
-            if headers is None:
-                encoded = b""
-            else:
-                encoded = header_cache.get(id(headers))
-                if encoded is None:
-                    encoded = header_cache[id(headers)] = records.encode_headers(headers)
-            body = message.body
-            entries.append((message.id, message.timestamp_ns, message.attempts, expires, due, encoded, body))
-            size += records.ADD_ENTRY.size + len(encoded) + len(body)
+        entries = [self._entry(message, header_cache) for message in messages]
+        size = _ADD_OVERHEAD + sum(records.ADD_ENTRY.size + len(entry[5]) + len(entry[6]) for entry in entries)
         return _PendingAdd(size, lambda first: records.encode_add(first, entries))
 
     def _skip(self, position: int) -> None:
         _set_bit(self.skip_bits, position)
 
     def _settle(self) -> None:
-        """The last pending ADD can no longer be cancelled: its copies already gone get their DONE."""
+        """The last pending ADD is complete: no more appends to it, no cancelling."""
+        self._open = None
+        self._pin()
+
+    def _pin(self) -> None:
+        """The last pending ADD will be written (a STATE names a copy): the copies gone get their DONE."""
         self._cancellable = None
+        self._open_cancellable = False
         if self._withheld:
             self.done.extend(self._withheld)
             self._withheld.clear()
@@ -221,6 +254,18 @@ class OwnerLog:
         if position < 0 or self.destroyed:
             return
         message.pos = -1
+        record = self._open
+        if record is not None and self._open_cancellable and 0 <= position - record.base < len(record.entries):
+            # As below, for the open record: gone in the same turn it was added.
+            self.live[position >> records.SEGMENT_SHIFT] -= 1
+            withheld = self._withheld
+            withheld.append(position)
+            if len(withheld) == len(record.entries):
+                self._open = None
+                withheld.clear()
+                self.pending.pop()
+                self.segment_bytes -= record.size
+            return
         cancellable = self._cancellable
         if cancellable is not None:
             first, count, states = cancellable
@@ -238,7 +283,6 @@ class OwnerLog:
                     _, record = self.pending.pop()
                     self.segment_bytes -= len(record)
                 return
-            self._settle()
         self.done.append(position)
         segment = position >> records.SEGMENT_SHIFT
         live = self.live.get(segment)
@@ -252,7 +296,7 @@ class OwnerLog:
         """Attempts changed (a delivery) or the copy went back to the queue, maybe deferred."""
         if message.pos < 0 or self.destroyed:
             return
-        self._settle()
+        self._pin()  # a manual-ack delivery: the record stays open for this turn's next publishes
         self.states.extend((message.pos, message.attempts, due_wall_ns))
         self._mark_dirty()
 
@@ -261,6 +305,7 @@ class OwnerLog:
         if self.destroyed:
             return
         self._cancellable = None
+        self._open = None
         self._withheld.clear()
         self.pending.clear()
         del self.done[:]
@@ -295,6 +340,7 @@ class OwnerLog:
 
     def destroy(self) -> None:
         self.destroyed = True
+        self._open = None
         self.pending.clear()
         self.spilled = 0
         self._close_reader()
@@ -321,7 +367,8 @@ class OwnerLog:
             while end < len(pending) and pending[end][0] == segment:
                 end += 1
             path = self.path(segment)
-            data = pending[start][1] if end == start + 1 else b"".join(item[1] for item in pending[start:end])
+            parts = [item[1] if type(item[1]) is bytes else item[1].encode() for item in pending[start:end]]
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
             job.appends.append((path, data))
             written.append((self, segment, path))
             start = end
@@ -436,6 +483,21 @@ class OwnerLog:
             for relative, record_type, payload in records.scan(remainder, 0, damage):
                 yield rest + relative, record_type, payload
             return
+
+class _OpenAdd:
+    """An ADD record still growing: single-copy appends of one loop turn, consecutive indexes from `first`."""
+
+    __slots__ = ("base", "entries", "first", "size")
+
+    def __init__(self, first: int, base: int) -> None:
+        self.first = first
+        self.base = base  # position of the first entry
+        self.entries: list[records.AddEntry] = []
+        self.size = _ADD_OVERHEAD
+
+    def encode(self) -> bytes:
+        return records.encode_add(self.first, self.entries)
+
 
 @attrs.frozen(slots=True)
 class _PendingAdd:

@@ -129,7 +129,11 @@ class StoredEntry:
     body: bytes
 
 
-def encode_add(first_index: int, entries: Sequence[tuple[int, int, int, int, int, bytes, bytes]]) -> bytes:
+# One message of an ADD record: id, timestamp ns, attempts, expires wall ns, due wall ns, headers, body.
+AddEntry = tuple[int, int, int, int, int, bytes, bytes]
+
+
+def encode_add(first_index: int, entries: Sequence[AddEntry]) -> bytes:
     """`entries`: (id, timestamp ns, attempts, expires wall ns, due wall ns, headers json, body)."""
     flags = ADD_HAS_DEFERRED if any(entry[4] for entry in entries) else 0
     parts = [ADD_HEAD.pack(first_index, len(entries), flags)]

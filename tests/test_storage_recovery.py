@@ -41,6 +41,9 @@ STORAGE_LOGGER = "polymq.storage"
 # -- a store committed synchronously ------------------------------------------------------------------
 
 
+_STORES: dict[int, Store] = {}  # by id of its engine, for `publish_each`
+
+
 class Store:
     """One `DiskStorage` + `Engine` over a data dir, restored at open, as `polymq serve` wires them."""
 
@@ -52,6 +55,7 @@ class Store:
         self.engine.restore()
         self.writer = FileWriter()
         self.closed = False
+        _STORES[id(self.engine)] = self
 
     def commit(self) -> None:
         """One group commit, run inline (the committer runs `FileWriter.run` in a thread)."""
@@ -126,8 +130,11 @@ def names(prefix: str, count: int, start: int = 0) -> list[bytes]:
 
 
 def publish_each(engine: Engine, topic: str, payloads: list[bytes]) -> None:
+    """One ADD record each: a commit after every publish (one loop turn's single publishes share a record)."""
+    store = _STORES[id(engine)]
     for payload in payloads:
-        engine.publish(topic, payload)  # one ADD record each
+        engine.publish(topic, payload)
+        store.commit()
 
 
 def storage_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -650,7 +657,8 @@ def test_empty_with_a_consumer_delivers_no_emptied_message(open_store: Callable[
 def test_spilled_queue_delivers_everything_in_order(open_store: Callable[..., Store], attach: str) -> None:
     store = new_bound_store(open_store, mem_queue_size=5)
     payloads = names("m", 100)
-    publish_each(store.engine, "t", payloads)
+    for payload in payloads:  # no commit in between: "before-commit" attaches before any of it is written
+        store.engine.publish("t", payload)
     queue = store.queue("q")
     assert (len(queue.ready), queue.depth) == (5, 100)
     if attach == "before-commit":
@@ -1086,3 +1094,39 @@ def test_a_batch_delivered_whole_in_its_turn_writes_nothing(open_store: Callable
     job, written, callbacks = store.storage.prepare()
     assert [m.body for m in got] == [b"a", b"b", b"c"] and job.appends == []
     store.storage.complete(job, written, callbacks)
+
+
+def _queue_records(job: object, queue_dir_name: str) -> list[tuple[int, list[bytes]]]:
+    """(type, bodies of an ADD) of every record a commit job appends to a queue's log."""
+    found = []
+    for path, data in job.appends:  # type: ignore[attr-defined]
+        if path.parent.name.startswith("q"):
+            for _offset, record_type, payload in records.scan(data):
+                bodies = [entry.body for entry in records.decode_add(payload)] if record_type == records.ADD else []
+                found.append((record_type, bodies))
+    return found
+
+
+def test_single_publishes_of_one_turn_share_one_add_record(open_store: Callable[..., Store]) -> None:
+    store = new_bound_store(open_store)
+    store.commit()
+    for body in (b"a", b"b", b"c"):
+        store.engine.publish("t", body)
+    got: list[Message] = []
+    consumer = store.engine.attach("q", got.append, credit=1, auto_ack=True)  # takes "a" in this turn
+    job, written, callbacks = store.storage.prepare()
+    assert _queue_records(job, "q") == [(records.ADD, [b"a", b"b", b"c"]), (records.DONE, [])]
+    store.writer.run(job)
+    store.storage.complete(job, written, callbacks)
+    # All of a turn's copies gone in that turn: neither the shared record nor a DONE is written.
+    consumer.set_credit(100)
+    consumer.release(1)
+    for body in (b"d", b"e"):
+        store.engine.publish("t", body)
+    job, written, callbacks = store.storage.prepare()
+    assert [m.body for m in got] == [b"a", b"b", b"c", b"d", b"e"]
+    assert _queue_records(job, "q") == [(records.DONE, [])]  # only the DONE of "b" and "c" (last turn's record)
+    store.writer.run(job)
+    store.storage.complete(job, written, callbacks)
+    store.close()
+    assert bodies(open_store().engine, "q") == []
