@@ -207,7 +207,12 @@ def _msg_id_and_event(message: Message, queue: Queue) -> tuple[bytes, bytes]:
     if event is None:
         # Published by another protocol: its topic, or after a restart the queue's binding.
         event = message.topic or (queue.topics[0] if queue.topics else queue.name)
-    return (b"%016x" % message.id if msg_id is None else msg_id.encode()), event.encode()
+    # `str()`: headers come from any protocol, and a deliver callback must never raise. A space would
+    # break the line's fields, so another protocol's id with one shows the engine id instead.
+    shown = b"%016x" % message.id if msg_id is None else str(msg_id).encode()
+    if b" " in shown or not shown:
+        shown = b"%016x" % message.id
+    return shown, str(event).encode()
 
 
 class MQKSSession:
