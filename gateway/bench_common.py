@@ -326,3 +326,13 @@ class WorkerGroup:
                     results[index] = payload
         if tick is not None:
             tick(shared)
+
+
+def cpu_share(pid: int | None, start: tuple[float, float, float] | None,
+              wall_s: float) -> tuple[float, float, float] | None:
+    """(user, system, wait) of `pid` since `start` as shares of `wall_s`; None without both readings."""
+    end = process_cpu_s(pid) if pid else None
+    if not start or not end:
+        return None
+    wall = max(wall_s, 1e-9)
+    return ((end[0] - start[0]) / wall, (end[1] - start[1]) / wall, (end[2] - start[2]) / wall)

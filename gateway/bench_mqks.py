@@ -529,11 +529,10 @@ class _Scenario:
         finally:
             self.progress.done()
         self._collect(start_ns, [r for worker in results for r in worker])
-        cpu_end = common.process_cpu_s(self.opts.server_pid) if self.opts.server_pid else None
-        if self._cpu_start and cpu_end:
-            wall = max(self.result.pub_seconds, self.result.e2e_seconds, 1e-9)
-            self.result.server_cpu = tuple((end - begin) / wall for begin, end in zip(self._cpu_start, cpu_end,
-                                                                                    strict=True))
+        share = common.cpu_share(self.opts.server_pid, self._cpu_start,
+                                 max(self.result.pub_seconds, self.result.e2e_seconds))
+        if share is not None:
+            self.result.server_cpu = share
         return self.result
 
     def _tick(self, shared: common.SharedState) -> None:
@@ -612,10 +611,9 @@ class _ClientScenario:
         r.e2e_seconds = max(0.0, (self.last_ns - start_ns) / 1e9) if self.last_ns else 0.0
         r.latency = common.summarize(common.sparse(self.latency))
         r.avg_latency_us = self.latency_sum_us / r.consumed if r.consumed else 0.0
-        cpu_end = common.process_cpu_s(self.opts.server_pid) if self.opts.server_pid else None
-        if cpu_start and cpu_end:
-            wall = max(r.pub_seconds, r.e2e_seconds, 1e-9)
-            r.server_cpu = tuple((end - begin) / wall for begin, end in zip(cpu_start, cpu_end, strict=True))
+        share = common.cpu_share(self.opts.server_pid, cpu_start, max(r.pub_seconds, r.e2e_seconds))
+        if share is not None:
+            r.server_cpu = share
         return r
 
     def _on_msg(self, message: Any) -> None:

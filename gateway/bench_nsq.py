@@ -598,11 +598,10 @@ class _Scenario:
         finally:
             self.progress.done()
         self._collect(start_ns, [r for worker in results for r in worker])
-        cpu_end = common.process_cpu_s(self.opts.server_pid) if self.opts.server_pid else None
-        if self._cpu_start and cpu_end:
-            wall = max(self.result.pub_seconds, self.result.sub_seconds, time.monotonic() - self._start_mono, 1e-9)
-            self.result.server_cpu = tuple((end - begin) / wall for begin, end in zip(self._cpu_start, cpu_end,
-                                                                                    strict=True))
+        share = common.cpu_share(self.opts.server_pid, self._cpu_start, max(
+            self.result.pub_seconds, self.result.sub_seconds, time.monotonic() - self._start_mono))
+        if share is not None:
+            self.result.server_cpu = share
         return self.result
 
     def _tick(self, shared: common.SharedState) -> None:
