@@ -41,10 +41,9 @@ log = logging.getLogger("polymq.mqks")
 READ_SIZE = 256 * 1024
 # The reader stops reading while this much output waits for a slow client (bounded memory).
 MAX_PENDING_OUTPUT = 8 * 1024 * 1024
-# Header keys of an MQKS publish: the publisher's own id (shown to consumers) and the event,
-# which survives a restart (the engine's `Message.topic` does not).
+# The header of an MQKS publish: the publisher's own id, shown to consumers. (The event is the
+# message's topic, which the engine and the store keep.)
 MSG_ID_HEADER = "msg_id"
-EVENT_HEADER = "event"
 # Option key under which a queue keeps its --delete-queue-when-unused as given (True or seconds).
 WHEN_UNUSED_OPTION = "mqks_delete_when_unused"
 
@@ -200,13 +199,9 @@ class MQKSServer:
 
 def _msg_id_and_event(message: Message, queue: Queue) -> tuple[bytes, bytes]:
     headers = message.headers
-    msg_id = event = None
-    if type(headers) is dict:
-        msg_id = headers.get(MSG_ID_HEADER)
-        event = headers.get(EVENT_HEADER)
-    if event is None:
-        # Published by another protocol: its topic, or after a restart the queue's binding.
-        event = message.topic or (queue.topics[0] if queue.topics else queue.name)
+    msg_id = headers.get(MSG_ID_HEADER) if type(headers) is dict else None
+    # The topic is unknown only for a record an older version wrote: then the queue's binding.
+    event = message.topic or (queue.topics[0] if queue.topics else queue.name)
     # `str()`: headers come from any protocol, and a deliver callback must never raise. A space would
     # break the line's fields, so another protocol's id with one shows the engine id instead.
     shown = b"%016x" % message.id if msg_id is None else str(msg_id).encode()
@@ -430,11 +425,10 @@ class MQKSSession:
         if len(requests) == 1:  # publishers that alternate events: no batch to build
             request = requests[0]
             engine.publish(event, request.data, drop_if_unbound=True,
-                           headers={MSG_ID_HEADER: request.request_id, EVENT_HEADER: event})
+                           headers={MSG_ID_HEADER: request.request_id})
         else:
             engine.publish_many(event, [request.data for request in requests], drop_if_unbound=True,
-                                each_headers=[{MSG_ID_HEADER: request.request_id, EVENT_HEADER: event}
-                                              for request in requests])
+                                each_headers=[{MSG_ID_HEADER: request.request_id} for request in requests])
         self.server.published += len(requests)
         self.server.queued += bound * len(requests)
         confirms = [request.request_id for request in requests if request.confirm]

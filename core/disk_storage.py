@@ -192,13 +192,15 @@ class OwnerLog:
         entry = self._entry(message, {})
         size = records.ADD_ENTRY.size + len(entry[5]) + len(entry[6])
         record = self._open
-        if record is None or self.segment_bytes + size > SEGMENT_BYTES:
+        if record is None or record.topic != message.topic or self.segment_bytes + size > SEGMENT_BYTES:
             self._settle()
-            if self.segment_bytes and self.segment_bytes + _ADD_OVERHEAD + size > SEGMENT_BYTES:
+            topic = records.topic_part(message.topic)
+            if self.segment_bytes and self.segment_bytes + _ADD_OVERHEAD + len(topic) + size > SEGMENT_BYTES:
                 self._roll()
-            record = self._open = _OpenAdd(self.next_index, (self.segment << records.SEGMENT_SHIFT) | self.next_index)
+            record = self._open = _OpenAdd(self.next_index, (self.segment << records.SEGMENT_SHIFT) | self.next_index,
+                                           message.topic, topic)
             self.pending.append((self.segment, record))
-            self.segment_bytes += _ADD_OVERHEAD
+            self.segment_bytes += record.size
             self._open_cancellable = True
             self._mark_dirty()
         record.entries.append(entry)
@@ -229,8 +231,10 @@ class OwnerLog:
     def _entries_record(self, messages: Sequence[Message]) -> _PendingAdd:
         header_cache: dict[int, bytes] = {}
         entries = [self._entry(message, header_cache) for message in messages]
-        size = _ADD_OVERHEAD + sum(records.ADD_ENTRY.size + len(entry[5]) + len(entry[6]) for entry in entries)
-        return _PendingAdd(size, lambda first: records.encode_add(first, entries))
+        topic = records.topic_part(_common_topic(messages))
+        size = _ADD_OVERHEAD + len(topic) + sum(records.ADD_ENTRY.size + len(entry[5]) + len(entry[6])
+                                                for entry in entries)
+        return _PendingAdd(size, lambda first: records.encode_add(first, entries, topic))
 
     def _skip(self, position: int) -> None:
         _set_bit(self.skip_bits, position)
@@ -487,16 +491,18 @@ class OwnerLog:
 class _OpenAdd:
     """An ADD record still growing: single-copy appends of one loop turn, consecutive indexes from `first`."""
 
-    __slots__ = ("base", "entries", "first", "size")
+    __slots__ = ("base", "entries", "first", "size", "topic", "topic_part")
 
-    def __init__(self, first: int, base: int) -> None:
+    def __init__(self, first: int, base: int, topic: str | None, topic_part: bytes) -> None:
         self.first = first
         self.base = base  # position of the first entry
+        self.topic = topic
+        self.topic_part = topic_part
         self.entries: list[records.AddEntry] = []
-        self.size = _ADD_OVERHEAD
+        self.size = _ADD_OVERHEAD + len(topic_part)
 
     def encode(self) -> bytes:
-        return records.encode_add(self.first, self.entries)
+        return records.encode_add(self.first, self.entries, self.topic_part)
 
 
 @attrs.frozen(slots=True)
@@ -512,15 +518,23 @@ def _run_record(messages: Sequence[Message]) -> _PendingAdd | None:
     first = messages[0]
     timestamp = first.timestamp_ns
     expected = first.id
+    topic_name = first.topic
     size = records.HEADER.size + records.ADD_HEAD.size + records.RUN_HEAD.size
     for message in messages:
         if (message.id != expected or message.attempts or message.headers is not None
-                or message.expires_at is not None or message.due is not None or message.timestamp_ns != timestamp):
+                or message.expires_at is not None or message.due is not None or message.timestamp_ns != timestamp
+                or message.topic != topic_name):
             return None
         expected += 1
         size += 4 + len(message.body)
     bodies = [message.body for message in messages]
-    return _PendingAdd(size, lambda index: records.encode_run(index, first.id, timestamp, bodies))
+    topic = records.topic_part(topic_name)
+    return _PendingAdd(size + len(topic), lambda index: records.encode_run(index, first.id, timestamp, bodies, topic))
+
+
+def _common_topic(messages: Sequence[Message]) -> str | None:
+    topic = messages[0].topic
+    return topic if all(message.topic == topic for message in messages) else None
 
 
 def _message(entry: records.StoredEntry, segment: int, now: float, wall: int) -> Message:
@@ -528,6 +542,7 @@ def _message(entry: records.StoredEntry, segment: int, now: float, wall: int) ->
     message = Message(entry.id, entry.body, entry.timestamp_ns, records.decode_headers(entry.headers),  # type: ignore[arg-type]
                       expires, entry.attempts)
     message.pos = (segment << records.SEGMENT_SHIFT) | entry.index
+    message.topic = entry.topic
     if entry.due_wall_ns and entry.due_wall_ns > wall + DUE_TOLERANCE_NS:
         message.due = now + (entry.due_wall_ns - wall) / 1e9
     return message

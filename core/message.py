@@ -40,8 +40,7 @@ class Message:
         self.delivered_at = 0.0
         self.due: float | None = None
         self.pos = -1  # where its durable record is (`OwnerLog`); -1 = not stored
-        # The topic it was published to (MQKS shows it as `event=`); None after a restart, where
-        # the adapter falls back to its headers or the queue's binding.
+        # The topic it was published to (MQKS shows it as `event=`); stored with it (ADD records).
         self.topic = topic
 
     def copy(self) -> Message:

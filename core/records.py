@@ -35,6 +35,11 @@ META = 4  # a metadata change (JSON), in the meta journal
 
 ADD_HEAD = struct.Struct("<IIB")  # first index, count, flags
 ADD_HAS_DEFERRED = 1  # some message of the record has a due time
+# Every message of the record was published to one topic, named after the head (`u16 length, UTF-8`):
+# a queue bound to several topics (an MQKS queue of several events) shows each message's own.
+ADD_HAS_TOPIC = 4
+TOPIC_LENGTH = struct.Struct("<H")
+MAX_TOPIC_BYTES = 0xFFFF
 # A run: consecutive ids, one timestamp, no attempts, headers, TTL or due time (an MPUB batch). Its
 # payload after the head is `first id u64, timestamp u64, body lengths u32 x count, bodies`, so it is
 # written and read without per-message Python work.
@@ -127,16 +132,28 @@ class StoredEntry:
     due_wall_ns: int  # 0 = ready
     headers: bytes
     body: bytes
+    topic: str | None = None
 
 
 # One message of an ADD record: id, timestamp ns, attempts, expires wall ns, due wall ns, headers, body.
 AddEntry = tuple[int, int, int, int, int, bytes, bytes]
 
 
-def encode_add(first_index: int, entries: Sequence[AddEntry]) -> bytes:
-    """`entries`: (id, timestamp ns, attempts, expires wall ns, due wall ns, headers json, body)."""
+def topic_part(topic: str | None) -> bytes:
+    """What an ADD record carries after its head for `topic` (nothing when unknown or too long)."""
+    if topic is None:
+        return b""
+    raw = topic.encode()
+    return TOPIC_LENGTH.pack(len(raw)) + raw if len(raw) <= MAX_TOPIC_BYTES else b""
+
+
+def encode_add(first_index: int, entries: Sequence[AddEntry], topic: bytes = b"") -> bytes:
+    """`entries`: (id, timestamp ns, attempts, expires wall ns, due wall ns, headers json, body);
+    `topic`: `topic_part()` of the topic every entry was published to, or empty."""
     flags = ADD_HAS_DEFERRED if any(entry[4] for entry in entries) else 0
-    parts = [ADD_HEAD.pack(first_index, len(entries), flags)]
+    if topic:
+        flags |= ADD_HAS_TOPIC
+    parts = [ADD_HEAD.pack(first_index, len(entries), flags), topic]
     pack = ADD_ENTRY.pack
     for message_id, timestamp, attempts, expires, due, headers, body in entries:
         parts.append(pack(message_id, timestamp, attempts, expires, due, len(headers), len(body)))
@@ -146,10 +163,21 @@ def encode_add(first_index: int, entries: Sequence[AddEntry]) -> bytes:
     return frame(ADD, b"".join(parts))
 
 
-def encode_run(first_index: int, first_id: int, timestamp_ns: int, bodies: Sequence[bytes]) -> bytes:
+def encode_run(first_index: int, first_id: int, timestamp_ns: int, bodies: Sequence[bytes],
+               topic: bytes = b"") -> bytes:
     lengths = array("I", map(len, bodies))
-    return frame(ADD, b"".join((ADD_HEAD.pack(first_index, len(bodies), ADD_RUN), RUN_HEAD.pack(first_id, timestamp_ns),
-                                lengths.tobytes(), *bodies)))
+    flags = ADD_RUN | ADD_HAS_TOPIC if topic else ADD_RUN
+    return frame(ADD, b"".join((ADD_HEAD.pack(first_index, len(bodies), flags), topic,
+                                RUN_HEAD.pack(first_id, timestamp_ns), lengths.tobytes(), *bodies)))
+
+
+def _topic(payload: memoryview, flags: int) -> tuple[str | None, int]:
+    """The record's topic (if it names one) and the offset right after it."""
+    if not flags & ADD_HAS_TOPIC:
+        return None, ADD_HEAD.size
+    (length,) = TOPIC_LENGTH.unpack_from(payload, ADD_HEAD.size)
+    start = ADD_HEAD.size + TOPIC_LENGTH.size
+    return bytes(payload[start : start + length]).decode("utf-8", "replace"), start + length
 
 
 def add_head(payload: memoryview) -> tuple[int, int, int]:
@@ -160,10 +188,10 @@ def add_head(payload: memoryview) -> tuple[int, int, int]:
 def decode_add(payload: memoryview, skip: int = 0) -> Iterator[StoredEntry]:
     """The entries of an ADD payload, from entry number `skip` on."""
     first, count, flags = ADD_HEAD.unpack_from(payload, 0)
+    topic, offset = _topic(payload, flags)
     if flags & ADD_RUN:
-        yield from _decode_run(payload, first, count, skip)
+        yield from _decode_run(payload, first, count, skip, offset, topic)
         return
-    offset = ADD_HEAD.size
     unpack = ADD_ENTRY.unpack_from
     entry_size = ADD_ENTRY.size
     for number in range(count):
@@ -172,19 +200,20 @@ def decode_add(payload: memoryview, skip: int = 0) -> Iterator[StoredEntry]:
         if number >= skip:
             headers = bytes(payload[offset : offset + headers_len])
             body = bytes(payload[offset + headers_len : offset + headers_len + body_len])
-            yield StoredEntry(first + number, message_id, timestamp, attempts, expires, due, headers, body)
+            yield StoredEntry(first + number, message_id, timestamp, attempts, expires, due, headers, body, topic)
         offset += headers_len + body_len
 
 
-def _decode_run(payload: memoryview, first: int, count: int, skip: int) -> Iterator[StoredEntry]:
-    first_id, timestamp = RUN_HEAD.unpack_from(payload, ADD_HEAD.size)
+def _decode_run(payload: memoryview, first: int, count: int, skip: int, head_end: int,
+                topic: str | None) -> Iterator[StoredEntry]:
+    first_id, timestamp = RUN_HEAD.unpack_from(payload, head_end)
     lengths = array("I")
-    start = ADD_HEAD.size + RUN_HEAD.size
+    start = head_end + RUN_HEAD.size
     lengths.frombytes(payload[start : start + 4 * count])
     offset = start + 4 * count + sum(lengths[:skip])
     for number in range(skip, count):
         end = offset + lengths[number]
-        yield StoredEntry(first + number, first_id + number, timestamp, 0, 0, 0, b"", bytes(payload[offset:end]))
+        yield StoredEntry(first + number, first_id + number, timestamp, 0, 0, 0, b"", bytes(payload[offset:end]), topic)
         offset = end
 
 

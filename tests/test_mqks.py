@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from polymq.codecs import nsq_client
 from polymq.codecs.mqks_client import parse_delivery, parse_response
 
 from support.gateway import GatewayProcess, running_gateway
 from support.mqks_wire import Closed, MQKSWire
+from support.nsq_wire import RawClient
 
 
 @pytest.fixture
@@ -189,3 +191,21 @@ def test_an_unacked_delivery_seen_before_kill_9_comes_back_with_a_higher_retry(d
         client.send(b"c1 consume uq --manual-ack")
         got = {d.msg_id: d.retry for d in client.deliveries(20)}
         assert got == {"m0": 2, **{f"m{n}": 1 for n in range(1, 20)}}
+
+
+def test_messages_from_nsq_keep_their_event_across_a_restart(data_dir: Path) -> None:
+    # The store keeps each message's topic, so a queue bound to several events shows the right one.
+    with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client:
+        client.send(b"r1 rebind --confirm multi ev_a ev_b")
+        assert client.line() == b"r1 ok "
+        with RawClient(gateway.nsq_tcp) as nsq:
+            for topic, body in (("ev_a", b"one"), ("ev_b", b"two"), ("ev_a", b"three")):
+                nsq.send(nsq_client.pub(topic, body))
+                nsq.expect_response(b"OK")
+            nsq.send(nsq_client.mpub("ev_b", [b"four", b"five"]))
+            nsq.expect_response(b"OK")
+        assert gateway.stop(signal.SIGKILL) == -signal.SIGKILL
+    with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client:
+        client.send(b"c1 consume multi")
+        assert [(d.event, d.body) for d in client.deliveries(5)] == [
+            ("ev_a", b"one"), ("ev_b", b"two"), ("ev_a", b"three"), ("ev_b", b"four"), ("ev_b", b"five")]
