@@ -68,3 +68,15 @@ def test_scan_keeps_every_intact_record_around_damage(bodies: list[bytes], data:
     found = [next(records.decode_add(payload)).body for _offset, _type, payload in records.scan(stream, 0, damage)]
     assert found == bodies[:victim] + bodies[victim + 1 :]
     assert damage
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=12),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                        max_size=3), max_leaves=8)
+
+
+@given(headers=st.none() | st.dictionaries(st.text(max_size=10), st.text(max_size=20), max_size=4)
+       | st.dictionaries(st.text(max_size=6), json_values, max_size=4))
+def test_headers_round_trip(headers: object) -> None:
+    # The fast paths (string-valued dicts out, `raw_decode` in) agree with JSON for any headers.
+    assert records.decode_headers(records.encode_headers(headers)) == headers
