@@ -9,8 +9,9 @@ Model (ARCHITECTURE §3): `publish e` publishes to engine topic `e`, dropped whe
 bound (MQKS's rule); `consume q e1 e2` makes engine queue `q` bound to topics `e1`, `e2`. An
 MQKS consumer is an engine consumer: auto-ack ones hold a window of deliveries not yet written
 (credit comes back as the writer sends), manual-ack ones a window of unacknowledged messages.
-The publisher's msg_id and the event travel in the message headers; messages published by other
-protocols show the engine id (16 hex digits, as NSQ shows it) and their topic.
+The publisher's msg_id travels in the message headers and the event is the message's topic;
+messages published by other protocols show the engine id (16 hex digits, as NSQ shows it).
+Consecutive publishes to one event in one read are published as one batch.
 
 Where polymq differs from the original on purpose (mqks-notes §9, README "MQKS"): a TAB answers
 `{id} error …` instead of dropping the client; `_eval` answers stats expressions only; a
