@@ -33,8 +33,11 @@ lint: install
 test: install interop-envs system-tools lint
 	$(BIN)/pytest
 
+# Against a gateway already running on the default ports (`make serve`).
 bench: install
 	$(BIN)/polymq bench nsq --tcp 127.0.0.1:4150 --http 127.0.0.1:4151
+	$(BIN)/polymq bench mqks --addr 127.0.0.1:25000
 
 conformance: install
 	$(BIN)/polymq conformance nsq --tcp 127.0.0.1:4150 --http 127.0.0.1:4151
+	$(BIN)/polymq conformance mqks --addr 127.0.0.1:25000
