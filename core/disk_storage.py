@@ -156,9 +156,13 @@ class OwnerLog:
 
     def append(self, messages: Sequence[Message], keep: int | None = None) -> None:
         """Store new copies. With `keep`, only the first `keep` stay in memory; the rest are spilled."""
-        if len(messages) == 1 and (keep is None or keep >= 1) and not self.spilled and not self.destroyed:
-            self._append_open(messages[0])
-            return
+        if len(messages) == 1 and not self.destroyed:
+            if keep == 0:
+                self._append_open(messages[0], spill=True)
+                return
+            if not self.spilled:
+                self._append_open(messages[0], spill=False)
+                return
         self._settle()
         if self.destroyed or not messages:
             return
@@ -188,7 +192,8 @@ class OwnerLog:
             self.cursor = (self.segment, offset, keep)
         self.spilled += len(messages) - keep
 
-    def _append_open(self, message: Message) -> None:
+    def _append_open(self, message: Message, *, spill: bool) -> None:
+        """One copy into the open record; with `spill`, on disk only (read back from the cursor)."""
         entry = self._entry(message, {})
         size = records.ADD_ENTRY.size + len(entry[5]) + len(entry[6])
         record = self._open
@@ -198,11 +203,16 @@ class OwnerLog:
             if self.segment_bytes and self.segment_bytes + _ADD_OVERHEAD + len(topic) + size > SEGMENT_BYTES:
                 self._roll()
             record = self._open = _OpenAdd(self.next_index, (self.segment << records.SEGMENT_SHIFT) | self.next_index,
-                                           message.topic, topic)
+                                           message.topic, topic, self.segment_bytes)
             self.pending.append((self.segment, record))
             self.segment_bytes += record.size
             self._open_cancellable = True
             self._mark_dirty()
+        if spill:
+            if not self.spilled:
+                # The reader starts at this entry of the record once it is on disk.
+                self.cursor = (self.segment, record.offset, len(record.entries))
+            self.spilled += 1
         record.entries.append(entry)
         record.size += size
         self.segment_bytes += size
@@ -491,11 +501,12 @@ class OwnerLog:
 class _OpenAdd:
     """An ADD record still growing: single-copy appends of one loop turn, consecutive indexes from `first`."""
 
-    __slots__ = ("base", "entries", "first", "size", "topic", "topic_part")
+    __slots__ = ("base", "entries", "first", "offset", "size", "topic", "topic_part")
 
-    def __init__(self, first: int, base: int, topic: str | None, topic_part: bytes) -> None:
+    def __init__(self, first: int, base: int, topic: str | None, topic_part: bytes, offset: int) -> None:
         self.first = first
         self.base = base  # position of the first entry
+        self.offset = offset  # where the record starts in its segment
         self.topic = topic
         self.topic_part = topic_part
         self.entries: list[records.AddEntry] = []

@@ -1130,3 +1130,23 @@ def test_single_publishes_of_one_turn_share_one_add_record(open_store: Callable[
     store.storage.complete(job, written, callbacks)
     store.close()
     assert bodies(open_store().engine, "q") == []
+
+
+def test_spilled_single_publishes_of_one_turn_share_the_record_and_read_back_in_order(
+        open_store: Callable[..., Store]) -> None:
+    store = new_bound_store(open_store, mem_queue_size=2)
+    store.commit()
+    payloads = names("s", 5)
+    for payload in payloads:
+        store.engine.publish("t", payload)
+    queue = store.queue("q")
+    assert (len(queue.ready), queue.depth) == (2, 5)  # 3 on disk only, from the middle of the record
+    job, written, callbacks = store.storage.prepare()
+    assert _queue_records(job, "q") == [(records.ADD, payloads)]
+    store.writer.run(job)
+    store.storage.complete(job, written, callbacks)
+    _consumer, got = consume(store.engine, "q")
+    assert [m.body for m in got] == payloads
+    store.close()
+    store = open_store(mem_queue_size=2)
+    assert bodies(store.engine, "q") == payloads  # in flight when closed: back, in order
