@@ -18,15 +18,11 @@ from click.testing import CliRunner
 
 from polymq.conformance.mqks import checks, command
 
+from support.fake_tcp import POLL_S, fake_server, serving
 from support.gateway import GatewayProcess
 
-Reply = Callable[[bytes], bytes]
 # A rewrite of one server line (without its `\n`) into the lines the client gets instead.
 Rewrite = Callable[[bytes], list[bytes]]
-
-# The fakes and the proxy poll their sockets this often for the stop flag.
-POLL_S = 0.2
-
 
 def run_suite(*args: str) -> tuple[int, list[str]]:
     result = CliRunner().invoke(command, list(args), catch_exceptions=False)
@@ -36,56 +32,6 @@ def run_suite(*args: str) -> tuple[int, list[str]]:
 def address_of(gateway: GatewayProcess) -> str:
     host, port = gateway.host_port("mqks")
     return f"{host}:{port}"
-
-
-@contextlib.contextmanager
-def _serving(handle: Callable[[socket.socket, threading.Event], None]) -> Iterator[str]:
-    """Accept connections on 127.0.0.1 and run `handle(conn, stop)` for each in a thread."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(POLL_S)
-    stop = threading.Event()
-
-    def accept_loop() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=handle, args=(conn, stop), daemon=True).start()
-
-    thread = threading.Thread(target=accept_loop, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        listener.close()
-
-
-@contextlib.contextmanager
-def fake_server(reply: Reply) -> Iterator[str]:
-    """A TCP server answering every chunk it reads with `reply(chunk)`; never closes first."""
-
-    def serve_conn(conn: socket.socket, stop: threading.Event) -> None:
-        with conn:
-            conn.settimeout(POLL_S)
-            while not stop.is_set():
-                try:
-                    data = conn.recv(65536)
-                except TimeoutError:
-                    continue
-                except OSError:
-                    return
-                if not data:
-                    return
-                with contextlib.suppress(OSError):
-                    conn.sendall(reply(data))
-
-    with _serving(serve_conn) as address:
-        yield address
 
 
 @contextlib.contextmanager
@@ -122,7 +68,7 @@ def rewriting_proxy(upstream: tuple[str, int], rewrite: Rewrite) -> Iterator[str
             pump(server, client, stop, True)
             up.join()
 
-    with _serving(serve_conn) as address:
+    with serving(serve_conn) as address:
         yield address
 
 
@@ -200,7 +146,7 @@ def test_suite_fails_against_a_server_that_closes() -> None:
             conn.settimeout(POLL_S * 10)
             conn.recv(65536)  # the first request, then close without answering
 
-    with _serving(closing) as address:
+    with serving(closing) as address:
         code, lines = run_suite("--addr", address, "--timeout", "1", "--only", "short-line")
     assert code == 1
     assert lines[0].startswith("FAIL short-line-none-error: b'pg3 ping' (expected None error <24-char error id>, "

@@ -2,67 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-from collections.abc import Callable, Iterator
-
 import pytest
 from click.testing import CliRunner
 
 from polymq.codecs.nsq import FRAME_OK
 from polymq.conformance.nsq import checks, command
 
+from support.fake_tcp import fake_server
 from support.gateway import GatewayProcess
-
-Reply = Callable[[bytes], bytes]
 
 
 def run_suite(*args: str) -> tuple[int, list[str]]:
     result = CliRunner().invoke(command, list(args), catch_exceptions=False)
     return result.exit_code, result.output.splitlines()
-
-
-@contextlib.contextmanager
-def fake_server(reply: Reply) -> Iterator[str]:
-    """A TCP server answering every chunk it reads with `reply(chunk)`; never closes first."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve_conn(conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(0.2)
-            while not stop.is_set():
-                try:
-                    data = conn.recv(65536)
-                except TimeoutError:
-                    continue
-                except OSError:
-                    return
-                if not data:
-                    return
-                with contextlib.suppress(OSError):
-                    conn.sendall(reply(data))
-
-    def accept_loop() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=serve_conn, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=accept_loop, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        listener.close()
 
 
 @pytest.mark.slow
