@@ -328,11 +328,39 @@ class WorkerGroup:
             tick(shared)
 
 
-def cpu_share(pid: int | None, start: tuple[float, float, float] | None,
-              wall_s: float) -> tuple[float, float, float] | None:
-    """(user, system, wait) of `pid` since `start` as shares of `wall_s`; None without both readings."""
-    end = process_cpu_s(pid) if pid else None
-    if not start or not end:
-        return None
-    wall = max(wall_s, 1e-9)
-    return ((end[0] - start[0]) / wall, (end[1] - start[1]) / wall, (end[2] - start[2]) / wall)
+class RunWatch:
+    """What a scenario's ticks track in both benches: when the run started, the server's CPU reading
+    then, and how long the message counts have stood still."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+        self.started = 0.0
+        self._cpu_start: tuple[float, float, float] | None = None
+        self._last_total = -1
+        self._last_change = 0.0
+
+    def start(self) -> None:
+        if not self.started:
+            self.started = self._last_change = time.monotonic()
+            if self.server_pid:
+                self._cpu_start = process_cpu_s(self.server_pid)
+
+    def tick(self, total: int) -> tuple[float, float]:
+        """(seconds since the start, seconds `total` has not changed)."""
+        self.start()
+        now = time.monotonic()
+        if total != self._last_total:
+            self._last_total, self._last_change = total, now
+        return now - self.started, now - self._last_change
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started if self.started else 0.0
+
+    def cpu_share(self, wall_s: float) -> tuple[float, float, float] | None:
+        """(user, system, wait) of the server since the start as shares of `wall_s`; None without readings."""
+        end = process_cpu_s(self.server_pid) if self.server_pid else None
+        start = self._cpu_start
+        if not start or not end:
+            return None
+        wall = max(wall_s, 1e-9)
+        return ((end[0] - start[0]) / wall, (end[1] - start[1]) / wall, (end[2] - start[2]) / wall)

@@ -514,10 +514,7 @@ class _Scenario:
         self.plans = [WorkerPlan(opts.host, opts.port, opts.size, self.sub_slots, tuple(group)) for group in groups]
         self.result = ScenarioResult(name, n, n, processes, opts.interval_s if paced else 0.0)
         self.progress = common.Progress(enabled=None if opts.progress else False)
-        self._start_mono = 0.0
-        self._last_total = -1
-        self._last_change = 0.0
-        self._cpu_start: tuple[float, float, float] | None = None
+        self.watch = common.RunWatch(opts.server_pid)
 
     def run(self) -> ScenarioResult:
         group = common.WorkerGroup(_worker_main, self.plans, len(self.pub_slots) + len(self.sub_slots),
@@ -529,27 +526,17 @@ class _Scenario:
         finally:
             self.progress.done()
         self._collect(start_ns, [r for worker in results for r in worker])
-        share = common.cpu_share(self.opts.server_pid, self._cpu_start,
-                                 max(self.result.pub_seconds, self.result.e2e_seconds))
-        if share is not None:
-            self.result.server_cpu = share
+        self.result.server_cpu = self.watch.cpu_share(max(self.result.pub_seconds, self.result.e2e_seconds))
         return self.result
 
     def _tick(self, shared: common.SharedState) -> None:
-        now = time.monotonic()
-        if not self._start_mono:
-            self._start_mono = self._last_change = now
-            if self.opts.server_pid:
-                self._cpu_start = common.process_cpu_s(self.opts.server_pid)
         published = sum(shared.counters[s] for s in self.pub_slots)
         consumed = sum(shared.counters[s] for s in self.sub_slots)
         total = published + consumed
-        if total != self._last_total:
-            self._last_total, self._last_change = total, now
-        elif now - self._last_change > STALL_TIMEOUT_S:
+        elapsed, still = self.watch.tick(total)
+        if still > STALL_TIMEOUT_S:
             self.result.stalled = True
             shared.stop.value = 1
-        elapsed = now - self._start_mono
         self.progress.update(self.name, total / (2 * self.total),
                              f"pub {published:,} ({published / elapsed if elapsed else 0:,.0f}/s)  "
                              f"sub {consumed:,} ({consumed / elapsed if elapsed else 0:,.0f}/s)")
@@ -599,7 +586,8 @@ class _ClientScenario:
 
         from polymq.adapters.mqks_client import MQKSError
 
-        cpu_start = common.process_cpu_s(self.opts.server_pid) if self.opts.server_pid else None
+        watch = common.RunWatch(self.opts.server_pid)
+        watch.start()
         try:
             start_ns, pub_end_ns = trio.run(self._main)
         except (OSError, MQKSError) as exc:
@@ -611,9 +599,7 @@ class _ClientScenario:
         r.e2e_seconds = max(0.0, (self.last_ns - start_ns) / 1e9) if self.last_ns else 0.0
         r.latency = common.summarize(common.sparse(self.latency))
         r.avg_latency_us = self.latency_sum_us / r.consumed if r.consumed else 0.0
-        share = common.cpu_share(self.opts.server_pid, cpu_start, max(r.pub_seconds, r.e2e_seconds))
-        if share is not None:
-            r.server_cpu = share
+        r.server_cpu = watch.cpu_share(max(r.pub_seconds, r.e2e_seconds))
         return r
 
     def _on_msg(self, message: Any) -> None:

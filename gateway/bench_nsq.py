@@ -582,11 +582,8 @@ class _Scenario:
         ]
         self.result = ScenarioResult(name, topic, n_pubs, sub, processes)
         self.progress = common.Progress(enabled=None if opts.progress else False)
-        self._start_mono = 0.0
-        self._last_total = -1
-        self._last_change = 0.0
+        self.watch = common.RunWatch(opts.server_pid)
         self._pubs_done_at: float | None = None
-        self._cpu_start: tuple[float, float, float] | None = None
 
     def run(self) -> ScenarioResult:
         target = self.sub_target if self.sub_target is not None else -1
@@ -598,18 +595,12 @@ class _Scenario:
         finally:
             self.progress.done()
         self._collect(start_ns, [r for worker in results for r in worker])
-        share = common.cpu_share(self.opts.server_pid, self._cpu_start, max(
-            self.result.pub_seconds, self.result.sub_seconds, time.monotonic() - self._start_mono))
-        if share is not None:
-            self.result.server_cpu = share
+        self.result.server_cpu = self.watch.cpu_share(
+            max(self.result.pub_seconds, self.result.sub_seconds, self.watch.elapsed()))
         return self.result
 
     def _tick(self, shared: common.SharedState) -> None:
         now = time.monotonic()
-        if not self._start_mono:
-            self._start_mono = self._last_change = now
-            if self.opts.server_pid:
-                self._cpu_start = common.process_cpu_s(self.opts.server_pid)
         published = sum(shared.counters[s] for s in self.pub_slots)
         consumed = sum(shared.counters[s] for s in self.sub_slots)
         # Duration mode with publishers: the consumers' target is what was published.
@@ -617,14 +608,12 @@ class _Scenario:
             shared.target.value = published
             self._pubs_done_at = now
         total = published + consumed
-        if total != self._last_total:
-            self._last_total, self._last_change = total, now
-        elif now - self._last_change > STALL_TIMEOUT_S or (
-            self._pubs_done_at is not None and now - self._pubs_done_at > DRAIN_TIMEOUT_S
-        ):
+        elapsed, still = self.watch.tick(total)
+        # The drain deadline counts only while nothing moves (`still` is 0 on a tick that saw progress).
+        if still > STALL_TIMEOUT_S or (still and self._pubs_done_at is not None
+                                       and now - self._pubs_done_at > DRAIN_TIMEOUT_S):
             self.result.stalled = True
             shared.stop.value = 1
-        elapsed = now - self._start_mono
         if self.opts.duration_s is not None and self.pub_slots:
             fraction = elapsed / self.opts.duration_s
         else:
