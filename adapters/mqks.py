@@ -339,6 +339,9 @@ class MQKSSession:
         self._sending = True
         try:
             while self.out:
+                # The auto-ack credit of exactly the lines this round sends comes back after it.
+                released = self._unreleased
+                self._unreleased = {}
                 if self._delivered_unstored:
                     # Only what was queued before the sync may go: later deliveries wait for the next.
                     self._delivered_unstored = False
@@ -349,8 +352,6 @@ class MQKSSession:
                 else:
                     lines = self.out
                     self.out = []
-                released = self._unreleased
-                self._unreleased = {}
                 data = b"".join(lines)
                 self._out_bytes -= len(data)
                 await self.transport.send_all(data)

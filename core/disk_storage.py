@@ -119,8 +119,9 @@ class OwnerLog:
         # What recovery found, for the engine to take (`take_recovered`).
         self.recovered_ready: list[Message] = []
         self.recovered_deferred: list[Message] = []
-        # (first position, copies, states count) of the ADD that is still the last pending record, and
-        # the positions of its copies already gone: their DONE is held back (see `removed`).
+        # (first position, copies, bytes) of a batch's ADD that is still the last pending record, and
+        # the positions of the copies of the last pending ADD already gone: their DONE is held back
+        # (see `removed`). A STATE naming one of its copies ends that (`_pin`).
         self._cancellable: tuple[int, int, int] | None = None
         self._withheld: list[int] = []
         # The ADD record single-copy appends of this loop turn share (publishers of one message at a
@@ -179,8 +180,7 @@ class OwnerLog:
         self.next_index = first + len(messages)
         self.live[self.segment] += len(messages)
         if keep is None or keep >= len(messages):
-            self._cancellable = (base, len(messages), len(self.states))
-        if keep is None or keep >= len(messages):
+            self._cancellable = (base, len(messages), record.size)
             if self.spilled:
                 for message in messages:  # kept in memory, yet after the cursor: the reader skips them
                     self._skip(message.pos)
@@ -249,6 +249,13 @@ class OwnerLog:
     def _skip(self, position: int) -> None:
         _set_bit(self.skip_bits, position)
 
+    def _cancel_candidate(self) -> tuple[int, int, int] | None:
+        """(first position, copies, bytes) of the last pending ADD while it may still be cancelled."""
+        record = self._open
+        if record is not None:
+            return (record.base, len(record.entries), record.size) if self._open_cancellable else None
+        return self._cancellable
+
     def _settle(self) -> None:
         """The last pending ADD is complete: no more appends to it, no cancelling."""
         self._open = None
@@ -268,35 +275,21 @@ class OwnerLog:
         if position < 0 or self.destroyed:
             return
         message.pos = -1
-        record = self._open
-        if record is not None and self._open_cancellable and 0 <= position - record.base < len(record.entries):
-            # As below, for the open record: gone in the same turn it was added.
+        candidate = self._cancel_candidate()
+        if candidate is not None and 0 <= position - candidate[0] < candidate[1]:
+            # Added and gone in the same loop turn (an auto-ack consumer was waiting). While its ADD
+            # is the last pending record, the DONE waits; once every copy of it is gone, neither the
+            # ADD nor a DONE is ever written. Positions are explicit in ADD records, so the unused
+            # indexes shift nothing.
             self.live[position >> records.SEGMENT_SHIFT] -= 1
             withheld = self._withheld
             withheld.append(position)
-            if len(withheld) == len(record.entries):
-                self._open = None
+            if len(withheld) == candidate[1]:
+                self._open = self._cancellable = None
                 withheld.clear()
                 self.pending.pop()
-                self.segment_bytes -= record.size
+                self.segment_bytes -= candidate[2]
             return
-        cancellable = self._cancellable
-        if cancellable is not None:
-            first, count, states = cancellable
-            if first <= position < first + count and states == len(self.states):
-                # Added and gone in the same loop turn (an auto-ack consumer was waiting). While its ADD
-                # is the last pending record, the DONE waits; once every copy of it is gone, neither
-                # the ADD nor a DONE is ever written. Positions are explicit in ADD records, so the
-                # unused indexes shift nothing.
-                self.live[position >> records.SEGMENT_SHIFT] -= 1
-                withheld = self._withheld
-                withheld.append(position)
-                if len(withheld) == count:
-                    self._cancellable = None
-                    withheld.clear()
-                    _, record = self.pending.pop()
-                    self.segment_bytes -= len(record)
-                return
         self.done.append(position)
         segment = position >> records.SEGMENT_SHIFT
         live = self.live.get(segment)

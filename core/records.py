@@ -254,7 +254,7 @@ def encode_headers(headers: object) -> bytes:
     if headers is None:
         return b""
     if type(headers) is dict:
-        # The common shape (string keys and values, e.g. an MQKS publisher's msg_id and event) is
+        # The common shape (string keys and values, e.g. an MQKS publisher's msg_id) is
         # joined from the C string encoder: a quarter of the time of a full JSON encode per message.
         parts = []
         for key, value in headers.items():
