@@ -14,6 +14,7 @@ import multiprocessing.context
 import multiprocessing.sharedctypes
 import os
 import queue
+import selectors
 import sys
 import time
 import traceback
@@ -364,3 +365,34 @@ class RunWatch:
             return None
         wall = max(wall_s, 1e-9)
         return ((end[0] - start[0]) / wall, (end[1] - start[1]) / wall, (end[2] - start[2]) / wall)
+
+
+def run_selector(conns: Sequence[Any], idle_poll_s: float) -> None:
+    """Drive several benchmark connections in one process until each is `finished`.
+
+    A connection has `sock`, `finished`, `sending` (wants its socket writable), `on_writable()`,
+    `on_readable()` and `on_idle()` (called every `idle_poll_s` for deadlines and stop signals of
+    connections that had nothing to read)."""
+    selector = selectors.DefaultSelector()
+    for conn in conns:
+        selector.register(conn.sock, selectors.EVENT_WRITE if conn.sending else selectors.EVENT_READ, conn)
+    live = set(conns)
+    next_idle = time.monotonic() + idle_poll_s
+    while live:
+        for key, events in selector.select(idle_poll_s):
+            conn = key.data
+            if events & selectors.EVENT_WRITE:
+                conn.on_writable()
+                if not conn.sending:
+                    selector.modify(conn.sock, selectors.EVENT_READ, conn)
+            else:
+                conn.on_readable()
+        now = time.monotonic()
+        if now >= next_idle:
+            next_idle = now + idle_poll_s
+            for conn in live:
+                conn.on_idle()
+        for conn in [c for c in live if c.finished]:
+            selector.unregister(conn.sock)
+            live.discard(conn)
+    selector.close()

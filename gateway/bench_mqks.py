@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import selectors
 import socket
 import struct
 import sys
@@ -152,6 +151,7 @@ class _Conn:
         self.count = 0
         self.last_ns = 0
         self.finished = False
+        self.sending = False  # wants its socket writable (`common.run_selector`)
 
     def _lines(self, max_bytes: int) -> list[bytes] | None:
         """The complete lines of one recv(); None on the idle timeout."""
@@ -174,6 +174,13 @@ class _Conn:
         self.sock.close()
 
     def on_readable(self) -> None:
+        raise NotImplementedError
+
+    def on_writable(self) -> None:
+        raise NotImplementedError
+
+    def on_idle(self) -> None:
+        """Nothing to read for a while: notice the stop signal."""
         raise NotImplementedError
 
     def result(self) -> dict[str, Any]:
@@ -226,6 +233,10 @@ class _Publisher(_Conn):
             if shared.stop.value:
                 break
         self._send_ping()
+
+    def on_idle(self) -> None:
+        if self.shared.stop.value and not self.sending:
+            self._finish()
 
     def _send_ping(self) -> None:
         self.sending = False
@@ -337,6 +348,9 @@ class _Consumer(_Conn):
             self.redelivered += 1
         return int(delivery.body[:STAMP_DIGITS])
 
+    def on_idle(self) -> None:
+        self._check_stop()
+
     def _check_stop(self) -> None:
         shared = self.shared
         target = shared.target.value
@@ -366,7 +380,7 @@ def _worker_main(plan: WorkerPlan, shared: common.SharedState, index: int) -> li
         if len(conns) == 1:
             _run_single(conns[0], start_mono)
         else:
-            _run_selector(conns)
+            common.run_selector(conns, IDLE_POLL_S)
         return [conn.result() for conn in conns]
     finally:
         for conn in conns:
@@ -382,38 +396,6 @@ def _run_single(conn: _Conn, start_mono: float) -> None:
                 conn.on_writable()
     while not conn.finished:
         conn.on_readable()
-
-
-def _run_selector(conns: list[_Conn]) -> None:
-    """Several connections in one process (throughput scenarios only): publishers send a chunk
-    whenever their socket is writable, everyone reads whatever is readable."""
-    selector = selectors.DefaultSelector()
-    for conn in conns:
-        sending = isinstance(conn, _Publisher) and conn.sending
-        selector.register(conn.sock, selectors.EVENT_WRITE if sending else selectors.EVENT_READ, conn)
-    live = set(conns)
-    next_idle = time.monotonic() + IDLE_POLL_S
-    while live:
-        for key, events in selector.select(IDLE_POLL_S):
-            conn = key.data
-            if events & selectors.EVENT_WRITE:
-                conn.on_writable()
-                if not conn.sending:
-                    selector.modify(conn.sock, selectors.EVENT_READ, conn)
-            else:
-                conn.on_readable()
-        now = time.monotonic()
-        if now >= next_idle:  # stop signals for connections that had nothing to read
-            next_idle = now + IDLE_POLL_S
-            for conn in live:
-                if isinstance(conn, _Consumer):
-                    conn._check_stop()
-                elif conn.shared.stop.value and not conn.sending:
-                    conn._finish()
-        for conn in [c for c in live if c.finished]:
-            selector.unregister(conn.sock)
-            live.discard(conn)
-    selector.close()
 
 
 # --- parent side --------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import selectors
 import socket
 import struct
 import sys
@@ -149,6 +148,8 @@ def _set_read_timeout(sock: socket.socket, seconds: float) -> None:
 
 class _Conn:
     """One connection to the server; subclasses do the publishing or the consuming."""
+
+    sending = False  # writes stay blocking: never waits for writability (`common.run_selector`)
 
     def __init__(self, spec: ConnSpec, plan: WorkerPlan, shared: common.SharedState, recv_bytes: int) -> None:
         self.spec = spec
@@ -431,32 +432,11 @@ def _worker_main(plan: WorkerPlan, shared: common.SharedState, index: int) -> li
             while not conn.finished:
                 conn.on_readable()
         else:
-            _run_selector(conns)
+            common.run_selector(conns, IDLE_POLL_S)
         return [conn.result() for conn in conns]
     finally:
         for conn in conns:
             conn.close()
-
-
-def _run_selector(conns: list[_Conn]) -> None:
-    """Several connections in one process: read whichever is readable (writes stay blocking)."""
-    selector = selectors.DefaultSelector()
-    for conn in conns:
-        selector.register(conn.sock, selectors.EVENT_READ, conn)  # type: ignore[arg-type]
-    live = set(conns)
-    next_idle = time.monotonic() + IDLE_POLL_S
-    while live:
-        for key, _ in selector.select(IDLE_POLL_S):
-            key.data.on_readable()
-        now = time.monotonic()
-        if now >= next_idle:  # deadlines and stop signals of connections that had nothing to read
-            next_idle = now + IDLE_POLL_S
-            for conn in live:
-                conn.on_idle()
-        for conn in [c for c in live if c.finished]:
-            selector.unregister(conn.sock)  # type: ignore[arg-type]
-            live.discard(conn)
-    selector.close()
 
 
 # --- parent side --------------------------------------------------------------------------
