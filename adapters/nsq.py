@@ -206,6 +206,14 @@ class _Close(Exception):
     """Ends the session after the output written so far has been flushed."""
 
 
+class _Fatal(Exception):
+    """A command's fatal error: sent (after the answers to earlier publishes) by the read loop."""
+
+    def __init__(self, error: nsq.ProtocolError) -> None:
+        super().__init__(error.frame_text.decode("utf-8", "replace"))
+        self.error = error
+
+
 class NSQSession:
     def __init__(self, server: NSQServer, transport: Transport) -> None:
         self.server = server
@@ -362,22 +370,22 @@ class NSQSession:
                 if event is nsq.NEED_DATA:
                     break
                 if isinstance(event, nsq.ProtocolError):
-                    if event.fatal and self._pending_publishes:
-                        # Earlier publishes are answered first, as nsqd answers one command at a time.
-                        self._reading = False
-                        await self._stored()
-                    self._send_error(event)
                     if event.fatal:
-                        raise _Close(event.frame_text.decode("utf-8", "replace"))
+                        await self._send_fatal(event)
+                    self._send_error(event)
                     continue
                 if isinstance(event, nsq.CloseSilently):
                     raise _Close(event.reason)
                 handler = self._handlers[type(event)]
-                result = handler(self, event)
-                if result is not None:  # a command that must await (IDENTIFY upgrade, AUTH)
-                    self._reading = False
-                    await result
-                    self._reading = True
+                try:
+                    result = handler(self, event)
+                    if result is not None:  # a command that must await (IDENTIFY upgrade, AUTH)
+                        self._reading = False
+                        await result
+                        self._reading = True
+                except _Fatal as fatal:
+                    self.codec.closed()
+                    await self._send_fatal(fatal.error)
             if self._refill:
                 self._refill = False
                 if self.consumer is not None:
@@ -576,9 +584,16 @@ class NSQSession:
         self._send(nsq.frame_response(json.dumps(reply, separators=(",", ":")).encode()))
 
     def _fatal(self, code: str, text: str) -> None:
-        self._send_error(nsq.fatal(code, text))
-        self.codec.closed()
-        raise _Close(f"{code} {text}")
+        raise _Fatal(nsq.fatal(code, text))
+
+    async def _send_fatal(self, error: nsq.ProtocolError) -> None:
+        """The last frame: after the answers to earlier publishes, as nsqd answers one command at a time."""
+        if self._pending_publishes:
+            self._reading = False
+            await self._stored()
+        if self._close_after_flush is None:  # else a failed publish's fatal error went out already
+            self._send_error(error)
+        raise _Close(error.frame_text.decode("utf-8", "replace"))
 
     def _check_auth(self, command: str, topic: str, channel: str = "") -> Any:
         """nsqd's CheckAuth; returns an awaitable when the cached authorization has expired."""

@@ -503,3 +503,16 @@ def test_http_publish_refused_when_auth_is_on(auth_gateway: GatewayProcess, gate
     # Without auth the same requests are accepted.
     assert _http_post(gateway, "/pub?topic=open_http", b"x") == (200, b"OK")
     assert _http_post(gateway, "/mpub?topic=open_http", b"a\nb") == (200, b"OK")
+
+
+def test_a_fatal_command_error_follows_the_answers_to_earlier_publishes(gateway: GatewayProcess) -> None:
+    # nsqd answers one command at a time: the OK of a DPUB still being stored comes before the fatal
+    # E_AUTH_DISABLED of the AUTH right behind it (found by the flood test, seed 1006).
+    with RawClient(gateway.nsq_tcp) as conn:
+        conn.send(nc.dpub("fatal_order", 2800, b"d") + nc.pub("fatal_order", b"p") + nc.auth(b"secret")
+                  + nc.pub("fatal_order", b"never"))
+        frames = []
+        with pytest.raises(Closed):
+            while True:
+                frames.append(conn.read_frame())
+    assert [(f.frame_type, f.data) for f in frames] == [(0, b"OK"), (0, b"OK"), (1, b"E_AUTH_DISABLED AUTH disabled")]
