@@ -232,6 +232,7 @@ class MQKSSession:
         # A manual-ack delivery from a durable queue leaves only after the record of its attempts is
         # written, so a crash never brings it back with a lower `retry` than the client saw.
         self._delivered_unstored = False
+        self._confirming = False  # this read asked for a confirm: write at its end (`_read_loop`)
         self._refill: set[Consumer] = set()  # acked consumers of this read, refilled at its end
         self._cancel_scope: trio.CancelScope | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -306,6 +307,9 @@ class MQKSSession:
                     if not engine_consumer.closed:
                         engine_consumer.refill()
                 self._refill.clear()
+            if self._confirming:
+                self._confirming = False
+                self.engine.storage.write_now()  # the read's confirmed publishes: written now
             self._reading = False
             if not data:
                 return
@@ -343,15 +347,12 @@ class MQKSSession:
                 released = self._unreleased
                 self._unreleased = {}
                 if self._delivered_unstored:
-                    # Only what was queued before the sync may go: later deliveries wait for the next.
+                    # A manual-ack delivery leaves only once its attempt record is written (a process
+                    # crash can never bring it back with a lower retry than the client saw).
                     self._delivered_unstored = False
-                    count = len(self.out)
-                    await self._stored()
-                    lines = self.out[:count]
-                    del self.out[:count]
-                else:
-                    lines = self.out
-                    self.out = []
+                    self.engine.storage.write_now()
+                lines = self.out
+                self.out = []
                 data = b"".join(lines)
                 self._out_bytes -= len(data)
                 await self.transport.send_all(data)
@@ -361,11 +362,6 @@ class MQKSSession:
         finally:
             self._sending = False
         self._drained.set()
-
-    async def _stored(self) -> None:
-        stored = trio.Event()
-        self.engine.storage.sync(lambda _error: stored.set())
-        await stored.wait()
 
     async def _drain_output(self) -> None:
         with trio.move_on_after(1.0):
@@ -446,6 +442,7 @@ class MQKSSession:
                         self._error(request_id, f"publish not stored: {error}")
 
             storage.sync(stored)
+            self._confirming = True
 
     def _consume(self, request: mqks.Consume) -> None:
         server = self.server

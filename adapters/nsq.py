@@ -390,8 +390,10 @@ class NSQSession:
                 self._refill = False
                 if self.consumer is not None:
                     self.consumer.refill()
+            if self._pending_publishes:
+                self.engine.storage.write_now()  # the read's publishes: written now, answered from here
             self._reading = False
-            if self._urgent and not self._sending and not self._delivered_unstored:
+            if self._urgent and not self._sending:
                 # The writer is idle: answer from here, saving a task switch per round trip.
                 await self._flush()
             elif self._out:
@@ -435,15 +437,11 @@ class NSQSession:
             while self._out:
                 if self._delivered_unstored:
                     # A message leaves only once the record of its delivery (its attempts) is written,
-                    # so a crash can never bring it back with fewer attempts than a client saw.
+                    # so a process crash can never bring it back with fewer attempts than a client saw.
                     self._delivered_unstored = False
-                    count = len(self._out)
-                    await self._stored()
-                    frames = self._out[:count]
-                    del self._out[:count]
-                else:
-                    frames = self._out
-                    self._out = []
+                    self.engine.storage.write_now()
+                frames = self._out
+                self._out = []
                 data = b"".join(frames)
                 self._out_bytes -= len(data)
                 self._urgent = bool(self._out)
@@ -458,12 +456,6 @@ class NSQSession:
         if self._close_after_flush is not None:
             self._wake.set()
 
-    async def _stored(self) -> None:
-        """Wait until everything reported to the storage so far is written."""
-        stored = trio.Event()
-        self.engine.storage.sync(lambda _error: stored.set())
-        await stored.wait()
-
     async def _drain_output(self) -> None:
         with trio.move_on_after(max(self.heartbeat_interval, 1.0)):
             while self._sending:  # the writer is mid-send: its loop sends what is queued too
@@ -471,6 +463,13 @@ class NSQSession:
                 await self._drained.wait()
             if self._out:
                 await self._flush()
+
+    async def _stored(self) -> None:
+        """Wait until everything reported to the storage so far is stored under its policy."""
+        stored = trio.Event()
+        self.engine.storage.sync(lambda _error: stored.set())
+        self.engine.storage.write_now()
+        await stored.wait()
 
     def _deliver(self, message: Message) -> None:
         body = message.body
@@ -734,7 +733,29 @@ class NSQSession:
             self._send_error(nsq.fatal(f"E_{name}_FAILED", f"{name} failed {reason}"))
             self._close_after_flush = f"{name} failed: {reason}"
         if not self._reading:  # else the read loop flushes when it has handled the whole read
+            self._send_now()
+
+    def _send_now(self) -> None:
+        """Send the queued output from here (a storage callback) when the writer is idle; else wake it.
+
+        Saves the writer task's turn on every acknowledgement that waited for an fdatasync.
+        """
+        if self._sending or self._delivered_unstored or self._compressor is not None or len(self._out) != 1:
             self._wake.set()
+            return
+        data = self._out[0]
+        sent = self.transport.try_send(data)
+        if sent == len(data):
+            self._out.clear()
+            self._out_bytes = 0
+            self._urgent = False
+            if self._close_after_flush is not None:
+                self._wake.set()
+            return
+        if sent:
+            self._out[0] = data[sent:]
+            self._out_bytes -= sent
+        self._wake.set()
 
     def _pub(self, command: nsq.Pub) -> Any:
         pending = self._check_auth("PUB", command.topic)

@@ -21,6 +21,8 @@ class Transport(Protocol):
 
     async def send_all(self, data: bytes) -> None: ...
 
+    def try_send(self, data: bytes) -> int: ...
+
     async def aclose(self) -> None: ...
 
     @property
@@ -81,6 +83,13 @@ class SocketTransport:
             except BlockingIOError:
                 continue
 
+    def try_send(self, data: bytes) -> int:
+        """Send what the kernel takes now, without waiting: bytes sent (0 when it would block)."""
+        try:
+            return self.sock.send(data)
+        except OSError:
+            return 0  # would block, or the connection is gone: the writer task finds out which
+
     def to_stream(self) -> trio.SocketStream:
         """Give the socket to trio (for `trio.SSLStream`); this transport must not be used again."""
         self._closed = True
@@ -105,6 +114,9 @@ class StreamTransport:
 
     async def send_all(self, data: bytes) -> None:
         await self.stream.send_all(data)
+
+    def try_send(self, data: bytes) -> int:
+        return 0  # a stream (TLS) sends only from a task
 
     async def aclose(self) -> None:
         await self.stream.aclose()

@@ -1,14 +1,18 @@
-"""The file work of one group commit, run off the event loop (the committer's worker thread).
+"""The file work of the store: appends on the event loop, fdatasync and removals off it.
 
-A `CommitJob` is built by the store on the loop (`DiskStorage.prepare`) and owns everything it
-writes, so the loop can go on changing the logs while the thread works. `FileWriter` keeps the
-open file descriptors between jobs; only one job runs at a time.
+A `CommitJob` is built by the store on the loop (`DiskStorage.prepare`). Its appends are written
+on the loop (`FileWriter.write`): a `write` into the page cache costs microseconds, far less than
+handing the bytes to a thread and back, and it is all a process crash needs. The slow part, the
+fdatasync that a power loss needs, runs as a `SyncJob` in the committer's thread while the loop
+goes on writing (`FileWriter.take_sync` → `SyncJob.run`): whatever was written before a sync job
+started is durable when it ends, so every publish of every connection written meanwhile shares
+the next one (group commit across connections). Removals (segments, deleted owners) run in the
+sync job too, after its fdatasync. `FileWriter.run` does it all inline (start-up, tests).
 
-Order inside a job: appends in the order given (the meta journal first, then queues, then topic
-backlogs: a record that moves messages is never on disk before the records that received them),
-then fsync of every file written and of every directory that gained an entry, then unlinks.
-A failed append is cut back to the file's previous size, so a full disk never leaves a torn
-record behind; the store keeps the job's records and offers them again with the next job.
+Order of appends: the order given (the meta journal first, then queues, then topic backlogs: a
+record that moves messages is never on disk before the records that received them). A failed
+append is cut back to the file's previous size, so a full disk never leaves a torn record behind;
+the store keeps the job's records and offers them again with the next job.
 """
 
 from __future__ import annotations
@@ -34,7 +38,79 @@ class CommitJob:
     error: OSError | None = None
 
 
+@attrs.define(slots=True)
+class SyncJob:
+    """An fdatasync of what was written before it started, then removals; safe to run in a thread.
+
+    It owns its descriptors: those of removed files were taken out of the writer, so nothing on the
+    loop can close or reuse them while the job runs.
+    """
+
+    fds: list[int] = attrs.Factory(list)  # files written since their last sync
+    dirs: list[Path] = attrs.Factory(list)  # directories that gained or lost an entry
+    unlinks: list[Path] = attrs.Factory(list)
+    removed_dirs: list[Path] = attrs.Factory(list)
+    close_fds: list[int] = attrs.Factory(list)  # of removed files, closed after the sync
+    fsync: bool = True
+    error: OSError | None = None
+    # Kept for the writer to mark them unsynced again if the sync failed.
+    paths: list[Path] = attrs.Factory(list)
+    # The store's count of jobs handed out: when this one ends, every job up to `gen` has ended.
+    gen: int = 0
+
+    def merge(self, later: SyncJob) -> None:
+        """Take `later`'s work too (a sync thread runs the jobs queued while it was busy as one)."""
+        known = set(self.fds)
+        for fd, path in zip(later.fds, later.paths, strict=True):
+            if fd not in known:
+                self.fds.append(fd)
+                self.paths.append(path)
+        self.dirs += [directory for directory in later.dirs if directory not in self.dirs]
+        self.unlinks += later.unlinks
+        self.removed_dirs += later.removed_dirs
+        self.close_fds += later.close_fds
+        self.fsync = self.fsync or later.fsync
+        self.gen = max(self.gen, later.gen)
+
+    def run(self) -> SyncJob:
+        try:
+            if self.fsync:
+                for fd in self.fds:
+                    os.fdatasync(fd)
+                for directory in self.dirs:
+                    _fsync_dir(directory)
+        except OSError as error:
+            self.error = error
+        # Removals go ahead even after a failed sync: what they remove is finished with either way.
+        for fd in self.close_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for path in self.unlinks:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        for directory in self.removed_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+        return self
+
+    @property
+    def idle(self) -> bool:
+        return not (self.fds or self.dirs or self.unlinks or self.removed_dirs or self.close_fds)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return  # removed meanwhile
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class FileWriter:
+    """Open append descriptors of the store's files; `write` and `take_sync` run on the loop only."""
+
     def __init__(self) -> None:
         self._fds: dict[Path, int] = {}
         self._sizes: dict[Path, int] = {}
@@ -42,41 +118,53 @@ class FileWriter:
         self._new_dirs: set[Path] = set()  # gained an entry since their last fsync
 
     def run(self, job: CommitJob) -> CommitJob:
+        """The whole commit inline: appends, then (if `job.fsync`) the sync, then removals."""
+        self.write(job)
+        if job.error is None:
+            sync = self.take_sync(job.unlinks, job.removed_dirs, fsync=job.fsync).run()
+            self.sync_finished(sync)
+            job.error = sync.error
+        return job
+
+    def write(self, job: CommitJob) -> CommitJob:
+        """The job's appends only (on the loop); its removals are for `take_sync`."""
         try:
             for path, data in job.appends:
                 self._append(path, data)
                 job.sizes[path] = self._sizes[path]
                 job.appended += 1
-            if job.fsync:
-                self.sync_all()
-            for path in job.unlinks:
-                self._close(path)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                self._new_dirs.add(path.parent)
-            for directory in job.removed_dirs:
-                for path in [p for p in self._fds if p.parent == directory]:
-                    self._close(path)
-                shutil.rmtree(directory, ignore_errors=True)
-                self._new_dirs.add(directory.parent)
         except OSError as error:
             job.error = error
         return job
 
-    def sync_all(self) -> None:
-        for path in list(self._unsynced):
-            fd = self._fds.get(path)
-            if fd is not None:
-                os.fdatasync(fd)
-            self._unsynced.discard(path)
-        for directory in list(self._new_dirs):
-            if directory.exists():
-                fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            self._new_dirs.discard(directory)
+    @property
+    def unsynced(self) -> bool:
+        return bool(self._unsynced or self._new_dirs)
+
+    def take_sync(self, unlinks: list[Path], removed_dirs: list[Path], *, fsync: bool = True) -> SyncJob:
+        """A job syncing everything written so far, then removing `unlinks` and `removed_dirs`."""
+        job = SyncJob(fsync=fsync, unlinks=list(unlinks), removed_dirs=list(removed_dirs))
+        for path in unlinks:
+            self._release(path, job)
+        for directory in removed_dirs:
+            for path in [p for p in self._fds if p.parent == directory]:
+                self._release(path, job)
+        if fsync:
+            job.paths = [path for path in self._unsynced if path in self._fds]
+            job.fds = [self._fds[path] for path in job.paths]
+            job.dirs = list(self._new_dirs)
+            self._unsynced.clear()
+            self._new_dirs.clear()
+        # Their entries are gone: the next sync makes that durable.
+        self._new_dirs.update(path.parent for path in unlinks)
+        self._new_dirs.update(directory.parent for directory in removed_dirs)
+        return job
+
+    def sync_finished(self, job: SyncJob) -> None:
+        """Back on the loop: after a failed sync, what it covered is synced again next time."""
+        if job.error is not None:
+            self._unsynced.update(path for path in job.paths if path in self._fds)
+            self._new_dirs.update(job.dirs)
 
     def close(self) -> None:
         for path in list(self._fds):
@@ -110,6 +198,14 @@ class FileWriter:
             raise
         self._sizes[path] = size + written
         self._unsynced.add(path)
+
+    def _release(self, path: Path, job: SyncJob) -> None:
+        """Hand the descriptor of a file to be removed to `job`: synced if unsynced, then closed."""
+        fd = self._fds.pop(path, None)
+        self._sizes.pop(path, None)
+        self._unsynced.discard(path)
+        if fd is not None:
+            job.close_fds.append(fd)
 
     def _close(self, path: Path) -> None:
         fd = self._fds.pop(path, None)

@@ -39,7 +39,7 @@ import attrs
 
 from polymq.core import records
 from polymq.core.clock import Clock
-from polymq.core.disk_io import CommitJob
+from polymq.core.disk_io import CommitJob, FileWriter, SyncJob
 from polymq.core.ids import IdSource
 from polymq.core.message import Message
 from polymq.core.storage import QueueRecord, Snapshot, SyncCallback, TopicRecord
@@ -586,6 +586,18 @@ class DiskStorage:
         self._unsynced = False
         self.failure: str | None = None  # the last commit's error, None once a commit succeeds
         self.on_work: Callable[[], None] | None = None  # the committer's wake-up
+        # Takes each sync job for the committer's thread; the thread's `sync_done` comes back on the loop.
+        self.on_sync_job: Callable[[SyncJob], None] | None = None
+        # Loop-side appends (`write_now`).
+        self.files = FileWriter()
+        self._sync_gen = 0  # sync jobs handed out
+        self._synced_gen = 0  # sync jobs ended
+        self._sync_wanted = False  # written since the last job: one more job this turn (`submit_sync`)
+        # (gen, callback, write error): written, waiting for the end of sync job `gen`, in the order given.
+        self._awaiting_sync: list[tuple[int, SyncCallback, OSError | None]] = []
+        # Removals of written jobs, for the next sync job (after its fdatasync).
+        self._unlinks: list[Path] = []
+        self._rmdirs: list[Path] = []
         self._logs: list[OwnerLog] = []  # to close their readers
         self._deleted_uids: set[int] = set()
 
@@ -653,6 +665,97 @@ class DiskStorage:
         if owner is not None:
             owner.destroy()
 
+    # -- commits on the loop: writes now, fdatasync in the committer's thread ---------------------
+
+    def write_now(self) -> None:
+        """Hand every change reported so far to the OS now, on the loop (a process crash keeps it).
+
+        Callbacks that need no fdatasync (`interval`, `never`) run before this returns. Under `always`
+        a sync job follows every write (`on_sync_job`) and the callbacks wait for its end (`sync_done`).
+        While the store is failing this does nothing: the committer retries on its own schedule.
+        """
+        if self.failure is not None or not self._has_writes():
+            return
+        job, written, callbacks = self.prepare(write_only=True)
+        self.files.write(job)
+        self._unlinks += job.unlinks
+        self._rmdirs += job.removed_dirs
+        job.unlinks = []
+        job.removed_dirs = []
+        self.complete(job, written, [])
+        error = job.error
+        always = self.policy.mode == "always"
+        if error is None and not always:
+            _call_each(callbacks, None)
+        elif error is not None and not self._awaiting_sync:
+            _call_each(callbacks, error)
+        else:
+            # Behind the callbacks given before them, whatever their outcome: sessions answer in order.
+            gen = self._sync_gen + 1
+            self._awaiting_sync.extend((gen, callback, error) for callback in callbacks)
+        if (error is None and always) or self._unlinks or self._rmdirs or self._awaiting_sync:
+            if self._synced_gen == self._sync_gen:
+                self._submit_sync(fsync=always)  # the sync thread is idle: start at once
+            elif not self._sync_wanted:
+                self._sync_wanted = True  # it is busy: one job for this turn's writes (`submit_sync`)
+                self._wake()
+
+    def submit_sync(self) -> None:
+        """Queue one sync job for what this loop turn wrote (the committer calls it once per turn)."""
+        if self._sync_wanted:
+            self._sync_wanted = False
+            self._submit_sync(fsync=self.policy.mode == "always")
+
+    def retry_writes(self) -> bool:
+        """The committer's attempt after a failure (`write_now` skips while failing); True if it worked."""
+        failure, self.failure = self.failure, None
+        self.write_now()
+        if self.failure is None and failure is not None:
+            log.warning("storage writes work again")
+        return self.failure is None
+
+    def _submit_sync(self, *, fsync: bool) -> SyncJob:
+        self._sync_wanted = False
+        self._sync_gen += 1
+        job = self.files.take_sync(self._unlinks, self._rmdirs, fsync=fsync)
+        job.gen = self._sync_gen
+        self._unlinks = []
+        self._rmdirs = []
+        if fsync:
+            self._last_fsync = self.clock.now()  # the interval counts from a sync's start
+            self._unsynced = False
+        if self.on_sync_job is not None:
+            self.on_sync_job(job)
+        return job
+
+    def take_sync(self, *, force_fsync: bool = False) -> SyncJob:
+        """A sync job of everything written so far (the interval timer, the last commit at shutdown)."""
+        self._sync_wanted = False
+        return self._submit_sync(fsync=force_fsync or self.policy.mode != "never")
+
+    def sync_done(self, job: SyncJob) -> None:
+        """Back on the loop after a sync job (and every job before it): release the callbacks it covers."""
+        self.files.sync_finished(job)
+        self._synced_gen = max(self._synced_gen, job.gen)
+        if job.error is not None:
+            self._unsynced = True
+            message = f"fdatasync: {job.error.strerror or job.error}"
+            if self.failure != message:
+                log.error("storage sync failed: %s; publishes fail until it works again", message)
+            self.failure = message
+        awaiting = self._awaiting_sync
+        released = 0
+        while released < len(awaiting) and awaiting[released][0] <= job.gen:
+            released += 1
+        if released:
+            ready = awaiting[:released]
+            del awaiting[:released]
+            for _, callback, error in ready:
+                _call_each((callback,), error or job.error)
+
+    def close_files(self) -> None:
+        self.files.close()
+
     # -- commits ---------------------------------------------------------------------------------
 
     def sync(self, callback: SyncCallback) -> None:
@@ -661,17 +764,20 @@ class DiskStorage:
         self._wake()
 
     def has_work(self) -> bool:
+        return self._sync_wanted or self._has_writes()
+
+    def _has_writes(self) -> bool:
         return bool(self._callbacks or self._dirty or self._meta_pending or self._removed_dirs or self._retry)
 
     def fsync_due(self) -> float | None:
         """When the interval policy wants an fdatasync of what was written without one."""
-        if self.policy.mode != "interval" or not self._unsynced:
+        if self.policy.mode != "interval" or not (self._unsynced or self.files.unsynced):
             return None
         return self._last_fsync + self.policy.interval
 
-    def prepare(self, *, force_fsync: bool = False) -> tuple[CommitJob, list[tuple[OwnerLog, int, Path]],
-                                                             list[SyncCallback]]:
-        """Take everything pending into one job for the committer thread."""
+    def prepare(self, *, force_fsync: bool = False, write_only: bool = False) -> tuple[
+            CommitJob, list[tuple[OwnerLog, int, Path]], list[SyncCallback]]:
+        """Take everything pending into one job (`write_only`: its appends are written, never synced)."""
         ids = self.ids
         if ids is not None and ids.last >= self._id_high_water - ID_RESERVE // 2:
             self._id_high_water = ids.last + ID_RESERVE
@@ -696,8 +802,8 @@ class DiskStorage:
         job.removed_dirs.extend(self._removed_dirs)
         self._removed_dirs = []
         mode = self.policy.mode
-        job.fsync = force_fsync or mode == "always" or (
-            mode == "interval" and self.clock.now() - self._last_fsync >= self.policy.interval)
+        job.fsync = not write_only and (force_fsync or mode == "always" or (
+            mode == "interval" and self.clock.now() - self._last_fsync >= self.policy.interval))
         callbacks = self._callbacks
         self._callbacks = []
         return job, written, callbacks
@@ -729,8 +835,7 @@ class DiskStorage:
         for owner, _, _ in written:
             if owner.spilled and owner.on_readable is not None and not owner.destroyed:
                 owner.on_readable()
-        for callback in callbacks:
-            callback(job.error)
+        _call_each(callbacks, job.error)
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -814,6 +919,15 @@ class DiskStorage:
         for owner in self._logs:
             owner._close_reader()
         os.close(self._lock_fd)
+
+
+def _call_each(callbacks: Iterable[SyncCallback], error: OSError | None) -> None:
+    """Run sync callbacks; one that raises (a bug) is logged and costs nobody else their answer."""
+    for callback in callbacks:
+        try:
+            callback(error)
+        except Exception:
+            log.exception("a storage callback failed")
 
 
 def _recover(owner: OwnerLog, clock: Clock) -> None:

@@ -100,6 +100,14 @@ class Storage(Protocol):
         """Call `callback` once every change reported so far is durable under the configured policy."""
         ...
 
+    def write_now(self) -> None:
+        """Hand every change reported so far to the OS before returning (it survives a process crash).
+
+        Sessions call it before sending deliveries (their attempts must be on record first) and at the
+        end of each read that published (callbacks that need no fdatasync then run before it returns).
+        """
+        ...
+
 
 class MemoryStorage:
     """Keeps nothing: the engine's own structures are the only copy. A restart starts empty."""
@@ -131,3 +139,6 @@ class MemoryStorage:
 
     def sync(self, callback: SyncCallback) -> None:
         callback(None)
+
+    def write_now(self) -> None:
+        pass

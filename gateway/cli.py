@@ -9,6 +9,7 @@ from polymq.conformance.mqks import command as conformance_mqks
 from polymq.conformance.nsq import command as conformance_nsq
 from polymq.gateway.bench_mqks import command as bench_mqks
 from polymq.gateway.bench_nsq import command as bench_nsq
+from polymq.gateway.bench_versus import command as bench_versus
 from polymq.gateway.serve import command as serve
 
 
@@ -40,5 +41,6 @@ def conformance() -> None:
 main.add_command(serve, "serve")
 bench.add_command(bench_mqks, "mqks")
 bench.add_command(bench_nsq, "nsq")
+bench.add_command(bench_versus, "versus-nsqd")
 conformance.add_command(conformance_nsq, "nsq")
 conformance.add_command(conformance_mqks, "mqks")
