@@ -1,0 +1,170 @@
+"""The store's commit path: writes on the loop, fdatasyncs in sync jobs, acknowledgements in order.
+
+Unit level on the real store and files: `write_now` (what sessions and the committer call on the
+loop), the sync jobs it hands out (`on_sync_job`), their merging in the sync thread, and the order
+in which callbacks come back under each `--fsync` policy, including a write that fails on a full
+disk while earlier callbacks still wait for their fdatasync. Then the committer's thread itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from polymq.core.clock import ManualClock
+from polymq.core.disk_io import SyncJob
+from polymq.core.disk_storage import DiskStorage, FsyncPolicy
+from polymq.core.engine import Engine
+from polymq.gateway.committer import SyncThread
+
+from support import storage_files as files
+
+
+def open_store(directory: Path, policy: str) -> tuple[DiskStorage, Engine, list[SyncJob]]:
+    storage = DiskStorage(directory, ManualClock(), policy=FsyncPolicy.parse(policy))
+    engine = Engine(clock=storage.clock, storage=storage)
+    engine.restore()
+    submitted: list[SyncJob] = []
+    storage.on_sync_job = submitted.append
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    return storage, engine, submitted
+
+
+def segment_bytes(directory: Path) -> bytes:
+    return b"".join(path.read_bytes() for path in sorted(directory.glob("q*/*.seg")))
+
+
+def test_never_answers_inside_write_now_with_the_record_in_the_file(tmp_path: Path) -> None:
+    storage, engine, submitted = open_store(tmp_path, "never")
+    outcomes: list[OSError | None] = []
+    engine.publish("t", b"first-body")
+    storage.sync(outcomes.append)
+    assert outcomes == []
+    storage.write_now()
+    assert outcomes == [None]
+    assert b"first-body" in segment_bytes(tmp_path)
+    assert [job for job in submitted if job.fsync] == []  # never: no fdatasync is ever asked for
+
+
+def test_always_answers_only_after_the_sync_job_that_covers_the_write(tmp_path: Path) -> None:
+    storage, engine, submitted = open_store(tmp_path, "always")
+    storage.write_now()
+    for job in submitted:  # the queue's creation
+        storage.sync_done(job.run())
+    submitted.clear()
+    outcomes: list[str] = []
+    engine.publish("t", b"a")
+    storage.sync(lambda error: outcomes.append(f"a {error}"))
+    storage.write_now()
+    assert b"a" in segment_bytes(tmp_path) and outcomes == []
+    [first] = submitted
+    assert first.fsync and first.fds, "the written segment is in the job"
+    # While the first job runs, another connection's publish is written: it waits for a second job.
+    engine.publish("t", b"b")
+    storage.sync(lambda error: outcomes.append(f"b {error}"))
+    storage.write_now()
+    assert len(submitted) == 1, "the thread is busy: the next job waits for the committer's turn"
+    storage.submit_sync()
+    second = submitted[1]
+    storage.sync_done(first.run())
+    assert outcomes == ["a None"]
+    storage.sync_done(second.run())
+    assert outcomes == ["a None", "b None"]
+
+
+def test_interval_answers_after_the_write_and_syncs_on_the_timer(tmp_path: Path) -> None:
+    storage, engine, submitted = open_store(tmp_path, "interval:50")
+    storage.write_now()
+    outcomes: list[OSError | None] = []
+    engine.publish("t", b"x")
+    storage.sync(outcomes.append)
+    storage.write_now()
+    assert outcomes == [None]
+    assert [job for job in submitted if job.fsync] == [], "interval: no fdatasync before the timer"
+    due = storage.fsync_due()
+    assert due is not None and due <= storage.clock.now() + 0.05
+    job = storage.take_sync()
+    assert job.fsync and job.fds
+    storage.sync_done(job.run())
+    assert storage.fsync_due() is None
+
+
+def test_merged_jobs_sync_each_file_once_then_close_and_remove(tmp_path: Path) -> None:
+    kept = tmp_path / "kept"
+    gone = tmp_path / "gone"
+    kept.write_bytes(b"k")
+    gone.write_bytes(b"g")
+    kept_fd = os.open(kept, os.O_WRONLY)
+    gone_fd = os.open(gone, os.O_WRONLY)
+    first = SyncJob(fds=[kept_fd], paths=[kept], gen=1)
+    second = SyncJob(fds=[kept_fd, gone_fd], paths=[kept, gone], unlinks=[gone], close_fds=[gone_fd], gen=2,
+                     dirs=[tmp_path])
+    first.merge(second)
+    assert first.fds == [kept_fd, gone_fd] and first.gen == 2 and first.dirs == [tmp_path]
+    assert first.run().error is None
+    assert not gone.exists() and kept.exists()
+    with pytest.raises(OSError):
+        os.fstat(gone_fd)  # closed by the job, after its fdatasync
+    os.close(kept_fd)
+
+
+def test_a_failed_write_is_answered_after_the_callbacks_given_before_it(tmp_path: Path) -> None:
+    """Sessions pair answers with commands in order: an error must not overtake an earlier success."""
+    with files.small_tmpfs(tmp_path / "tmpfs", "1m") as mount:
+        storage, engine, submitted = open_store(mount / "data", "always")
+        filler = mount / "filler"
+        storage.write_now()
+        for job in submitted:
+            storage.sync_done(job.run())
+        submitted.clear()
+        outcomes: list[str] = []
+        engine.publish("t", b"small")
+        storage.sync(lambda error: outcomes.append(f"small {error is None}"))
+        storage.write_now()
+        assert len(submitted) == 1  # its fdatasync is still running
+        files.fill_disk(filler, 16 * 1024)
+        for number in range(400):
+            engine.publish("t", b"%04d" % number + bytes(4000))
+            storage.sync(lambda error: outcomes.append(f"big {error is None or error.errno}"))
+            storage.write_now()
+            if storage.failure is not None:
+                break
+        else:
+            pytest.fail("400 writes on a full disk and none failed")
+        assert outcomes == [], "nothing is answered before the fdatasync of the first publish"
+        storage.submit_sync()
+        for job in submitted:
+            storage.sync_done(job.run())
+        written = len(outcomes) - 2
+        assert written > 0
+        assert outcomes == ["small True"] + ["big True"] * written + [f"big {errno.ENOSPC}"]
+        filler.unlink()
+        assert storage.retry_writes()
+        storage.close()
+        storage.close_files()
+
+
+async def test_the_sync_thread_reports_every_job_and_merges_a_queue(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    thread = SyncThread()
+    try:
+        for gen in range(1, 21):
+            os.write(fd, b"x")
+            thread.submit(SyncJob(fds=[fd], paths=[path], gen=gen))
+        ended: list[SyncJob] = []
+        with trio.fail_after(10):
+            while not ended or ended[-1].gen < 20:
+                await thread.wait()
+                ended += thread.finished()
+        assert [job.error for job in ended] == [None] * len(ended)
+        gens = [job.gen for job in ended]
+        assert gens == sorted(gens) and gens[-1] == 20
+    finally:
+        assert thread.stop() == []
+        os.close(fd)
