@@ -46,7 +46,7 @@ READER_RDY = 2500
 # A server must accept connections within this long after it was started.
 START_TIMEOUT_S = 30.0
 # Messages in the backlog before the consume run, so the reader does not run dry.
-DEFAULT_BACKLOG = 1_000_000
+DEFAULT_BACKLOG = 2_000_000
 # A fill run of bench_writer (seconds), repeated until the backlog is deep enough.
 FILL_RUN_S = 1.0
 # Bounds the fill runs: a server this slow would never reach the backlog anyway.
