@@ -222,8 +222,8 @@ def command(nsq_bin: Path, runfor: float, backlog: int, only: tuple[str, ...]) -
     """
     missing = [name for name in ("nsqd", "bench_writer", "bench_reader") if not os.access(nsq_bin / name, os.X_OK)]
     if missing:
-        raise click.UsageError(f"{nsq_bin} has no {', '.join(missing)}: build nsq 1.3.0's nsqd and bench tools "
-                               "there first (see docs/performance.md)")
+        raise click.UsageError(f"{nsq_bin} has no {', '.join(missing)}: put nsq 1.3.0's nsqd, bench_writer and "
+                               "bench_reader there, or name their folder with --nsq-bin (docs/performance.md)")
     results = []
     for server in SERVERS:
         if only and server.label not in only:

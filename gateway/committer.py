@@ -11,7 +11,7 @@ fdatasync per file for all of them, so the publishes of every connection written
 ran share the next (group commit across connections), and syncs follow each other without a trip
 through the loop. The loop only hears, through a pipe, which jobs ended, and releases their
 acknowledgements. Nothing else waits for a sync: not reads, not deliveries, not the loop.
-`interval:MS` queues a job every MS; `never` queues only removals. See docs/durability.md.
+`interval:MS` queues a job every MS; `never` queues only removals. See docs/performance.md.
 """
 
 from __future__ import annotations

@@ -35,6 +35,14 @@ def open_store(directory: Path, policy: str) -> tuple[DiskStorage, Engine, list[
     return storage, engine, submitted
 
 
+def settle(storage: DiskStorage, submitted: list[SyncJob]) -> None:
+    """Write and sync everything so far, as the committer and its thread would."""
+    storage.write_now()
+    for job in submitted:
+        storage.sync_done(job.run())
+    submitted.clear()
+
+
 def segment_bytes(directory: Path) -> bytes:
     return b"".join(path.read_bytes() for path in sorted(directory.glob("q*/*.seg")))
 
@@ -53,10 +61,7 @@ def test_never_answers_inside_write_now_with_the_record_in_the_file(tmp_path: Pa
 
 def test_always_answers_only_after_the_sync_job_that_covers_the_write(tmp_path: Path) -> None:
     storage, engine, submitted = open_store(tmp_path, "always")
-    storage.write_now()
-    for job in submitted:  # the queue's creation
-        storage.sync_done(job.run())
-    submitted.clear()
+    settle(storage, submitted)  # the queue's creation
     outcomes: list[str] = []
     engine.publish("t", b"a")
     storage.sync(lambda error: outcomes.append(f"a {error}"))
@@ -118,10 +123,7 @@ def test_a_failed_write_is_answered_after_the_callbacks_given_before_it(tmp_path
     with files.small_tmpfs(tmp_path / "tmpfs", "1m") as mount:
         storage, engine, submitted = open_store(mount / "data", "always")
         filler = mount / "filler"
-        storage.write_now()
-        for job in submitted:
-            storage.sync_done(job.run())
-        submitted.clear()
+        settle(storage, submitted)
         outcomes: list[str] = []
         engine.publish("t", b"small")
         storage.sync(lambda error: outcomes.append(f"small {error is None}"))
