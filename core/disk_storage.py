@@ -92,9 +92,15 @@ def _segment_name(segment: int) -> str:
 class OwnerLog:
     """The log of one durable queue or topic backlog: positions, live counts, spilled read-back."""
 
-    def __init__(self, store: DiskStorage, directory: Path) -> None:
+    def __init__(self, store: DiskStorage, directory: Path, *, is_topic: bool) -> None:
         self.store = store
         self.dir = directory
+        # A topic backlog's log (written after the queues' logs in a commit); a queue that took a
+        # topic's log over keeps its directory name but not this.
+        self.is_topic = is_topic
+        # Spilled copies may be deferred (a topic backlog spills them; a queue never does, unless it
+        # took a topic's log over): its reader must check their due times.
+        self.may_hold_deferred = is_topic
         self.segment = 0  # the active segment: new records go there
         self.segment_bytes = 0
         self.next_index = 0
@@ -131,6 +137,11 @@ class OwnerLog:
 
     def path(self, segment: int) -> Path:
         return self.dir / _segment_name(segment)
+
+    def is_blank(self) -> bool:
+        """Nothing was ever added or reported: a log that can be swapped for another."""
+        return (self.segment == 0 and self.next_index == 0 and not self.pending and not self.spilled
+                and not self.done and not self.states and not self.flushed and not self.destroyed)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -622,7 +633,7 @@ class DiskStorage:
     def _new_log(self, prefix: str) -> tuple[int, OwnerLog]:
         uid = self._next_uid
         self._next_uid += 1
-        owner = OwnerLog(self, self.dir / f"{prefix}{uid}")
+        owner = OwnerLog(self, self.dir / f"{prefix}{uid}", is_topic=prefix == "t")
         self._logs.append(owner)
         return uid, owner
 
@@ -658,10 +669,30 @@ class DiskStorage:
         meta.update(topics=list(topics), paused=paused, options=dict(options))
         self._meta({"t": "queue", "name": name, **meta})
 
+    def adopt(self, topic: str, queue: str, topic_log: OwnerLog, queue_log: OwnerLog) -> OwnerLog | None:
+        """`queue` takes `topic_log` over as its own log (with every copy in it); the topic gets a new,
+        empty log, returned. Only for a queue whose log is blank; None when the swap cannot be made.
+
+        One journal record says both, so a restart sees the swap whole or not at all; the queue's
+        journal entries name the directory it took over from then on.
+        """
+        topic_meta = self._topics.get(topic)
+        queue_meta = self._queues.get(queue)
+        if topic_meta is None or queue_meta is None or not queue_log.is_blank() or topic_log.destroyed:
+            return None
+        directory = topic_log.dir.name
+        uid, new_log = self._new_log("t")
+        topic_meta["uid"] = uid
+        queue_meta["dir"] = directory
+        self._meta({"t": "adopt", "topic": topic, "uid": uid, "queue": queue, "dir": directory})
+        queue_log.destroy()
+        topic_log.is_topic = False
+        return new_log
+
     def queue_deleted(self, name: str, owner: OwnerLog | None) -> None:
         meta = self._queues.pop(name, None)
         if meta is not None:
-            self._meta({"t": "queue-", "name": name, "uid": meta["uid"]})
+            self._meta({"t": "queue-", "name": name, "uid": meta["uid"], **_dir_of(meta)})
         if owner is not None:
             owner.destroy()
 
@@ -796,7 +827,7 @@ class DiskStorage:
         dirty = self._dirty
         self._dirty = []
         # Queues before topic backlogs: a backlog's DONE must not reach the disk before the copies it moved.
-        for owner in sorted(dirty, key=lambda o: not o.dir.name.startswith("q")):
+        for owner in sorted(dirty, key=lambda o: o.is_topic):
             if not owner.destroyed:
                 owner._take(job, written)
         job.removed_dirs.extend(self._removed_dirs)
@@ -855,7 +886,7 @@ class DiskStorage:
         ids.advance_past(self._id_high_water)
         self._id_high_water = ids.last + ID_RESERVE
         self._rewrite_meta()
-        known = {f"t{meta['uid']}" for meta in self._topics.values()} | {f"q{m['uid']}" for m in self._queues.values()}
+        known = {f"t{meta['uid']}" for meta in self._topics.values()} | {_queue_dir(m) for m in self._queues.values()}
         for entry in sorted(self.dir.iterdir()):
             if not entry.is_dir() or entry.name[:1] not in ("t", "q") or entry.name in known:
                 continue
@@ -868,13 +899,13 @@ class DiskStorage:
                 log.warning("%s is not in the journal (damaged?): moved to %s with its messages", entry, orphan)
         topics = []
         for name, meta in self._topics.items():
-            owner = OwnerLog(self, self.dir / f"t{meta['uid']}")
+            owner = OwnerLog(self, self.dir / f"t{meta['uid']}", is_topic=True)
             self._logs.append(owner)
             _recover(owner, self.clock)
             topics.append(TopicRecord(name, meta["paused"], owner))
         queues = []
         for name, meta in self._queues.items():
-            owner = OwnerLog(self, self.dir / f"q{meta['uid']}")
+            owner = OwnerLog(self, self.dir / _queue_dir(meta), is_topic=False)
             self._logs.append(owner)
             _recover(owner, self.clock)
             queues.append(QueueRecord(name, tuple(meta["topics"]), meta["paused"], meta["options"], owner))
@@ -891,10 +922,20 @@ class DiskStorage:
             self._deleted_uids.add(change.get("uid", 0))
         elif kind == "queue":
             self._queues[name] = {key: change[key] for key in ("uid", "topics", "paused", "options")}
+            self._queues[name].update(_dir_of(change))
             self._next_uid = max(self._next_uid, change["uid"] + 1)
         elif kind == "queue-":
             self._queues.pop(name, None)
             self._deleted_uids.add(change.get("uid", 0))
+            if "dir" in change:
+                self._deleted_uids.add(_uid_of_dir(change["dir"]))
+        elif kind == "adopt":
+            topic_meta = self._topics.get(change.get("topic"))
+            queue_meta = self._queues.get(change.get("queue"))
+            if topic_meta is not None and queue_meta is not None:
+                topic_meta["uid"] = change["uid"]
+                queue_meta["dir"] = change["dir"]
+                self._next_uid = max(self._next_uid, change["uid"] + 1)
         elif kind == "ids":
             self._id_high_water = max(self._id_high_water, change["hw"])
 
@@ -919,6 +960,19 @@ class DiskStorage:
         for owner in self._logs:
             owner._close_reader()
         os.close(self._lock_fd)
+
+
+def _queue_dir(meta: Mapping[str, Any]) -> str:
+    """A queue's log directory: its own, or the topic backlog's it took over (`DiskStorage.adopt`)."""
+    return meta.get("dir") or f"q{meta['uid']}"
+
+
+def _dir_of(meta: Mapping[str, Any]) -> dict[str, str]:
+    return {"dir": meta["dir"]} if meta.get("dir") else {}
+
+
+def _uid_of_dir(name: str) -> int:
+    return int(name[1:]) if name[1:].isdigit() else 0
 
 
 def _call_each(callbacks: Iterable[SyncCallback], error: OSError | None) -> None:

@@ -222,7 +222,16 @@ class Queue:
         if log is None or not log.spilled:
             return False
         messages = log.read(min(REFILL_BATCH, max(1, self.engine.storage.mem_queue_size)))
-        self.ready.extend(messages)
+        if log.may_hold_deferred:  # a topic backlog's log taken over: it can spill deferred copies
+            now = self.engine.clock.now()
+            for message in messages:
+                if message.due is not None and message.due > now:
+                    self._defer(message, message.due)
+                else:
+                    message.due = None
+                    self.ready.append(message)
+        else:
+            self.ready.extend(messages)
         return bool(messages)
 
     def _on_readable(self) -> None:
@@ -713,8 +722,45 @@ class Engine:
             queue.topics.append(topic_name)
             topic.queues.append(queue)
             self._save_queue(queue)
+            if len(topic.queues) == 1:
+                self._hand_over_backlog(topic, queue)
             topic._flush_backlog()
         return queue
+
+    def _hand_over_backlog(self, topic: Topic, queue: Queue) -> None:
+        """The first queue of a topic with a spilled backlog takes the topic's log over, copies and all.
+
+        Copying a backlog that lives on disk means reading every copy, writing it again to the queue's
+        log, and reading it back once more (docs/performance.md); taking the log costs nothing. Only
+        for a queue that holds nothing yet, while neither is paused.
+        """
+        topic_log, queue_log = topic.log, queue.log
+        if (topic_log is None or queue_log is None or not topic_log.spilled or topic.paused or queue.paused
+                or queue.ready or queue.in_flight or queue.deferred):
+            return
+        new_log = self.storage.adopt(topic.name, queue.name, topic_log, queue_log)
+        if new_log is None:
+            return
+        new_log.on_readable = topic._pump
+        topic.log = new_log
+        if topic._pump_timer is not None:
+            topic._pump_timer.cancel()
+            topic._pump_timer = None
+        queue.log = topic_log
+        topic_log.on_readable = queue._on_readable
+        topic_log.may_hold_deferred = True
+        backlog = list(topic.backlog)
+        topic.backlog.clear()
+        queue.message_count += len(backlog) + topic_log.spilled
+        now = self.clock.now()
+        for message in backlog:
+            if message.due is not None and message.due > now:
+                queue._defer(message, message.due)
+            else:
+                message.due = None
+                queue.ready.append(message)
+        if queue.ring:
+            queue._dispatch()
 
     def unbind(self, queue_name: str, topic_name: str) -> None:
         queue = self.queues.get(queue_name)

@@ -32,6 +32,8 @@ class OwnerLog(Protocol):
     spilled: int
     # Called when spilled copies that were on their way to the disk can be read.
     on_readable: Callable[[], None] | None
+    # Whether spilled copies read back may carry a due time (a topic backlog's log).
+    may_hold_deferred: bool
     recovered_ready: list[Message]
     recovered_deferred: list[Message]
 
@@ -96,6 +98,12 @@ class Storage(Protocol):
 
     def queue_deleted(self, name: str, log: OwnerLog | None) -> None: ...
 
+    def adopt(self, topic: str, queue: str, topic_log: OwnerLog, queue_log: OwnerLog) -> OwnerLog | None:
+        """The queue takes the topic's log over (its first queue, holding nothing yet): the topic's
+        backlog becomes the queue's without a copy. Returns the topic's new, empty log, or None when
+        the swap cannot be made (the backlog is then copied as usual)."""
+        ...
+
     def sync(self, callback: SyncCallback) -> None:
         """Call `callback` once every change reported so far is durable under the configured policy."""
         ...
@@ -136,6 +144,9 @@ class MemoryStorage:
 
     def queue_deleted(self, name: str, log: OwnerLog | None) -> None:
         pass
+
+    def adopt(self, topic: str, queue: str, topic_log: OwnerLog, queue_log: OwnerLog) -> OwnerLog | None:
+        return None
 
     def sync(self, callback: SyncCallback) -> None:
         callback(None)

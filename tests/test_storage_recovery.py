@@ -1150,3 +1150,115 @@ def test_spilled_single_publishes_of_one_turn_share_the_record_and_read_back_in_
     store.close()
     store = open_store(mem_queue_size=2)
     assert bodies(store.engine, "q") == payloads  # in flight when closed: back, in order
+
+
+# -- a spilled topic backlog handed over to its first queue ------------------------------------------
+
+
+def add_records_under(directory: Path) -> int:
+    """ADD records in every segment under `directory` (what copying a backlog would have written)."""
+    count = 0
+    for path in sorted(directory.glob("*.seg")):
+        count += sum(1 for _, record_type, _ in records.scan(path.read_bytes()) if record_type == records.ADD)
+    return count
+
+
+def test_the_first_queue_takes_a_spilled_backlog_over_without_a_copy(open_store: Callable[..., Store],
+                                                                      data_dir: Path) -> None:
+    store = open_store(mem_queue_size=5)
+    engine = store.engine
+    engine.publish_many("t", names("m", 40))
+    store.commit()
+    topic_dir = store.storage._topics["t"]["uid"]
+    assert engine.topics["t"].spilled == 35
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    store.commit()
+    queue = store.queue("q")
+    assert queue.log is not None and queue.log.dir == data_dir / f"t{topic_dir}"
+    assert engine.topics["t"].depth == 0 and queue.depth == 40
+    assert add_records_under(data_dir / f"t{topic_dir}") == 1, "the batch's one ADD record, not copied"
+    new_topic_dir = data_dir / f"t{store.storage._topics['t']['uid']}"
+    assert new_topic_dir != data_dir / f"t{topic_dir}" and add_records_under(new_topic_dir) == 0
+    consumer, got = consume(engine, "q", credit=10)
+    consumer.set_credit(0)
+    assert [m.body for m in got] == names("m", 10)
+    for message in got:
+        consumer.finish(message.id)
+    consumer.detach()
+    store.commit()
+    # Later publishes go to the queue's log as usual.
+    publish_each(engine, "t", names("n", 3))
+    store.close()
+
+    store = open_store(mem_queue_size=5)
+    assert bodies(store.engine, "q") == names("m", 30, start=10) + names("n", 3)
+    assert store.engine.topics["t"].depth == 0
+    store.engine.delete_queue("q")
+    store.commit()
+    assert not (data_dir / f"t{topic_dir}").exists(), "the queue's log goes with the queue"
+    store.close()
+    store = open_store(mem_queue_size=5)
+    assert "q" not in store.engine.queues and not list(data_dir.glob("orphan-*"))
+
+
+def test_deferred_copies_of_a_handed_over_backlog_wait_for_their_time(open_store: Callable[..., Store],
+                                                                      clock: ManualClock) -> None:
+    store = open_store(mem_queue_size=2)
+    engine = store.engine
+    engine.ensure_topic("t")
+    engine.publish_many("t", names("a", 4))
+    engine.publish("t", b"later", delay=30)
+    engine.publish_many("t", names("b", 4))
+    store.commit()
+    assert engine.topics["t"].spilled > 0
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    store.commit()
+    consumer, got = consume(engine, "q")
+    store.commit()
+    consumer.refill()
+    assert [m.body for m in got] == names("a", 4) + names("b", 4)
+    clock.advance(31)
+    engine.run_timers()
+    assert got[-1].body == b"later"
+
+
+def test_a_backlog_is_copied_as_before_when_the_queue_already_holds_messages(open_store: Callable[..., Store],
+                                                                            data_dir: Path) -> None:
+    store = open_store(mem_queue_size=3)
+    engine = store.engine
+    engine.publish_many("t", names("m", 10))
+    engine.ensure_queue("q")
+    engine.bind("q", "u")
+    engine.publish("u", b"first")
+    store.commit()
+    engine.bind("q", "t")
+    for _ in range(5):
+        engine.run_timers()
+        store.commit()
+    assert store.queue("q").log.dir.name.startswith("q")
+    assert bodies(engine, "q") == [b"first", *names("m", 10)]
+
+
+def test_a_torn_hand_over_record_leaves_the_backlog_with_the_topic(open_store: Callable[..., Store],
+                                                                   data_dir: Path) -> None:
+    """The swap is one journal record: torn, the restart sees no swap, and the backlog is copied as before."""
+    store = open_store(mem_queue_size=5)
+    engine = store.engine
+    engine.publish_many("t", names("m", 40))
+    store.commit()
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    store.close()
+    meta = data_dir / files.META_FILE
+    assert files.meta_changes(data_dir)[-1]["t"] == "adopt"
+    last = files.record_spans(meta)[-1]
+    files.truncate(meta, last.offset + last.length // 2)
+
+    store = open_store(mem_queue_size=5)
+    assert store.queue("q").log.dir.name.startswith("q")
+    for _ in range(10):
+        store.engine.run_timers()
+        store.commit()
+    assert bodies(store.engine, "q") == names("m", 40)
