@@ -6,13 +6,25 @@ STAMP := $(VENV)/.polymq-installed
 
 .PHONY: install serve test lint interop-envs system-tools bench conformance
 
+COMPILED := $(VENV)/.polymq-compiled
+# Tests run on the pure-Python sources too (POLYMQ_PURE_PYTHON=1): the engine, store and codec units.
+PURE_TESTS := tests/test_engine.py tests/test_engine_stateful.py tests/test_records_properties.py \
+	tests/test_storage_recovery.py tests/test_commit_path.py tests/test_nsq_codec.py \
+	tests/test_nsq_codec_properties.py tests/test_timers.py tests/test_compiled.py
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,compile]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The hot modules compiled with mypyc next to their sources (docs/performance.md). If it fails,
+# the pure-Python modules stay in use and the message says so; an edited source is used as it is
+# until the next compile.
+$(COMPILED): $(STAMP) $(wildcard core/*.py codecs/*.py)
+	-$(BIN)/python -m polymq.gateway.compile && touch $(COMPILED)
+
+install: $(STAMP) $(COMPILED)
 
 # The gateway with every protocol built so far, default ports, loopback.
 serve: install
@@ -31,7 +43,8 @@ lint: install
 
 # Everything: lint, unit, property, integration, interop, conformance.
 test: install interop-envs system-tools lint
-	$(BIN)/pytest
+	POLYMQ_PURE_PYTHON=1 $(BIN)/pytest -q $(PURE_TESTS)
+	POLYMQ_EXPECT_COMPILED=1 $(BIN)/pytest
 
 # Against a gateway already running on the default ports (`make serve`).
 bench: install

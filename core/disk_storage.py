@@ -241,12 +241,12 @@ class OwnerLog:
             if message.due is not None:
                 due = int(wall + (message.due - now) * 1e9)
         headers = message.headers
-        if headers is None:
-            encoded = b""
-        else:
-            encoded = header_cache.get(id(headers))
-            if encoded is None:
-                encoded = header_cache[id(headers)] = records.encode_headers(headers)
+        encoded = b""
+        if headers is not None:
+            cached = header_cache.get(id(headers))
+            if cached is None:
+                cached = header_cache[id(headers)] = records.encode_headers(headers)
+            encoded = cached
         return (message.id, message.timestamp_ns, message.attempts, expires, due, encoded, message.body)
 
     def _entries_record(self, messages: Sequence[Message]) -> _PendingAdd:
@@ -370,12 +370,14 @@ class OwnerLog:
         self._settle()
         if self.states:
             # STATE before DONE: recovery reads in order, and a DONE ends a copy for good.
-            self.pending.append((self.segment, records.encode_states(self.states)))
-            self.segment_bytes += len(self.pending[-1][1])
+            encoded = records.encode_states(self.states)
+            self.pending.append((self.segment, encoded))
+            self.segment_bytes += len(encoded)
             self.states = array("q")
         if self.done:
-            self.pending.append((self.segment, records.encode_positions(self.done)))
-            self.segment_bytes += len(self.pending[-1][1])
+            encoded = records.encode_positions(self.done)
+            self.pending.append((self.segment, encoded))
+            self.segment_bytes += len(encoded)
             self.done = array("Q")
         pending = self.pending
         start = 0
@@ -385,7 +387,7 @@ class OwnerLog:
             while end < len(pending) and pending[end][0] == segment:
                 end += 1
             path = self.path(segment)
-            parts = [item[1] if type(item[1]) is bytes else item[1].encode() for item in pending[start:end]]
+            parts = [item if isinstance(item, bytes) else item.encode() for _, item in pending[start:end]]
             data = parts[0] if len(parts) == 1 else b"".join(parts)
             job.appends.append((path, data))
             written.append((self, segment, path))
@@ -739,11 +741,15 @@ class DiskStorage:
 
     def retry_writes(self) -> bool:
         """The committer's attempt after a failure (`write_now` skips while failing); True if it worked."""
-        failure, self.failure = self.failure, None
+        previous = self.failure
+        self._clear_failure()  # a call, not `self.failure = None`: a checker would narrow the attribute to None
         self.write_now()
-        if self.failure is None and failure is not None:
+        if self.failure is None and previous is not None:
             log.warning("storage writes work again")
         return self.failure is None
+
+    def _clear_failure(self) -> None:
+        self.failure = None
 
     def _submit_sync(self, *, fsync: bool) -> SyncJob:
         self._sync_wanted = False
@@ -913,7 +919,7 @@ class DiskStorage:
 
     def _replay_meta(self, change: dict[str, Any]) -> None:
         kind = change.get("t")
-        name = change.get("name")
+        name: str = change.get("name", "")
         if kind == "topic":
             self._topics[name] = {"uid": change["uid"], "paused": change["paused"]}
             self._next_uid = max(self._next_uid, change["uid"] + 1)
@@ -930,8 +936,8 @@ class DiskStorage:
             if "dir" in change:
                 self._deleted_uids.add(_uid_of_dir(change["dir"]))
         elif kind == "adopt":
-            topic_meta = self._topics.get(change.get("topic"))
-            queue_meta = self._queues.get(change.get("queue"))
+            topic_meta = self._topics.get(change.get("topic", ""))
+            queue_meta = self._queues.get(change.get("queue", ""))
             if topic_meta is not None and queue_meta is not None:
                 topic_meta["uid"] = change["uid"]
                 queue_meta["dir"] = change["dir"]

@@ -934,19 +934,19 @@ class Engine:
                                         key=lambda message: message.pos))
             record.log.recovered_ready = record.log.recovered_deferred = []
             self.topics[record.name] = topic
-        for record in snapshot.queues:
-            options = dict(record.options)
+        for stored in snapshot.queues:
+            options = dict(stored.options)
             auto_delete = options.pop("auto_delete", None)
-            queue = Queue(self, record.name, ephemeral=False, auto_delete=auto_delete, options=options)
-            queue.paused = record.paused
-            queue.log = record.log
+            queue = Queue(self, stored.name, ephemeral=False, auto_delete=auto_delete, options=options)
+            queue.paused = stored.paused
+            queue.log = stored.log
             queue.log.on_readable = queue._on_readable
-            queue.ready.extend(record.log.recovered_ready)
-            for message in record.log.recovered_deferred:
+            queue.ready.extend(stored.log.recovered_ready)
+            for message in stored.log.recovered_deferred:
                 queue._defer(message, message.due if message.due is not None else now)
-            record.log.recovered_ready = record.log.recovered_deferred = []
-            self.queues[record.name] = queue
-            for topic_name in record.topics:
+            stored.log.recovered_ready = stored.log.recovered_deferred = []
+            self.queues[stored.name] = queue
+            for topic_name in stored.topics:
                 # Every durable topic has a record: a binding to any other was to an ephemeral topic.
                 topic = self.topics.get(topic_name) or self.ensure_topic(topic_name, ephemeral=True)
                 queue.topics.append(topic_name)

@@ -123,12 +123,18 @@ class Committer:
                 await self._wake.wait()
             self._wake = trio.Event()
             storage.on_work = self._wake.set
-            if storage.failure is not None:
-                storage.retry_writes()
-            else:
-                storage.write_now()
-            # One sync for every connection's writes of this turn (sessions write at the end of their reads).
-            storage.submit_sync()
+            try:
+                if storage.failure is not None:
+                    storage.retry_writes()
+                else:
+                    storage.write_now()
+                # One sync for every connection's writes of this turn (sessions write at the end of their reads).
+                storage.submit_sync()
+            except Exception:
+                # A bug must not stop the gateway: the work stays pending and is offered again.
+                log.exception("the store's commit failed; trying again in %.1f s", RETRY_DELAY_S)
+                await trio.sleep(RETRY_DELAY_S)
+                continue
             if storage.failure is not None:
                 await trio.sleep(RETRY_DELAY_S)
             else:

@@ -18,6 +18,7 @@ import attrs
 import click
 import trio
 
+import polymq
 from polymq.adapters.mqks import MQKSLimits, MQKSServer
 from polymq.adapters.nsq import NSQServer
 from polymq.adapters.transport import serve_tcp
@@ -111,6 +112,7 @@ async def run_gateway(
         storage = DiskStorage(config.data_dir, clock, policy=config.fsync, mem_queue_size=config.mem_queue_size)
         committer = Committer(storage)
     engine = Engine(clock=clock, storage=storage)
+    log.info("hot modules: %s", "compiled (mypyc)" if polymq.COMPILED else "pure Python")
     started = clock.now()
     engine.restore()
     if committer is not None:

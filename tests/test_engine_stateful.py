@@ -39,18 +39,19 @@ from polymq.core.disk_storage import DiskStorage, FsyncPolicy
 from polymq.core.engine import Consumer, CreditMode, Engine, Message, Outcome, Queue
 
 
-class CommittingStorage(DiskStorage):
-    """The real embedded store, committing synchronously in the test's thread when asked."""
+class CommittingStorage:
+    """The real embedded store, committing synchronously in the test's thread when asked (a wrapper:
+    the store may be a compiled class, which interpreted classes cannot inherit from)."""
 
     def __init__(self, directory: Path, clock: ManualClock) -> None:
-        super().__init__(directory, clock, policy=FsyncPolicy("never"))
+        self.store = DiskStorage(directory, clock, policy=FsyncPolicy("never"))
         self.writer = FileWriter()
 
     def commit(self) -> None:
-        job, written, callbacks = self.prepare()
+        job, written, callbacks = self.store.prepare()
         self.writer.run(job)
         assert job.error is None
-        self.complete(job, written, callbacks)
+        self.store.complete(job, written, callbacks)
 
 
 def held_copies(queue: Queue) -> list[Message]:
@@ -82,7 +83,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.clock = ManualClock()
         self.dir = Path(tempfile.mkdtemp(prefix="polymq-stateful-"))
         self.storage = CommittingStorage(self.dir, self.clock)
-        self.engine = Engine(clock=self.clock, storage=self.storage)
+        self.engine = Engine(clock=self.clock, storage=self.storage.store)
         self.engine.restore()
         # The model.
         self.alive: dict[str, set[int]] = {}  # queue → ids of copies not done yet
@@ -424,7 +425,7 @@ class EngineMachine(RuleBasedStateMachine):
             shutil.rmtree(copy, ignore_errors=True)
 
     def teardown(self) -> None:
-        self.storage.close()
+        self.storage.store.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -1,0 +1,59 @@
+"""The compiled hot modules and the pure-Python switch (`polymq/__init__.py`).
+
+`make test` runs the whole suite with the compiled modules (POLYMQ_EXPECT_COMPILED=1 asserts they
+are the ones in use) and the engine, store and codec units once more on the pure-Python sources
+(POLYMQ_PURE_PYTHON=1).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import polymq
+from polymq.core import engine
+from polymq.gateway import compile as compile_command
+
+WHERE = "import polymq, polymq.core.engine as e, polymq.codecs.nsq as n; print(polymq.COMPILED, e.__file__, n.__file__)"
+
+
+def test_the_expected_modules_are_in_use() -> None:
+    if os.environ.get("POLYMQ_EXPECT_COMPILED"):
+        assert polymq.COMPILED, "the compiled modules are not in use (did `python -m polymq.gateway.compile` fail?)"
+        assert engine.__file__ is not None and engine.__file__.endswith(".so")
+    if os.environ.get("POLYMQ_PURE_PYTHON"):
+        assert not polymq.COMPILED
+        assert engine.__file__ is not None and engine.__file__.endswith(".py")
+
+
+def test_pure_python_switch_loads_every_module_from_its_source() -> None:
+    env = {**os.environ, "POLYMQ_PURE_PYTHON": "1"}
+    out = subprocess.run([sys.executable, "-c", WHERE], env=env, capture_output=True, text=True, check=True).stdout
+    compiled, engine_file, codec_file = out.split()
+    assert compiled == "False" and engine_file.endswith("engine.py") and codec_file.endswith("nsq.py")
+
+
+@pytest.mark.skipif(not compile_command.compiled_files(), reason="no compiled modules in this checkout")
+def test_without_the_switch_the_compiled_modules_load() -> None:
+    env = {key: value for key, value in os.environ.items() if key != "POLYMQ_PURE_PYTHON"}
+    out = subprocess.run([sys.executable, "-c", WHERE], env=env, capture_output=True, text=True, check=True).stdout
+    compiled, engine_file, codec_file = out.split()
+    assert compiled == "True" and engine_file.endswith(".so") and codec_file.endswith(".so")
+
+
+def test_a_source_newer_than_its_compiled_module_is_stale(tmp_path: Path) -> None:
+    source, library = tmp_path / "engine.py", tmp_path / "engine.cpython-311-x86_64-linux-gnu.so"
+    source.write_text("")
+    library.write_bytes(b"")
+    past = time.time() - 10
+    os.utime(source, (past, past))
+    assert not polymq._stale([library])
+    os.utime(source, None)  # edited after the compile
+    assert polymq._stale([library])
+    source.unlink()
+    assert polymq._stale([library])
