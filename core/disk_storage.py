@@ -42,7 +42,7 @@ from polymq.core.clock import Clock
 from polymq.core.disk_io import CommitJob, FileWriter, SyncJob
 from polymq.core.ids import IdSource
 from polymq.core.message import Message
-from polymq.core.storage import QueueRecord, Snapshot, SyncCallback, TopicRecord
+from polymq.core.storage import DataDirInUse, QueueRecord, Snapshot, SyncCallback, TopicRecord
 
 log = logging.getLogger("polymq.storage")
 
@@ -565,6 +565,20 @@ def _message(entry: records.StoredEntry, segment: int, now: float, wall: int) ->
     return message
 
 
+def _lock(path: Path) -> int:
+    """Takes the data dir's lock and writes this process's pid into it, for the error of the next one."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).strip()
+        os.close(fd)
+        raise DataDirInUse(path.parent, int(holder) if holder.isdigit() else None) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 class DiskStorage:
     """The embedded store: `persistent`, restores everything at `load`, group-commits through a committer."""
 
@@ -577,12 +591,7 @@ class DiskStorage:
         self.policy = policy or FsyncPolicy()
         self.mem_queue_size = mem_queue_size
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            raise RuntimeError(f"{self.dir} is in use by another polymq process") from None
+        self._lock_fd = _lock(self.dir / LOCK_FILE)
         self.ids: IdSource | None = None
         self._id_high_water = 0
         self._next_uid = 1

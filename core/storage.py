@@ -25,6 +25,18 @@ if TYPE_CHECKING:
 SyncCallback = Callable[[OSError | None], None]
 
 
+class DataDirInUse(RuntimeError):
+    """Another process holds a store's lock; `pid` is the one it wrote there, if any.
+
+    Defined here, outside the compiled store: mypyc's native classes cannot inherit exceptions.
+    """
+
+    def __init__(self, directory: object, pid: int | None) -> None:
+        super().__init__(f"{directory} is in use by another polymq process (pid {pid})")
+        self.directory = directory
+        self.pid = pid
+
+
 class OwnerLog(Protocol):
     """The durable record of one queue's (or topic backlog's) message copies."""
 

@@ -1,4 +1,4 @@
-"""The `polymq` command: serve, bench, conformance."""
+"""The `polymq` command: serve, config, bench, conformance."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from polymq.gateway.bench_mqks import command as bench_mqks
 from polymq.gateway.bench_nsq import command as bench_nsq
 from polymq.gateway.bench_versus import command as bench_versus
 from polymq.gateway.serve import command as serve
+from polymq.gateway.serve import config_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,6 +21,7 @@ def main() -> None:
 
     \b
     polymq serve         run the gateway (every built protocol, default ports, loopback)
+    polymq config        print the effective configuration as TOML
     polymq bench         measure a server of a protocol (throughput and latency)
     polymq conformance   black-box checks of a server of a protocol, against any address
     """
@@ -39,6 +41,7 @@ def conformance() -> None:
 
 
 main.add_command(serve, "serve")
+main.add_command(config_command, "config")
 bench.add_command(bench_mqks, "mqks")
 bench.add_command(bench_nsq, "nsq")
 bench.add_command(bench_versus, "versus-nsqd")

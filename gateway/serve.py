@@ -1,16 +1,24 @@
 """`polymq serve`: run the gateway in one trio run.
 
-Prints `polymq listening <name> <host>:<port>` for each listener and then `polymq ready`
-(tests and scripts start it with port 0 and read those lines). SIGTERM and SIGINT stop it
-cleanly with exit status 0.
+Start-up is in two steps. `prepare` binds every listener first, then opens the store: a port in
+use or an unusable data dir fails before anything is created, as one clear log line naming the
+listener and address or the path and the pid holding it (`StartupError`, exit status 1; the
+traceback only with `--debug`). `run_gateway` then serves. It logs `listening <name> <host>:<port>`
+for each listener and then `ready` (tests and scripts start it with port 0 and read those lines).
+SIGTERM and SIGINT stop it cleanly with exit status 0, after a last line saying what was written.
+See docs/operations.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import math
+import shutil
 import signal
 import socket
+import ssl
 import sys
 from pathlib import Path
 
@@ -19,45 +27,45 @@ import click
 import trio
 
 import polymq
-from polymq.adapters.mqks import MQKSLimits, MQKSServer
+from polymq.adapters.mqks import MQKSServer
 from polymq.adapters.nsq import NSQServer
 from polymq.adapters.transport import serve_tcp
-from polymq.codecs.mqks import MAX_LINE_LENGTH as MQKS_MAX_LINE_LENGTH
-from polymq.codecs.nsq import ServerLimits
 from polymq.core.clock import SystemClock
-from polymq.core.disk_storage import MEM_QUEUE_SIZE, DiskStorage, FsyncPolicy
+from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import Engine
-from polymq.core.storage import MemoryStorage
+from polymq.core.storage import DataDirInUse, MemoryStorage
+from polymq.gateway import logs
 from polymq.gateway.committer import Committer
+from polymq.gateway.config import Config, click_options, from_command_line, to_toml
 from polymq.gateway.nsq_http import serve_nsq_http
 
 log = logging.getLogger("polymq")
 
-# nsqd's defaults (nsq-notes §1); polymq binds loopback unless told otherwise.
-DEFAULT_BIND = "127.0.0.1"
-DEFAULT_NSQ_TCP_PORT = 4150
-DEFAULT_NSQ_HTTP_PORT = 4151
-# The original MQKS's first worker (mqks-notes §1: a one-worker deployment listens on 25000).
-DEFAULT_MQKS_PORT = 25000
 # The listen backlog; the original MQKS used 256, nsqd the OS default.
 LISTEN_BACKLOG = 1024
+# Each listener's name in the log lines and the flag that moves it.
+LISTENERS = {"nsq-tcp": "--nsq-tcp-port", "nsq-http": "--nsq-http-port", "mqks": "--mqks-port"}
+
+
+class StartupError(Exception):
+    """A start-up failure a user can fix: the message names the thing and what to do."""
 
 
 @attrs.define
-class GatewayConfig:
-    bind: str = DEFAULT_BIND
-    nsq_tcp_port: int | None = DEFAULT_NSQ_TCP_PORT  # None = protocol off
-    nsq_http_port: int | None = DEFAULT_NSQ_HTTP_PORT
-    mqks_port: int | None = DEFAULT_MQKS_PORT
-    mqks_limits: MQKSLimits = attrs.field(factory=MQKSLimits)
-    data_dir: Path = Path("data")
-    fsync: FsyncPolicy = attrs.field(factory=FsyncPolicy)
-    mem_queue_size: int = MEM_QUEUE_SIZE
-    in_memory: bool = False  # MemoryStorage: nothing written, a restart starts empty
-    nsq_limits: ServerLimits = attrs.field(factory=ServerLimits)
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    auth_http_address: str | None = None
+class Prepared:
+    """What start-up made before serving: bound listeners, the opened store."""
+
+    config: Config
+    sockets: dict[str, socket.socket]
+    storage: DiskStorage | MemoryStorage
+    committer: Committer | None
+    ssl_context: ssl.SSLContext | None
+
+    def close(self) -> None:
+        for sock in self.sockets.values():
+            sock.close()
+        if isinstance(self.storage, DiskStorage):
+            self.storage.close()
 
 
 class TimerTask:
@@ -85,149 +93,221 @@ class TimerTask:
             engine.run_timers()
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(LISTEN_BACKLOG)
+def _why(error: OSError) -> str:
+    return (error.strerror or str(error)).lower()
+
+
+def listening_socket(name: str, host: str, port: int) -> socket.socket:
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as error:
+        raise StartupError(f"cannot listen for {name} on {address}: {_why(error)}") from error
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except (OSError, OverflowError) as error:
+        sock.close()
+        flag = LISTENERS[name]
+        if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
+            hint = f"stop the process using it, or choose another port with {flag} (-1 turns {name} off)"
+        elif isinstance(error, OSError) and error.errno == errno.EACCES:
+            hint = f"ports below 1024 need privileges: choose another with {flag}"
+        elif isinstance(error, socket.gaierror | OSError) and error.errno in (
+                errno.EADDRNOTAVAIL, socket.EAI_NONAME, socket.EAI_AGAIN):
+            hint = "is --bind an address of this machine?"
+        else:
+            hint = f"check --bind and {flag}"
+        why = _why(error) if isinstance(error, OSError) else str(error)
+        raise StartupError(f"cannot listen for {name} on {address}: {why}; {hint}") from error
     return sock
 
 
-def announce(name: str, sock: socket.socket) -> None:
-    host, port = sock.getsockname()[:2]
-    print(f"polymq listening {name} {host}:{port}", flush=True)
+def _missing_ancestor(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (what opening the store would create)."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def open_storage(config: Config) -> tuple[DiskStorage | MemoryStorage, Committer | None]:
+    clock = SystemClock()
+    if config.storage.in_memory:
+        return MemoryStorage(), None
+    data_dir = config.storage.data_dir.absolute()
+    created = _missing_ancestor(data_dir)
+    try:
+        storage = DiskStorage(data_dir, clock, policy=config.storage.fsync,
+                              mem_queue_size=config.storage.mem_queue_size)
+    except DataDirInUse as error:
+        holder = f"pid {error.pid}" if error.pid else "another process"
+        raise StartupError(f"data dir {data_dir} is in use by another polymq process ({holder}); stop it, "
+                           "or give this gateway another --data-dir") from error
+    except OSError as error:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        path = error.filename or data_dir
+        raise StartupError(f"cannot use data dir {data_dir}: {path}: {_why(error)}; "
+                           "choose a writable folder with --data-dir") from error
+    return storage, Committer(storage)
+
+
+def _ssl_context(config: Config) -> ssl.SSLContext | None:
+    nsq = config.nsq
+    if nsq.tls_cert is None:
+        if nsq.tls_required:
+            raise StartupError("--tls-required needs a certificate: give --tls-cert (and --tls-key)")
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(str(nsq.tls_cert), str(nsq.tls_key) if nsq.tls_key else None)
+    except (OSError, ssl.SSLError) as error:
+        raise StartupError(f"cannot load the TLS certificate {nsq.tls_cert} (key {nsq.tls_key or 'in the same file'}): "
+                           f"{getattr(error, 'reason', None) or error}") from error
+    return context
+
+
+def prepare(config: Config) -> Prepared:
+    """Binds every listener, then opens the store; on failure closes what it made and raises StartupError."""
+    ssl_context = _ssl_context(config)
+    sockets: dict[str, socket.socket] = {}
+    try:
+        for name in LISTENERS:
+            port = config.port(name)
+            if port is not None:
+                sockets[name] = listening_socket(name, config.bind, port)
+        storage, committer = open_storage(config)
+    except BaseException:
+        for sock in sockets.values():
+            sock.close()
+        raise
+    return Prepared(config, sockets, storage, committer, ssl_context)
+
+
+def _in_flight(engine: Engine) -> int:
+    return sum(len(queue.in_flight) for queue in engine.queues.values())
+
+
+def _stored(engine: Engine) -> int:
+    return (sum(queue.depth + len(queue.deferred) for queue in engine.queues.values())
+            + sum(topic.depth for topic in engine.topics.values()))
 
 
 async def run_gateway(
-    config: GatewayConfig, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED
+    prepared: Prepared, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED
 ) -> None:
+    config, storage, committer = prepared.config, prepared.storage, prepared.committer
     clock = SystemClock()
-    storage: DiskStorage | MemoryStorage
-    committer: Committer | None = None
-    if config.in_memory:
-        storage = MemoryStorage()
-        log.warning("storage in memory only: nothing is written, a restart starts empty")
-    else:
-        storage = DiskStorage(config.data_dir, clock, policy=config.fsync, mem_queue_size=config.mem_queue_size)
-        committer = Committer(storage)
     engine = Engine(clock=clock, storage=storage)
-    log.info("hot modules: %s", "compiled (mypyc)" if polymq.COMPILED else "pure Python")
+    log.info("polymq %s, hot modules %s", polymq.__version__,
+             "compiled (mypyc)" if polymq.COMPILED else "pure Python")
     started = clock.now()
     engine.restore()
-    if committer is not None:
-        log.info("storage %s (fsync %s): restored %d topics, %d queues, %d messages in %.2f s", config.data_dir,
-                 config.fsync, len(engine.topics), len(engine.queues),
-                 sum(q.depth + len(q.deferred) for q in engine.queues.values())
-                 + sum(t.depth for t in engine.topics.values()), clock.now() - started)
+    if committer is None:
+        log.warning("storage in memory only: nothing is written, a restart starts empty")
+    else:
+        log.info("storage %s, fsync %s: restored %d topics, %d queues, %d messages in %.2f s",
+                 config.storage.data_dir.absolute(), config.storage.fsync, len(engine.topics), len(engine.queues),
+                 _stored(engine), clock.now() - started)
     timer_task = TimerTask(engine)
-    limits = config.nsq_limits
-    ssl_context = None
-    if config.tls_cert is not None:
-        import ssl
-
-        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ssl_context.load_cert_chain(str(config.tls_cert), str(config.tls_key) if config.tls_key else None)
-        limits = attrs.evolve(limits, tls_available=True)
-    if config.auth_http_address:
-        limits = attrs.evolve(limits, auth_enabled=True)
-    # Installed before any listener, so a signal at any moment after start-up is a clean stop.
+    nsq = NSQServer(engine, config.nsq.limits(), ssl_context=prepared.ssl_context,
+                    auth_http_address=config.nsq.auth_http_address)
+    mqks = MQKSServer(engine, config.mqks.limits())
+    sockets = prepared.sockets
+    in_flight = 0
+    # Installed before any listener serves, so a signal at any moment after start-up is a clean stop.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timer_task.run)
             if committer is not None:
                 nursery.start_soon(committer.run)
-            nsq = NSQServer(engine, limits, ssl_context=ssl_context, auth_http_address=config.auth_http_address)
-            if config.nsq_tcp_port is not None:
-                tcp_sock = _listening_socket(config.bind, config.nsq_tcp_port)
-                announce("nsq-tcp", tcp_sock)
-                nsq.tcp_port = tcp_sock.getsockname()[1]
-                await nursery.start(serve_tcp, nsq.handle_connection, tcp_sock)
-            if config.nsq_http_port is not None:
-                sock = _listening_socket(config.bind, config.nsq_http_port)
-                announce("nsq-http", sock)
-                nsq.http_port = sock.getsockname()[1]
-                await nursery.start(serve_nsq_http, engine, nsq, sock)
-            mqks = MQKSServer(engine, config.mqks_limits)
-            if config.mqks_port is not None:
-                sock = _listening_socket(config.bind, config.mqks_port)
-                announce("mqks", sock)
-                mqks.host, mqks.port = sock.getsockname()[:2]
-                await nursery.start(serve_tcp, mqks.handle_connection, sock)
-            print("polymq ready", flush=True)
+            for name, sock in sockets.items():
+                host, port = sock.getsockname()[:2]
+                log.info("listening %s %s:%d", name, host, port)
+                if name == "nsq-tcp":
+                    nsq.tcp_port = port
+                    await nursery.start(serve_tcp, nsq.handle_connection, sock)
+                elif name == "nsq-http":
+                    nsq.http_port = port
+                    await nursery.start(serve_nsq_http, engine, nsq, sock)
+                else:
+                    mqks.host, mqks.port = host, port
+                    await nursery.start(serve_tcp, mqks.handle_connection, sock)
+            log.info("ready")
             task_status.started(engine)
             async for signum in signals:
-                log.info("received %s, shutting down", signal.Signals(signum).name)
+                log.info("received %s, stopping: closing %d connections", signal.Signals(signum).name,
+                         len(nsq.sessions) + len(mqks.sessions))
+                in_flight = _in_flight(engine)
                 await nsq.shutdown()
                 await mqks.shutdown()
                 nursery.cancel_scope.cancel()
                 break
     # Sessions are closed and their in-flight messages returned: write and fdatasync it all.
-    if committer is not None:
+    if committer is not None and isinstance(storage, DiskStorage):
         await committer.flush()
         storage.close()
+        log.info("stopped: %d in-flight messages returned to their queues; %d messages in %d topics and %d queues "
+                 "written and synced in %s", in_flight, _stored(engine), len(engine.topics), len(engine.queues),
+                 config.storage.data_dir.absolute())
+    else:
+        log.info("stopped: %d messages in memory dropped (--in-memory)", _stored(engine))
+
+
+def _fail(message: str, error: BaseException, debug: bool) -> None:
+    log.error("%s", message, exc_info=error if debug else None)
+    if not debug and not isinstance(error, StartupError):
+        log.error("run with --debug for the traceback")
+    sys.exit(1)
+
+
+def _innermost(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 @click.command()
-@click.option("--bind", default=DEFAULT_BIND, show_default=True, help="Address every listener binds to.")
-@click.option("--nsq-tcp-port", type=int, default=DEFAULT_NSQ_TCP_PORT, show_default=True,
-              help="NSQ V2 TCP port (0 = any free port, -1 = off).")
-@click.option("--nsq-http-port", type=int, default=DEFAULT_NSQ_HTTP_PORT, show_default=True,
-              help="nsqd HTTP API port (0 = any free port, -1 = off).")
-@click.option("--mqks-port", type=int, default=DEFAULT_MQKS_PORT, show_default=True,
-              help="MQKS TCP port (0 = any free port, -1 = off).")
-@click.option("--mqks-max-line", type=click.IntRange(min=64), default=MQKS_MAX_LINE_LENGTH, show_default=True,
-              help="Longest MQKS request line in bytes; a longer one is answered with an error and skipped.")
-@click.option("--mqks-consumer-window", type=click.IntRange(min=1), default=MQKSLimits().consumer_window,
-              show_default=True,
-              help="Deliveries an MQKS consumer may hold: unacknowledged (manual-ack) or not yet written (auto-ack).")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True,
-              help="Where the embedded durable store keeps its files.")
-@click.option("--fsync", "fsync", default="always", show_default=True,
-              help="always: acknowledge after fdatasync (group commit); interval:MS: acknowledge after the write, "
-                   "fdatasync every MS (an OS crash or power cut loses at most MS of acknowledged publishes); "
-                   "never: leave it to the OS (a process crash loses nothing, an OS crash may).")
-@click.option("--mem-queue-size", type=click.IntRange(min=0), default=MEM_QUEUE_SIZE, show_default=True,
-              help="Messages per queue and topic kept in memory; the rest are read back from disk (nsqd's flag).")
-@click.option("--in-memory", is_flag=True,
-              help="Keep nothing on disk (benchmarks, throwaway tests): a restart starts empty.")
-@click.option("--tls-cert", type=click.Path(exists=True, path_type=Path), default=None,
-              help="PEM certificate: enables the NSQ tls_v1 upgrade.")
-@click.option("--tls-key", type=click.Path(exists=True, path_type=Path), default=None, help="PEM private key.")
-@click.option("--tls-required", is_flag=True, help="Refuse every NSQ command but IDENTIFY before TLS.")
-@click.option("--auth-http-address", default=None, help="host:port of an nsqd-style auth server.")
-@click.option("--msg-timeout", type=int, default=60_000, show_default=True, help="NSQ default msg timeout (ms).")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-def command(bind: str, nsq_tcp_port: int, nsq_http_port: int, mqks_port: int, mqks_max_line: int,
-            mqks_consumer_window: int, data_dir: Path, fsync: str, mem_queue_size: int,
-            in_memory: bool, tls_cert: Path | None,
-            tls_key: Path | None, tls_required: bool, auth_http_address: str | None, msg_timeout: int,
-            log_level: str) -> None:
+@click_options
+@click.option("--debug", is_flag=True, envvar="POLYMQ_DEBUG", help="Show the traceback of a start-up failure.")
+@click.pass_context
+def command(ctx: click.Context, debug: bool, **values: object) -> None:
     """Run the gateway with every protocol built so far, on loopback by default.
 
-    NSQ V2 on TCP 4150, the nsqd HTTP API on 4151 and MQKS on TCP 25000, stored durably under --data-dir.
+    NSQ V2 on TCP 4150, the nsqd HTTP API on 4151 and MQKS on TCP 25000, stored durably under
+    --data-dir. Every option is also a POLYMQ_* variable and a key of the --config file
+    (`polymq config --show` prints them all).
     """
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    limits = ServerLimits(msg_timeout_ms=msg_timeout, tls_required=tls_required)
+    config = from_command_line(ctx, values)
+    logs.configure(config.log.level, config.log.format)
     try:
-        policy = FsyncPolicy.parse(fsync)
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--fsync") from None
-    config = GatewayConfig(
-        bind=bind,
-        nsq_tcp_port=None if nsq_tcp_port < 0 else nsq_tcp_port,
-        nsq_http_port=None if nsq_http_port < 0 else nsq_http_port,
-        mqks_port=None if mqks_port < 0 else mqks_port,
-        mqks_limits=MQKSLimits(max_line_length=mqks_max_line, consumer_window=mqks_consumer_window),
-        data_dir=data_dir,
-        fsync=policy,
-        mem_queue_size=mem_queue_size,
-        in_memory=in_memory,
-        nsq_limits=limits,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        auth_http_address=auth_http_address,
-    )
-    trio.run(run_gateway, config)
+        prepared = prepare(config)
+    except StartupError as error:
+        _fail(str(error), error, debug)
+        return
+    except Exception as error:  # a failure no check foresaw: one line, the traceback with --debug
+        _fail(f"start-up failed: {type(error).__name__}: {error}", error, debug)
+        return
+    try:
+        trio.run(run_gateway, prepared)
+    except BaseException as error:
+        with contextlib.suppress(Exception):
+            prepared.close()
+        cause = _innermost(error)
+        if isinstance(cause, KeyboardInterrupt | SystemExit):
+            raise
+        _fail(f"stopped by an unexpected error: {type(cause).__name__}: {cause}", error, debug)
+
+
+@click.command()
+@click_options
+@click.option("--show", is_flag=True, default=True, help="Print the effective config as TOML (the default).")
+@click.pass_context
+def config_command(ctx: click.Context, show: bool, **values: object) -> None:
+    """Print the effective config (defaults, --config file, POLYMQ_* variables, flags) as TOML."""
+    click.echo(to_toml(from_command_line(ctx, values)), nl=False)

@@ -1,20 +1,21 @@
 """Start a real `polymq serve` process for a test and stop it by its PID.
 
-The gateway is started with every port set to 0; it prints one line per listener,
-`polymq listening <name> <host>:<port>`, then `polymq ready`. This module reads those
-lines so tests never guess at free ports.
+The gateway is started with every port set to 0; it logs one line per listener,
+`listening <name> <host>:<port>`, then `ready`. This module reads those lines so tests never
+guess at free ports.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,14 +53,21 @@ class GatewayProcess:
         return self.process.returncode
 
 
-def _pump(stream, lines: list[str], ready: threading.Event, addresses: dict[str, str]) -> None:
+# The gateway's log lines `… INFO gateway listening nsq-tcp 127.0.0.1:4150` and `… INFO gateway ready`.
+LISTENING = re.compile(r" (?:gateway +)?listening (\S+) (\S+:\d+)$")
+READY = re.compile(r" ready$")
+
+
+def read_announcements(stream: Iterable[str], lines: list[str], ready: threading.Event,
+                       addresses: dict[str, str]) -> None:
+    """Collects the output's lines, each listener's address, and sets `ready` at the ready line (or the end)."""
     for raw in stream:
         line = raw.rstrip("\n")
         lines.append(line)
-        parts = line.split()
-        if len(parts) == 4 and parts[:2] == ["polymq", "listening"]:
-            addresses[parts[2]] = parts[3]
-        elif line == "polymq ready":
+        listening = LISTENING.search(line)
+        if listening:
+            addresses[listening.group(1)] = listening.group(2)
+        elif READY.search(line):
             ready.set()
     ready.set()
 
@@ -88,7 +96,7 @@ def running_gateway(*extra_args: str, data_dir: Path | None = None) -> Iterator[
     lines: list[str] = []
     addresses: dict[str, str] = {}
     ready = threading.Event()
-    pump = threading.Thread(target=_pump, args=(process.stdout, lines, ready, addresses), daemon=True)
+    pump = threading.Thread(target=read_announcements, args=(process.stdout, lines, ready, addresses), daemon=True)
     pump.start()
     gateway = GatewayProcess(process, addresses, lines)
     try:

@@ -8,7 +8,7 @@ fsync'd/fdatasync'd, and only then the `OK` sent.
 Three parts:
 
 * `traced_process` starts a command as strace's child (`strace -f ... -- python -m polymq serve`),
-  reads its `polymq listening ...` / `polymq ready` lines, and stops it by SIGTERM to the traced
+  reads its `listening ...` / `ready` lines, and stops it by SIGTERM to the traced
   child's PID (found as the child of the strace process we started), then waits for strace.
 * `parse_trace` turns strace's text (`-f -ttt -T -yy -xx`) into `Syscall` events, joining
   `<unfinished ...>` / `<... resumed>` halves of multithreaded traces.
@@ -565,21 +565,11 @@ def _child_pid(parent: int) -> int | None:
     return None
 
 
-def _pump(stream: Iterable[str], lines: list[str], ready: threading.Event, addresses: dict[str, str]) -> None:
-    for raw in stream:
-        line = raw.rstrip("\n")
-        lines.append(line)
-        parts = line.split()
-        if len(parts) == 4 and parts[:2] == ["polymq", "listening"]:
-            addresses[parts[2]] = parts[3]
-        elif line == "polymq ready":
-            ready.set()
-    ready.set()
-
-
 @contextmanager
 def traced_process(command: Sequence[str], trace_path: Path) -> Iterator[TracedProcess]:
     """Run `command` as strace's child until the block ends; the trace is complete afterwards."""
+    from support.gateway import read_announcements  # not at the top: this file also runs as a script
+
     process = subprocess.Popen(
         [*strace_command(trace_path), *command],
         stdout=subprocess.PIPE,
@@ -590,7 +580,7 @@ def traced_process(command: Sequence[str], trace_path: Path) -> Iterator[TracedP
     lines: list[str] = []
     addresses: dict[str, str] = {}
     ready = threading.Event()
-    threading.Thread(target=_pump, args=(process.stdout, lines, ready, addresses), daemon=True).start()
+    threading.Thread(target=read_announcements, args=(process.stdout, lines, ready, addresses), daemon=True).start()
     traced = TracedProcess(process, trace_path, addresses, lines)
     try:
         if not ready.wait(READY_TIMEOUT_S) or process.poll() is not None:
@@ -667,8 +657,8 @@ def _reference_server(data_dir: str, mode: str) -> None:
 
     threading.Thread(target=writer, daemon=True).start()
     listener = socket.create_server(("127.0.0.1", 0))
-    print(f"polymq listening nsq-tcp 127.0.0.1:{listener.getsockname()[1]}", flush=True)
-    print("polymq ready", flush=True)
+    print(f"reference listening nsq-tcp 127.0.0.1:{listener.getsockname()[1]}", flush=True)
+    print("reference ready", flush=True)
     while True:
         conn, _ = listener.accept()
         threading.Thread(target=session, args=(conn,), daemon=True).start()

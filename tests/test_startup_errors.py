@@ -1,0 +1,142 @@
+"""Start-up failures of the real `polymq serve`: one clear line, the right exit status, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from support.gateway import running_gateway
+
+# Every listener on a free port: only the case under test may fail.
+FREE_PORTS = ("--nsq-tcp-port", "0", "--nsq-http-port", "0", "--mqks-port", "0")
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "polymq", "serve", *args], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, **(env or {})})
+
+
+def _error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if " ERROR " in line]
+
+
+def _no_traceback(result: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in result.stderr + result.stdout
+    assert len(result.stderr.splitlines()) <= 3, result.stderr
+
+
+def test_a_port_in_use_names_the_listener_and_address_and_creates_no_data_dir(tmp_path: Path) -> None:
+    data_dir = tmp_path / "fresh" / "data"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _serve("--data-dir", str(data_dir), "--nsq-tcp-port", "0", "--nsq-http-port", "0",
+                        "--mqks-port", str(port))
+    assert result.returncode == 1
+    _no_traceback(result)
+    [line] = _error_lines(result)
+    assert line.endswith(f"gateway  cannot listen for mqks on 127.0.0.1:{port}: address already in use; "
+                         "stop the process using it, or choose another port with --mqks-port (-1 turns mqks off)")
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_a_data_dir_in_use_names_the_path_and_the_pid_holding_it(tmp_path: Path) -> None:
+    with running_gateway(data_dir=tmp_path) as first:
+        result = _serve("--data-dir", str(tmp_path), *FREE_PORTS)
+        assert result.returncode == 1
+        _no_traceback(result)
+        [line] = _error_lines(result)
+        assert line.endswith(f"data dir {tmp_path} is in use by another polymq process (pid {first.process.pid}); "
+                             "stop it, or give this gateway another --data-dir")
+        assert first.process.poll() is None  # the first gateway is untouched
+
+
+def test_an_unusable_data_dir_names_the_path_and_why() -> None:
+    result = _serve("--data-dir", "/proc/forbidden", *FREE_PORTS)
+    assert result.returncode == 1
+    _no_traceback(result)
+    [line] = _error_lines(result)
+    assert "cannot use data dir /proc/forbidden: /proc/forbidden: " in line
+    assert line.endswith("; choose a writable folder with --data-dir")
+
+
+def test_a_data_dir_under_a_file_is_refused_with_the_reason(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    result = _serve("--data-dir", str(tmp_path / "file" / "data"), *FREE_PORTS)
+    assert result.returncode == 1
+    _no_traceback(result)
+    [line] = _error_lines(result)
+    assert f"cannot use data dir {tmp_path / 'file' / 'data'}: {tmp_path / 'file' / 'data'}: not a directory" in line
+
+
+def test_a_file_as_data_dir_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    result = _serve("--data-dir", str(tmp_path / "file"), *FREE_PORTS)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: Invalid value for '--data-dir': Directory '{tmp_path / 'file'}' is a file.")
+
+
+def test_debug_adds_the_traceback() -> None:
+    result = _serve("--data-dir", "/proc/forbidden", "--debug", *FREE_PORTS)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "StartupError" in result.stderr
+
+
+def test_tls_required_without_a_certificate_is_a_start_up_error(tmp_path: Path) -> None:
+    result = _serve("--data-dir", str(tmp_path / "d"), "--tls-required", *FREE_PORTS)
+    assert result.returncode == 1
+    _no_traceback(result)
+    [line] = _error_lines(result)
+    assert line.endswith("--tls-required needs a certificate: give --tls-cert (and --tls-key)")
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_bad_flag_value_is_a_usage_error_naming_the_flag() -> None:
+    result = _serve("--fsync=sometimes")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "Error: Invalid value for '--fsync': must be always, never or interval:MS (MS > 0), not 'sometimes'")
+
+
+def test_a_bad_variable_is_a_usage_error_naming_the_variable() -> None:
+    result = _serve(env={"POLYMQ_NSQ_TCP_PORT": "70000"})
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].startswith("Error: Invalid value for variable POLYMQ_NSQ_TCP_PORT: 70000")
+
+
+def test_a_bad_config_value_names_the_file_and_line(tmp_path: Path) -> None:
+    config = tmp_path / "polymq.toml"
+    config.write_text('bind = "127.0.0.1"\n\n[storage]\nfsync = "sometimes"\n')
+    result = _serve("--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: {config} line 4: storage.fsync: must be always, never or interval:MS (MS > 0), not 'sometimes'")
+
+
+def test_an_unknown_config_key_names_the_file_and_line(tmp_path: Path) -> None:
+    config = tmp_path / "polymq.toml"
+    config.write_text("[nsq]\ntcp_prot = 4150\n")
+    result = _serve("--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: {config} line 2: unknown option 'nsq.tcp_prot' (`polymq config --show` lists them)")
+
+
+def test_a_config_file_that_is_not_toml_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "polymq.toml"
+    config.write_text("[nsq\n")
+    result = _serve("--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].startswith(f"Error: {config}: not valid TOML: ")
+
+
+def test_a_missing_config_file_is_named(tmp_path: Path) -> None:
+    result = _serve("--config", str(tmp_path / "missing.toml"))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: cannot read config file {tmp_path / 'missing.toml'}: No such file or directory")
