@@ -5,7 +5,7 @@ and handles it synchronously (engine calls never await), appending response line
 output list; the writer sends that list as one write. Deliveries from other connections'
 publishes land in the same list and wake the writer.
 
-Model (ARCHITECTURE §3): `publish e` publishes to engine topic `e`, dropped when no queue is
+Model (docs/architecture.md): `publish e` publishes to engine topic `e`, dropped when no queue is
 bound (MQKS's rule); `consume q e1 e2` makes engine queue `q` bound to topics `e1`, `e2`. An
 MQKS consumer is an engine consumer: auto-ack ones hold a window of deliveries not yet written
 (credit comes back as the writer sends), manual-ack ones a window of unacknowledged messages.
@@ -13,11 +13,13 @@ The publisher's msg_id travels in the message headers and the event is the messa
 messages published by other protocols show the engine id (16 hex digits, as NSQ shows it).
 Consecutive publishes to one event in one read are published as one batch.
 
-Where polymq differs from the original on purpose (mqks-notes §9, README "MQKS"): a TAB answers
+Where polymq differs from the original on purpose (docs/protocols/mqks.md): a TAB answers
 `{id} error …` instead of dropping the client; `_eval` answers stats expressions only; a
 `consume --confirm` is answered as soon as the binding is applied (no 0.1 s delay, so no
-delivery overtakes it); a queue created by `rebind` alone keeps what is published to it instead
-of dropping it; queues and unacknowledged messages are stored durably.
+delivery overtakes it); queues and unacknowledged messages are stored durably. As in the
+original, a queue bound by `rebind` alone, that no one has consumed yet, is not a queue: what is
+published to its events is dropped (`MQKSLimits.keep_unconsumed_rebound` keeps it instead).
+See docs/protocols/mqks.md.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import datetime
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -52,12 +54,16 @@ WHEN_UNUSED_OPTION = "mqks_delete_when_unused"
 @attrs.frozen
 class MQKSLimits:
     max_line_length: int = mqks.MAX_LINE_LENGTH
-    # The original has no limit on deliveries a consumer holds (ARCHITECTURE §3 asks for a cap):
+    # The original has no limit on deliveries a consumer holds (docs/architecture.md asks for a cap):
     # auto-ack consumers hold at most this many deliveries not yet written to the socket,
     # manual-ack consumers at most this many unacknowledged ones.
     consumer_window: int = 10_000
     # `host:worker_port:client_port` the original's stats tools read from `config['workers']`.
     worker_port: int = 24000
+    # The original has no queue object until a queue's first consume, so a publish to events bound
+    # only by `rebind` is dropped (its own test suite expects that). True makes `rebind` create the
+    # queue at once, so those publishes are kept (`--mqks-keep-unconsumed`).
+    keep_unconsumed_rebound: bool = False
 
 
 class MQKSConsumer:
@@ -74,7 +80,7 @@ class MQKSConsumer:
         self.manual_ack = manual_ack
         self.engine_consumer: Consumer | None = None
         # msg_id -> engine id. Client-chosen msg_ids may repeat: the extra ones wait in
-        # `duplicates` so that none is lost (the original overwrote them, mqks-notes §9).
+        # `duplicates` so that none is lost (the original overwrote them, docs/protocols/mqks.md).
         self.unacked: dict[str, int] = {}
         self.duplicates: dict[str, list[int]] = {}
 
@@ -113,6 +119,11 @@ class MQKSServer:
         self.sessions: set[MQKSSession] = set()
         self.consumers: dict[str, MQKSConsumer] = {}
         self.consumers_by_queue: dict[str, dict[str, MQKSConsumer]] = {}
+        # Events bound by `rebind` to a queue no one has consumed yet (no engine queue: what is
+        # published to them is dropped). Not stored: they hold no messages, and the original keeps
+        # nothing over a restart; the queue's first consume takes them over.
+        self.unconsumed_bindings: dict[str, list[str]] = {}
+        engine.on_queue_deleted.append(self._queue_deleted)
         self.host = "127.0.0.1"
         self.port = 25000
         # The original's stats counters (`stats.py`): publishes, copies put in queues, deliveries.
@@ -152,6 +163,31 @@ class MQKSServer:
     def sessions_with_consumers(self) -> int:
         return sum(1 for session in self.sessions if session.consumers)
 
+    def forget_events(self, events: Iterable[str]) -> None:
+        """Deletes the engine topics of `events` that no queue is bound to any more and that hold nothing.
+
+        An MQKS event exists only while a queue is bound to it (a publish to it is dropped otherwise),
+        so the topics its bindings made must not pile up: a client creating and deleting queues, or
+        the conformance suite, would leave one topic per event behind, stored and restored for ever.
+        A topic that holds messages (published by NSQ) or is paused stays.
+        """
+        engine = self.engine
+        for name in events:
+            topic = engine.topics.get(name)
+            if topic is not None and not topic.queues and not topic.depth and not topic.paused:
+                engine.delete_topic(name)
+
+    def _queue_deleted(self, queue: Queue, bound: list[str]) -> None:
+        # A queue --delete-queue-when-unused removed (only MQKS queues have the option; an NSQ
+        # channel leaves its topic, as nsqd does). delete_queue forgets its events itself.
+        if WHEN_UNUSED_OPTION in queue.options:
+            self.forget_events(bound)
+
+    def events_by_queue(self) -> dict[str, list[str]]:
+        """Every queue's bound events, those bound by `rebind` alone included (the original's `events_by_queues`)."""
+        bound = {queue.name: list(queue.topics) for queue in self.engine.queues.values() if queue.topics}
+        return {**self.unconsumed_bindings, **bound}
+
     def worker_address(self) -> str:
         return f"{self.host}:{self.limits.worker_port}:{self.port}"
 
@@ -185,7 +221,7 @@ class MQKSServer:
 
     def send_updates(self, queue: Queue | None, queue_name: str, skip: str | None = None, *,
                      events: list[str] | None = None) -> None:
-        """`--update` to every consumer of the queue but `skip` (mqks-notes §4.2)."""
+        """`--update` to every consumer of the queue but `skip` (docs/protocols/mqks.md)."""
         of_queue = self.consumers_by_queue.get(queue_name)
         if not of_queue:
             return
@@ -261,7 +297,7 @@ class MQKSSession:
             log.debug("%s: connection ended: %r", self.peer, group.exceptions)
         finally:
             self._closed = True
-            # Disconnect = delete_consumer for each consumer (mqks-notes §4.4).
+            # Disconnect = delete_consumer for each consumer (docs/protocols/mqks.md).
             for consumer in list(self.consumers.values()):
                 self.server.delete_consumer(consumer)
             with trio.CancelScope(shield=True), trio.move_on_after(1):
@@ -402,7 +438,7 @@ class MQKSSession:
 
     def _error(self, request_id: str, reason: str, line: bytes | None = None) -> None:
         error_id = self.server.new_error_id()
-        # The full error goes to the log only, under the id the client sees (mqks-notes §3).
+        # The full error goes to the log only, under the id the client sees (docs/protocols/mqks.md).
         log.warning("error %s: %s: %s (request %r)", error_id, self.peer, reason, line)
         self.send(mqks.error_line(request_id, error_id))
 
@@ -452,8 +488,12 @@ class MQKSSession:
         if previous is not None:
             # The same id again, e.g. a reconnect seen before the old connection's end (the original does this too).
             server.delete_consumer(previous)
-        queue = engine.ensure_queue(request.queue)
-        old_events = list(queue.topics)
+        queue = engine.queue(request.queue)
+        if queue is None:  # its first consume: it takes over what `rebind` bound so far
+            queue = engine.ensure_queue(request.queue)
+            old_events = server.unconsumed_bindings.pop(request.queue, [])
+        else:
+            old_events = list(queue.topics)
         if request.replace:
             new_events = list(dict.fromkeys(request.replace + request.add))
         else:
@@ -466,8 +506,10 @@ class MQKSSession:
             auto_delete = None if when_unused is None else 0.0 if when_unused is True else float(when_unused)
             engine.configure_queue(queue, auto_delete=auto_delete, options={WHEN_UNUSED_OPTION: when_unused})
             changed = True
-        if set(new_events) != set(old_events):
+        if set(new_events) != set(queue.topics):
+            unbound = set(queue.topics) - set(new_events)
             engine.set_bindings(queue.name, new_events)
+            server.forget_events(unbound)
         consumer = MQKSConsumer(self, consumer_id, queue.name, request.manual_ack)
         server.register(consumer)
         if changed:
@@ -482,25 +524,38 @@ class MQKSSession:
 
     def _rebind(self, request: mqks.Rebind) -> None:
         engine = self.engine
+        server = self.server
         queue = engine.queue(request.queue)
-        old_events = list(queue.topics) if queue is not None else []
+        unconsumed = queue is None and not server.limits.keep_unconsumed_rebound
+        if queue is not None:
+            old_events = list(queue.topics)
+        else:
+            old_events = server.unconsumed_bindings.get(request.queue, [])
         events = set(request.replace) if request.replace else set(old_events)
         events.difference_update(request.remove)
         if request.remove_masks and events:
             events -= mqks.masked(events, request.remove_masks)
         events.update(request.add)
         if events != set(old_events):
-            if queue is None:
-                queue = engine.ensure_queue(request.queue)
-            engine.set_bindings(queue.name, [e for e in old_events if e in events] + sorted(events - set(old_events)))
-            self.server.send_updates(queue, queue.name)
+            ordered = [e for e in old_events if e in events] + sorted(events - set(old_events))
+            if unconsumed:  # no queue, no consumers: nothing to tell
+                if ordered:
+                    server.unconsumed_bindings[request.queue] = ordered
+                else:
+                    server.unconsumed_bindings.pop(request.queue, None)
+            else:
+                if queue is None:
+                    queue = engine.ensure_queue(request.queue)
+                engine.set_bindings(queue.name, ordered)
+                server.send_updates(queue, queue.name)
+                server.forget_events(set(old_events) - events)
         if request.confirm:
             self._ok(request.request_id)
 
     def _acknowledge(self, request: mqks.Ack | mqks.Reject, finish: bool) -> None:
         consumer = self.server.consumers.get(request.consumer_id)
         if consumer is None:
-            return  # the original answers nothing here, even to --confirm (mqks-notes §4)
+            return  # the original answers nothing here, even to --confirm (docs/protocols/mqks.md)
         engine_consumer = consumer.engine_consumer
         if engine_consumer is not None:
             if request.msg_id is None:
@@ -530,7 +585,7 @@ class MQKSSession:
     def _delete_consumer(self, request: mqks.DeleteConsumer) -> None:
         consumer = self.server.consumers.get(request.consumer_id)
         if consumer is None:
-            return  # no answer even to --confirm (mqks-notes §4)
+            return  # no answer even to --confirm (docs/protocols/mqks.md)
         self.server.delete_consumer(consumer)
         if request.confirm:
             self._ok(request.request_id)
@@ -538,13 +593,16 @@ class MQKSSession:
     def _delete_queue(self, request: mqks.DeleteQueue) -> None:
         server = self.server
         queue = self.engine.queue(request.queue)
+        server.unconsumed_bindings.pop(request.queue, None)
         if queue is not None:
-            if queue.topics:
-                server.send_updates(queue, queue.name, events=[])
+            # Every consumer hears of it, whether the queue had events or not (as the original does).
+            server.send_updates(queue, queue.name, events=[])
+            events = list(queue.topics)
             for consumer in list(server.consumers_by_queue.get(queue.name, {}).values()):
                 server.unregister(consumer)
                 consumer.forget_all()
             self.engine.delete_queue(queue.name)
+            server.forget_events(events)
         if request.confirm:
             self._ok(request.request_id)
 

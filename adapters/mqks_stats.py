@@ -1,4 +1,4 @@
-"""MQKS `_eval` without code execution (mqks-notes §9).
+"""MQKS `_eval` without code execution (docs/protocols/mqks.md).
 
 The original evaluates any Python a client sends. polymq answers only the read-only stats
 expressions that MQKS tools send — the upstream tests (`len(state.queues)`), `stats.py`'s spells
@@ -10,6 +10,7 @@ so spacing or quoting differences still match and nothing unknown is ever evalua
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,8 +35,8 @@ _SPELLS: dict[str, Stat] = {
     "sum(q.qsize() for q in state.queues.itervalues())": lambda s: sum(q.depth for q in s.engine.queues.values()),
     "sum(len(ms) for ms in state.messages_by_consumer_ids.itervalues())": lambda s: s.unacked_count(),
     "sum(q.qsize() for q in state.responses_by_clients.itervalues())": lambda s: s.responses_waiting(),
-    "len(state.queues_by_events)": lambda s: sum(1 for t in s.engine.topics.values() if t.queues),
-    "len(state.events_by_queues)": lambda s: sum(1 for q in s.engine.queues.values() if q.topics),
+    "len(state.queues_by_events)": lambda s: len({e for events in s.events_by_queue().values() for e in events}),
+    "len(state.events_by_queues)": lambda s: len(s.events_by_queue()),
     "len(state.queues_by_consumer_ids)": lambda s: len(s.consumers),
     "sum(len(cs) for cs in state.consumers_by_queues.itervalues())": lambda s: len(s.consumers),
     "len(state.consumer_ids_by_clients)": lambda s: s.sessions_with_consumers(),
@@ -45,6 +46,29 @@ _SPELLS: dict[str, Stat] = {
     # stats.py reads the worker list as "host:worker_port:client_port" entries.
     "' '.join(config['workers'])": lambda s: s.worker_address(),
 }
+
+
+# Spells about one queue, named by any string literal where QUEUE stands (the original's client
+# tests read a queue's events this way); a queue with no events gives the empty string.
+QUEUE = "QUEUE"
+_QUEUE_SPELLS: dict[str, Callable[[Any, str], Any]] = {
+    "' '.join(sorted(state.events_by_queues[QUEUE]))":
+        lambda s, queue: " ".join(sorted(s.events_by_queue().get(queue, []))),
+}
+
+
+class _QueueName(ast.NodeTransformer):
+    """Replaces the string literal a subscript is indexed with by the name QUEUE, and keeps it."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+            self.names.append(node.slice.value)
+            node.slice = ast.Name(QUEUE, ast.Load())
+        return node
 
 
 def _key(code: str) -> str | None:
@@ -70,6 +94,8 @@ def _build() -> dict[str, Stat]:
 
 
 _KNOWN: Mapping[str, Stat] = _build()
+_KNOWN_PER_QUEUE: Mapping[str, Callable[[Any, str], Any]] = {
+    key: stat for spell, stat in _QUEUE_SPELLS.items() if (key := _key(spell)) is not None}
 
 
 class UnknownExpression(ValueError):
@@ -81,9 +107,14 @@ def _evaluate(node: ast.expr, source: Any) -> Any:
         values = [_evaluate(element, source) for element in node.elts]
         return values if isinstance(node, ast.List) else tuple(values)
     stat = _KNOWN.get(ast.dump(node))
-    if stat is None:
+    if stat is not None:
+        return stat(source)
+    named = _QueueName()
+    template = named.visit(copy.deepcopy(node))
+    per_queue = _KNOWN_PER_QUEUE.get(ast.dump(template)) if len(named.names) == 1 else None
+    if per_queue is None:
         raise UnknownExpression(ast.unparse(node)[:200])
-    return stat(source)
+    return per_queue(source, named.names[0])
 
 
 def answer(code: str, source: Any) -> str:

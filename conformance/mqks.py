@@ -1,10 +1,11 @@
 """`polymq conformance mqks`: black-box checks of any MQKS-compatible server (one TCP port).
 
-Every check is written from shared/specs/mqks-notes.md (MQKS v0.4.3 as observed, one worker), so
-the suite passes against the original server as well as against polymq. Where polymq deliberately
-differs from a defect of the original (notes §9) both forms are accepted, or the behaviour is not
-checked: a TAB may close the connection or answer `{id} error …`; `_eval` is only asked
-`len(state.queues)`; a delivery may arrive before the `ok ` of its own `consume --confirm`.
+Every check is written from how MQKS v0.4.3 (one worker) behaves on the wire, so the suite
+passes against the original server as well as against polymq (docs/protocols/mqks.md). Where
+polymq deliberately differs from a defect of the original, both forms are accepted, or the
+behaviour is not checked: a TAB may close the connection or answer `{id} error …`; `_eval` is
+only asked `len(state.queues)` and a queue's events, as the original's own tests ask; a delivery
+may arrive before the `ok ` of its own `consume --confirm`.
 
 Each check opens its own connections (blocking sockets with timeouts, so a broken server makes a
 check fail rather than hang), uses queue, event and id names unique to the run, and deletes its
@@ -12,7 +13,7 @@ queues (`delete_queue --confirm`) afterwards. "Nothing more arrived" is tested w
 trip as a barrier (responses of one connection come in order), after a short quiet wait when the
 thing that must not arrive would come from another connection. The checks that count queues
 with `_eval len(state.queues)` assume no other client creates or deletes queues meanwhile. Only
-`polymq.codecs` and the shared runner are imported (ARCHITECTURE §1).
+`polymq.codecs` and the shared runner are imported (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -37,15 +38,15 @@ from polymq.codecs.mqks import ALL_FLAG, ID_LENGTH, MANUAL_ACK_FLAG, NO_ID, WHEN
 from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
 
 # ---------------------------------------------------------------------------------------------
-# What the original does (mqks-notes §1, §3, §4)
+# What the original does (docs/protocols/mqks.md)
 
-# A one-worker deployment of the original listens on 25000 (`port_for_clients`, notes §1).
+# A one-worker deployment of the original listens on 25000 (`port_for_clients`, docs/protocols/mqks.md).
 DEFAULT_ADDRESS = "127.0.0.1:25000"
-# error_id: UTC `%Y%m%d%H%M%S%f` (20 digits) + 4 base62 characters (notes §3).
+# error_id: UTC `%Y%m%d%H%M%S%f` (20 digits) + 4 base62 characters (docs/protocols/mqks.md).
 ERROR_ID_TIME_DIGITS = 20
 ERROR_ID_TIME_FORMAT = "%Y%m%d%H%M%S%f"
 _ERROR_ID = re.compile(rf"[0-9]{{{ERROR_ID_TIME_DIGITS}}}[0-9A-Za-z]{{{ID_LENGTH - ERROR_ID_TIME_DIGITS}}}")
-UPDATE_PREFIX = "--update"  # the data of a `--update` line starts with it (notes §4.2)
+UPDATE_PREFIX = "--update"  # the data of a `--update` line starts with it (docs/protocols/mqks.md)
 
 # ---------------------------------------------------------------------------------------------
 # Timing
@@ -55,7 +56,7 @@ DEFAULT_TIMEOUT_S = 5.0
 # barrier. Well above loopback latency; the original delivers from a greenlet at once.
 QUIET_S = 0.25
 # `--delete-queue-when-unused=N` checks: N is short so the suite stays fast; the margin lets the
-# server's timer fire (notes §4.5: "wait N s for a new consumer, then delete").
+# server's timer fire (docs/protocols/mqks.md: "wait N s for a new consumer, then delete").
 WHEN_UNUSED_S = 0.3
 WHEN_UNUSED_MARGIN_S = 0.4
 # Accepted difference between an error id's timestamp and this machine's clock.
@@ -194,7 +195,7 @@ class Conn:
             raise CheckFailed(what + ("" if ordered else " (any order)"), show_lines(expected), show_lines(got))
 
     def expect_confirm(self, what: str, request_id: str) -> None:
-        """`{id} ok ` with its trailing space (notes §3)."""
+        """`{id} ok ` with its trailing space (docs/protocols/mqks.md)."""
         self.expect_line(f"{what}: confirm", f"{request_id} ok ".encode())
 
     def expect_error(self, what: str, request_id: str) -> str:
@@ -304,7 +305,7 @@ class Target:
     def consume(self, conn: Conn, consumer_id: str, data: str) -> list[bytes]:
         """`{cid} consume --confirm {data}` up to its `ok `; returns the `--update` lines that came first.
 
-        A delivery that came first is put back (the original may deliver before the confirm, notes §9).
+        A delivery that came first is put back (the original may deliver before the confirm, docs/protocols/mqks.md).
         """
         line = conn.request(consumer_id, "consume", data, confirm=True)
         confirm = f"{consumer_id} ok ".encode()
@@ -407,7 +408,7 @@ def expect_equal(what: str, expected: Any, got: Any) -> None:
 
 
 def delivery(consumer_id: str, msg_id: str, event: str, data: str, retry: int = 0) -> bytes:
-    """`{consumer_id} ok {msg_id} event={event}[,retry={n}] {data}` (notes §4.1)."""
+    """`{consumer_id} ok {msg_id} event={event}[,retry={n}] {data}` (docs/protocols/mqks.md)."""
     props = f"event={event}" + (f",retry={retry}" if retry else "")
     return f"{consumer_id} ok {msg_id} {props} {data}".encode()
 
@@ -426,13 +427,13 @@ def delivered(line: bytes, what: str, consumers: list[str]) -> tuple[str, str]:
 
 
 def update(consumer_id: str, queue: str, events: Iterable[str], suffix: str = "") -> bytes:
-    """`{consumer_id} ok --update {queue}[ sorted events]{suffix}` (notes §4.2)."""
+    """`{consumer_id} ok --update {queue}[ sorted events]{suffix}` (docs/protocols/mqks.md)."""
     ordered = sorted(events)
     return f"{consumer_id} ok {UPDATE_PREFIX} {queue}{''.join(' ' + e for e in ordered)}{suffix}".encode()
 
 
 # =============================================================================================
-# §2, §3 framing, parsing, errors
+# framing, parsing, errors
 
 
 @check("ping")
@@ -445,10 +446,10 @@ def _ping(t: Target) -> None:
 @check("ping-data-spaces-and-confirm")
 def _ping_data(t: Target) -> None:
     conn = t.connect()
-    # Data is everything after the second space, inner spaces included (notes §2).
+    # Data is everything after the second space, inner spaces included (docs/protocols/mqks.md).
     conn.send(b"pg2 ping a b  c\n")
     conn.expect_line("'pg2 ping a b  c'", b"pg2 ok a b  c")
-    # `--confirm` is stripped and ping answers once with the rest (notes §2).
+    # `--confirm` is stripped and ping answers once with the rest (docs/protocols/mqks.md).
     conn.send(b"pg4 ping --confirm x\n")
     conn.expect_line("'pg4 ping --confirm x'", b"pg4 ok x")
     conn.expect_nothing("'pg4 ping --confirm x': one response only")
@@ -457,7 +458,7 @@ def _ping_data(t: Target) -> None:
 @check("short-line-none-error")
 def _short_line(t: Target) -> None:
     conn = t.connect()
-    # Fewer than three fields after rstrip: literal id `None` (notes §2).
+    # Fewer than three fields after rstrip: literal id `None` (docs/protocols/mqks.md).
     for line in (b"pg3 ping", b"", b"dq9 delete_queue", b"pg5 ping   "):
         conn.send(line + b"\n")
         conn.expect_error(f"{line!r}", NO_ID)
@@ -495,7 +496,7 @@ def _unknown_action(t: Target) -> None:
 
 @check("double-space-error")
 def _double_space(t: Target) -> None:
-    # The split is on single spaces: the action is '' (notes §2).
+    # The split is on single spaces: the action is '' (docs/protocols/mqks.md).
     conn = t.connect()
     request_id = t.ident("x2")
     line = f"{request_id}  publish {t.event('e1')} d"
@@ -507,7 +508,7 @@ def _double_space(t: Target) -> None:
 def _publish_without_data(t: Target) -> None:
     conn = t.connect()
     event = t.event("e1")
-    for suffix in ("", " "):  # the trailing space is stripped first (notes §2)
+    for suffix in ("", " "):  # the trailing space is stripped first (docs/protocols/mqks.md)
         request_id = t.ident(f"m{len(suffix)}")
         line = f"{request_id} publish {event}{suffix}"
         conn.send(line.encode() + b"\n")
@@ -522,7 +523,7 @@ def _missing_arguments(t: Target) -> None:
         ("ack", t.ident("c1")),  # ack needs {consumer_id} {msg_id}|--all
         ("reject", t.ident("c1")),
         ("rebind", queue),  # rebind needs at least one token after the queue
-        ("consume", f"{queue} {t.event('e1')} --bogus"),  # any other --flag is an error (notes §4)
+        ("consume", f"{queue} {t.event('e1')} --bogus"),  # any other --flag is an error (docs/protocols/mqks.md)
     ]
     for index, (action, data) in enumerate(requests):
         request_id = t.ident(f"r{index}")
@@ -533,7 +534,7 @@ def _missing_arguments(t: Target) -> None:
 
 @check("tab-error-or-close")
 def _tab(t: Target) -> None:
-    # The original closes the connection on a TAB; polymq answers `{id} error …` (notes §2, §9).
+    # The original closes the connection on a TAB; polymq answers `{id} error …` (docs/protocols/mqks.md).
     conn = t.connect()
     request_id = t.ident("t1")
     line = f"{request_id} ping a\tb".encode()
@@ -565,7 +566,7 @@ def _crlf(t: Target) -> None:
 
 
 # =============================================================================================
-# §3, §4 confirms
+# confirms
 
 
 @check("confirm-publish")
@@ -586,7 +587,7 @@ def _confirm_rebind(t: Target) -> None:
     t.confirmed(t.ident("rb1"), "rebind", f"{queue} {e2}")
     t.confirmed(t.ident("rb2"), "rebind", f"{queue} {e2}")  # no change: still confirmed
     t.confirmed(t.ident("rb3"), "rebind", f"{queue} --add {e3}")
-    # No --update for the rebind that changed nothing (notes §4.2).
+    # No --update for the rebind that changed nothing (docs/protocols/mqks.md).
     conn.expect_lines("consumer after 'rebind q e2', 'rebind q e2', 'rebind q --add e3'",
                       [update(consumer, queue, [e2]), update(consumer, queue, [e2, e3])])
     conn.expect_nothing("consumer after the rebinds")
@@ -597,7 +598,7 @@ def _confirm_delete_queue(t: Target) -> None:
     queue = t.queue()
     t.consume(t.connect(), t.ident("c1"), f"{queue} {t.event('e1')}")
     t.confirmed(t.ident("dq1"), "delete_queue", queue)
-    t.confirmed(t.ident("dq2"), "delete_queue", queue)  # now missing (notes §4: confirmed even if absent)
+    t.confirmed(t.ident("dq2"), "delete_queue", queue)  # now missing (docs/protocols/mqks.md: confirmed even if absent)
     t.confirmed(t.ident("dq3"), "delete_queue", t.queue("never"))
     t.ctl.expect_nothing("after the delete_queue confirms")
 
@@ -619,7 +620,7 @@ def _confirm_unknown_msg(t: Target) -> None:
 
 @check("unknown-consumer-silent")
 def _unknown_consumer(t: Target) -> None:
-    # No response at all, even with --confirm (notes §4, §7).
+    # No response at all, even with --confirm (docs/protocols/mqks.md).
     conn = t.connect()
     consumer, msg_id = t.ident("nosuch"), t.ident("m1")
     sent = [
@@ -635,7 +636,7 @@ def _unknown_consumer(t: Target) -> None:
 
 
 # =============================================================================================
-# §4.1 consume and delivery
+# consume and delivery
 
 
 @check("delivery-line-bytes")
@@ -669,7 +670,7 @@ def _trailing_spaces(t: Target) -> None:
     line = f"{msg_id} publish --confirm {event} d1   "
     t.ctl.send(line.encode() + b"\n")
     t.ctl.expect_confirm(f"{line!r}", msg_id)
-    # The request line is rstripped, so the data loses its trailing spaces (notes §2).
+    # The request line is rstripped, so the data loses its trailing spaces (docs/protocols/mqks.md).
     conn.expect_line(f"delivery of {line!r}", delivery(consumer, msg_id, event, "d1"))
 
 
@@ -716,13 +717,36 @@ def _competing(t: Target) -> None:
 def _publish_unbound(t: Target) -> None:
     queue, event = t.queue(), t.event("e")
     m1, m2 = t.ident("m1"), t.ident("m2")
-    t.publish(event, "early", m1)  # no queue is bound to the event yet: dropped (notes §4)
+    t.publish(event, "early", m1)  # no queue is bound to the event yet: dropped (docs/protocols/mqks.md)
     conn = t.connect()
     consumer = t.ident("c")
     t.consume(conn, consumer, f"{queue} {event}")
     t.publish(event, "late", m2)
     # The queue is FIFO: had m1 been kept, it would come first.
     conn.expect_line("first delivery to a consumer bound after a publish", delivery(consumer, m2, event, "late"))
+
+
+@check("rebind-only-queue-drops-until-consumed")
+def _rebind_only_drops(t: Target) -> None:
+    queue, event = t.queue(), t.event("e")
+    m1, m2, m3 = t.ident("m1"), t.ident("m2"), t.ident("m3")
+    t.confirmed(t.ident("rb"), "rebind", f"{queue} {event}")
+    # Bound by rebind alone, never consumed: no queue yet, the publish is dropped (the original's
+    # own test_add_to_undefined_queue expects that).
+    t.publish(event, "dropped", m1)
+    conn = t.connect()
+    consumer = t.ident("c")
+    t.consume(conn, consumer, queue)  # no events: it keeps the rebind's
+    t.publish(event, "kept", m2)
+    conn.expect_line(f"first delivery after 'rebind {queue} {event}', a publish, then 'consume {queue}'",
+                     delivery(consumer, m2, event, "kept"))
+    # Consumed once, it is a queue: it keeps what comes while no one consumes it.
+    t.confirmed(t.ident("dc"), "delete_consumer", consumer)
+    t.publish(event, "waiting", m3)
+    other = t.ident("c2")
+    t.consume(conn, other, queue)
+    conn.expect_line(f"{other}: the message published while {queue} had no consumer",
+                     delivery(other, m3, event, "waiting"))
 
 
 @check("consume-without-events-keeps-bindings")
@@ -753,7 +777,7 @@ def _consume_add(t: Target) -> None:
     c1, c2 = t.ident("c1"), t.ident("c2")
     t.consume(a, c1, f"{queue} {e1}")
     updates = t.consume(b, c2, f"{queue} --add {e2}")
-    # The issuer of `consume --add` gets the --update too, before its own ok (notes §4.2).
+    # The issuer of `consume --add` gets the --update too, before its own ok (docs/protocols/mqks.md).
     expect_equal(f"'{c2} consume --confirm {queue} --add {e2}': lines before its ok",
                  [update(c2, queue, [e1, e2])], updates)
     a.expect_line(f"{c1} after '{c2} consume {queue} --add {e2}'", update(c1, queue, [e1, e2]))
@@ -768,7 +792,7 @@ def _consume_add(t: Target) -> None:
 
 
 # =============================================================================================
-# rebind (notes §4, §4.3)
+# rebind (docs/protocols/mqks.md)
 
 
 def _routed(t: Target, conn: Conn, consumer: str, events: list[str], bound: set[str], what: str) -> None:
@@ -826,7 +850,7 @@ def _rebind_remove_mask(t: Target) -> None:
     consumer = t.ident("c")
     t.consume(conn, consumer, f"{queue} {' '.join(events.values())}")
     # `*` is zero or more non-dot characters, anchored; only events with a dot are candidates
-    # (notes §4.3): `e3.*` keeps `e3.123.c`, `pla*` keeps `plain` (no dot), `*.updated` needs no prefix.
+    # (docs/protocols/mqks.md): `e3.*` keeps `e3.123.c`, `pla*` keeps `plain` (no dot), `*.updated` needs no prefix.
     masks = [t.event("e5.*.a1"), t.event("e5.*.a2"), t.event("e4.*.y"), t.event("e3.*"), "*.updated", t.event("pla*")]
     e8 = t.event("e8")
     data = f"{queue} --remove-mask {' '.join(masks)} --add {e8}"
@@ -837,7 +861,7 @@ def _rebind_remove_mask(t: Target) -> None:
 
 
 # =============================================================================================
-# §4.2 --update lines
+# --update lines
 
 
 @check("update-lines")
@@ -851,7 +875,7 @@ def _update_lines(t: Target) -> None:
     data = f"{queue} {e2} {e1} {e0} {WHEN_UNUSED_FLAG}=5 {MANUAL_ACK_FLAG}"
     expect_equal(f"'{c2} consume {data}': lines before its ok", [], t.consume(b, c2, data))
     b.expect_nothing(f"{c2}: the issuer of a plain consume gets no --update")
-    # Sorted events; `=5` printed as Python's str of a float (notes §4.2).
+    # Sorted events; `=5` printed as Python's str of a float (docs/protocols/mqks.md).
     suffix = f" {WHEN_UNUSED_FLAG}=5.0"
     a.expect_line(f"{c1} after '{c2} consume {data}'", update(c1, queue, [e0, e1, e2], suffix))
     data = f"{queue} --add {e3} {WHEN_UNUSED_FLAG}=5 {MANUAL_ACK_FLAG}"
@@ -895,7 +919,7 @@ def _update_when_unused_cleared(t: Target) -> None:
 
 
 # =============================================================================================
-# §4.4 manual ack, reject, requeue
+# manual ack, reject, requeue
 
 
 def _manual_consumer(t: Target, count: int) -> tuple[Conn, str, str, str, list[str]]:
@@ -915,7 +939,7 @@ def _manual_consumer(t: Target, count: int) -> tuple[Conn, str, str, str, list[s
 @check("manual-ack-reject-retry")
 def _reject_retry(t: Target) -> None:
     conn, consumer, _, event, (m0, m1) = _manual_consumer(t, 2)
-    # Requeued at the tail with retry+1 (notes §4.4): after m2, published before the reject.
+    # Requeued at the tail with retry+1 (docs/protocols/mqks.md): after m2, published before the reject.
     m2 = t.ident("m2")
     t.publish(event, f"d-{m2}", m2)
     t.confirmed(t.ident("r1"), "reject", f"{consumer} {m0}")
@@ -960,7 +984,7 @@ def _ack_removes(t: Target) -> None:
 
 @check("auto-ack-reject-nothing")
 def _auto_ack_reject(t: Target) -> None:
-    # Auto-ack: delivered = done, reject has nothing to return (notes §4.4).
+    # Auto-ack: delivered = done, reject has nothing to return (docs/protocols/mqks.md).
     queue, event = t.queue(), t.event("e")
     conn = t.connect()
     consumer, m0, m1 = t.ident("c"), t.ident("m0"), t.ident("m1")
@@ -982,7 +1006,7 @@ def _disconnect_requeues(t: Target) -> None:
     other = t.connect("consumer 2")
     c2 = t.ident("c2")
     t.consume(other, c2, f"{queue} {MANUAL_ACK_FLAG}")
-    conn.close()  # disconnect = delete_consumer: unacked go back with retry+1 (notes §4.4)
+    conn.close()  # disconnect = delete_consumer: unacked go back with retry+1 (docs/protocols/mqks.md)
     other.expect_lines(f"{c2} after {consumer} disconnected holding {m0} and {m1} (retry=1)",
                        [delivery(c2, m0, event, f"d-{m0}", 1), delivery(c2, m1, event, f"d-{m1}", 2)], ordered=False)
     other.expect_nothing(f"{c2}: nothing more", QUIET_S)
@@ -1004,7 +1028,7 @@ def _delete_consumer_requeues(t: Target) -> None:
 
 
 # =============================================================================================
-# delete_queue, delete-queue-when-unused (notes §4, §4.5)
+# delete_queue, delete-queue-when-unused (docs/protocols/mqks.md)
 
 
 @check("delete-queue")
@@ -1022,6 +1046,20 @@ def _delete_queue(t: Target) -> None:
     b.expect_nothing(f"{c2} after its queue was deleted")
     line = t.ctl.request(t.ident("a1"), "ack", f"{c1} {ALL_FLAG}", confirm=True)
     t.ctl.expect_nothing(f"{line!r}: the consumers of a deleted queue are gone")
+
+
+@check("delete-queue-without-events")
+def _delete_queue_without_events(t: Target) -> None:
+    queue = t.queue()
+    a, b = t.connect("consumer 1"), t.connect("consumer 2")
+    c1, c2 = t.ident("c1"), t.ident("c2")
+    t.consume(a, c1, queue)
+    t.consume(b, c2, f"{queue} {MANUAL_ACK_FLAG}")
+    t.confirmed(t.ident("dq"), "delete_queue", queue)
+    # The consumers hear of it even though the queue had no events.
+    a.expect_line(f"{c1} after 'delete_queue {queue}' of a queue without events", update(c1, queue, []))
+    b.expect_line(f"{c2} (manual-ack) after 'delete_queue {queue}' of a queue without events",
+                  update(c2, queue, [], f" {MANUAL_ACK_FLAG}"))
 
 
 @check("when-unused-bare")
@@ -1085,7 +1123,7 @@ def _when_unused_seconds(t: Target) -> None:
 
 
 # =============================================================================================
-# _eval (notes §5: the upstream tests ask `len(state.queues)`)
+# _eval (docs/protocols/mqks.md: the upstream tests ask `len(state.queues)`)
 
 
 @check("eval-queue-count")
@@ -1097,6 +1135,20 @@ def _eval_count(t: Target) -> None:
     expect_equal("_eval len(state.queues) after a consume of a new queue", before + 1, t.eval_queue_count("ev3"))
     t.confirmed(t.ident("dq"), "delete_queue", queue)
     expect_equal("_eval len(state.queues) after its delete_queue", before, t.eval_queue_count("ev4"))
+
+
+@check("eval-events-of-a-queue")
+def _eval_events_of_queue(t: Target) -> None:
+    queue, e1, e2 = t.queue(), t.event("e1"), t.event("e2")
+    conn = t.connect()
+    t.consume(conn, t.ident("c"), f"{queue} {e2} {e1}")
+    # How the original's own client tests read a queue's events.
+    for label, code in (("ev1", f"' '.join(sorted(state.events_by_queues['{queue}']))"),
+                        ("ev2", f'" ".join(sorted(state.events_by_queues["{queue}"]))')):
+        request_id = t.ident(label)
+        line = t.ctl.request(request_id, "_eval", code)
+        expected = f"{request_id} ok {' '.join(sorted([e1, e2]))}".encode()
+        t.ctl.expect_line(f"{line!r}", expected)
 
 
 # =============================================================================================

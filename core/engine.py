@@ -1,4 +1,4 @@
-"""The queue engine (ARCHITECTURE §3): topics, queues, bindings, consumers with credit.
+"""The queue engine (docs/architecture.md): topics, queues, bindings, consumers with credit.
 
 Synchronous and deterministic: no I/O, no awaits, time from an injected clock, timers through
 one `TimerService`. Protocol adapters call it; it calls back each consumer's `deliver` function
@@ -643,7 +643,8 @@ class Engine:
         self.dropped_count = 0  # publishes dropped because no queue was bound (MQKS rule)
         # Observers of topology changes (the gateway's lookupd registration, MQKS --update).
         self.on_topic_deleted: list[Callable[[str], None]] = []
-        self.on_queue_deleted: list[Callable[[Queue], None]] = []
+        # Called with the deleted queue and the topics it was bound to.
+        self.on_queue_deleted: list[Callable[[Queue, list[str]], None]] = []
 
     # -- topics ------------------------------------------------------------------------------
 
@@ -797,7 +798,8 @@ class Engine:
             queue._detach(consumer, requeue=False)
             if consumer.on_close is not None:
                 consumer.on_close("queue deleted")
-        for topic_name in list(queue.topics):
+        bound = list(queue.topics)
+        for topic_name in bound:
             self._unbind(queue, topic_name)
         queue.ready.clear()
         queue.deferred.clear()
@@ -808,7 +810,7 @@ class Engine:
         if queue.durable:
             self.storage.queue_deleted(name, queue.log)
         for observer in self.on_queue_deleted:
-            observer(queue)
+            observer(queue, bound)
         return True
 
     # -- consumers ---------------------------------------------------------------------------

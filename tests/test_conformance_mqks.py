@@ -7,11 +7,14 @@ that injects one defect at a time, so a test shows the suite pinpoints that defe
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -19,7 +22,8 @@ from click.testing import CliRunner
 from polymq.conformance.mqks import checks, command
 
 from support.fake_tcp import POLL_S, fake_server, serving
-from support.gateway import GatewayProcess
+from support.gateway import GatewayProcess, running_gateway
+from support.mqks_wire import MQKSWire
 
 # A rewrite of one server line (without its `\n`) into the lines the client gets instead.
 Rewrite = Callable[[bytes], list[bytes]]
@@ -233,3 +237,17 @@ def test_a_stray_answer_fails_the_silence_checks(module_gateway: GatewayProcess)
     code, failed = suite_through(module_gateway, stray_confirm, "--only", "unknown-consumer")
     assert code == 1
     assert "nothing more (only the ping answer)" in failed["unknown-consumer-silent"]
+
+
+def test_the_suite_leaves_nothing_behind(tmp_path: Path) -> None:
+    with running_gateway(data_dir=tmp_path) as gateway:
+        code, _ = run_suite("--addr", address_of(gateway))
+        assert code == 0
+        with urllib.request.urlopen(f"http://{gateway.nsq_http}/stats?format=json", timeout=10) as response:
+            assert json.load(response)["topics"] == []
+        with MQKSWire(gateway.host_port("mqks")) as client:
+            client.send(b"s1 _eval [len(state.queues), len(state.events_by_queues), len(state.queues_by_events)]")
+            assert client.line() == b"s1 ok [0, 0, 0]"
+        assert gateway.stop() == 0
+    with running_gateway(data_dir=tmp_path) as gateway:
+        assert any("restored 0 topics, 0 queues, 0 messages" in line for line in gateway.log_lines)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -9,7 +13,7 @@ from polymq.codecs.nsq import FRAME_OK
 from polymq.conformance.nsq import checks, command
 
 from support.fake_tcp import fake_server
-from support.gateway import GatewayProcess
+from support.gateway import GatewayProcess, running_gateway
 
 
 def run_suite(*args: str) -> tuple[int, list[str]]:
@@ -65,3 +69,14 @@ def test_unknown_only_pattern_is_a_usage_error() -> None:
     code, lines = run_suite("--only", "no-such-check")
     assert code == 2
     assert any("no check name contains" in line for line in lines)
+
+
+def test_the_suite_leaves_nothing_behind(tmp_path: Path) -> None:
+    with running_gateway(data_dir=tmp_path) as gateway:
+        code, _ = run_suite("--tcp", gateway.nsq_tcp, "--http", gateway.nsq_http)
+        assert code == 0
+        with urllib.request.urlopen(f"http://{gateway.nsq_http}/stats?format=json", timeout=10) as response:
+            assert json.load(response)["topics"] == []
+        assert gateway.stop() == 0
+    with running_gateway(data_dir=tmp_path) as gateway:
+        assert any("restored 0 topics, 0 queues, 0 messages" in line for line in gateway.log_lines)

@@ -726,7 +726,7 @@ def test_detach_returns_in_flight_at_once_at_the_front_in_order() -> None:
 
 
 def test_detach_to_tail_returns_in_flight_behind_the_queued_ones() -> None:
-    """MQKS: a manual-ack consumer's disconnect rejects its messages to the tail (mqks-notes §4.4)."""
+    """MQKS: a manual-ack consumer's disconnect rejects its messages to the tail (docs/protocols/mqks.md)."""
     engine, _ = make()
     engine.ensure_queue("q")
     engine.bind("q", "e")
@@ -889,8 +889,8 @@ def test_empty_topic_drops_backlog() -> None:
 def test_delete_queue_closes_consumers_and_drops_messages() -> None:
     engine, clock = make()
     closed: list[str] = []
-    deleted: list[str] = []
-    engine.on_queue_deleted.append(lambda queue: deleted.append(queue.name))
+    deleted: list[tuple[str, list[str]]] = []
+    engine.on_queue_deleted.append(lambda queue, bound: deleted.append((queue.name, bound)))
     engine.ensure_queue("t/c")
     engine.bind("t/c", "t")
     consumer, got = attach(engine, "t/c", credit=1, msg_timeout=5.0, on_close=closed.append)
@@ -898,7 +898,7 @@ def test_delete_queue_closes_consumers_and_drops_messages() -> None:
     consumer.requeue(a, 1.0)
     assert engine.delete_queue("t/c") is True
     assert closed == ["queue deleted"]
-    assert deleted == ["t/c"]
+    assert deleted == [("t/c", ["t"])]  # with the topics it was bound to
     assert engine.queue("t/c") is None
     assert consumer.closed
     assert engine.delete_queue("t/c") is False

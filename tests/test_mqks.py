@@ -35,21 +35,73 @@ def wire(gateway: GatewayProcess) -> MQKSWire:
 
 def test_confirm_of_consume_comes_before_the_backlog_it_delivers(gateway: GatewayProcess) -> None:
     with wire(gateway) as setup, wire(gateway) as consumer:
-        setup.send(b"r1 rebind --confirm q1 e1")
-        assert setup.line() == b"r1 ok "
+        setup.send(b"c0 consume --confirm q1 e1")  # the queue exists from its first consume on
+        assert setup.line() == b"c0 ok "
+        setup.send(b"x0 delete_consumer --confirm c0")
+        assert setup.line() == b"x0 ok "
         setup.send(b"m1 publish e1 one\nm2 publish --confirm e1 two")
         assert setup.line() == b"m2 ok "
         consumer.send(b"c1 consume --confirm q1")
         assert consumer.lines(3) == [b"c1 ok ", b"c1 ok m1 event=e1 one", b"c1 ok m2 event=e1 two"]
 
 
-def test_a_queue_made_by_rebind_keeps_what_is_published_to_it(gateway: GatewayProcess) -> None:
-    # The original drops these (no queue object until a consume, mqks-notes §4.1, §9): polymq keeps them.
-    with wire(gateway) as client:
+def test_a_queue_bound_by_rebind_alone_drops_what_is_published_until_its_first_consume(
+        gateway: GatewayProcess) -> None:
+    # As the original (its test_add_to_undefined_queue): no queue object until a consume.
+    with wire(gateway) as client, RawClient(gateway.nsq_tcp) as nsq:
+        client.send(b"r1 rebind --confirm undefined-q e-undef\nr2 rebind --confirm undefined-q --add e-undef2")
+        assert client.lines(2) == [b"r1 ok ", b"r2 ok "]
+        client.send(b"s1 _eval ' '.join(sorted(state.events_by_queues['undefined-q']))")
+        assert client.line() == b"s1 ok e-undef e-undef2"
+        client.send(b"m1 publish --confirm e-undef dropped")
+        assert client.line() == b"m1 ok "
+        nsq.send(nsq_client.pub("e-undef2", b"nsq kept"))
+        nsq.expect_response(b"OK")  # NSQ keeps it in its topic (nsqd's rule): no MQKS queue is bound yet
+        client.send(b"c1 consume --confirm undefined-q")  # takes the rebind's events over
+        assert client.line() == b"c1 ok "
+        # m1 was dropped; the topic's backlog goes to its first queue, as an NSQ topic's to its first channel.
+        [kept] = client.deliveries(1)
+        assert (kept.event, kept.body) == ("e-undef2", b"nsq kept")
+        assert client.barrier() == []
+        client.send(b"m2 publish e-undef kept")
+        assert client.line() == b"c1 ok m2 event=e-undef kept"
+        client.send(b"x1 delete_consumer --confirm c1\nm3 publish --confirm e-undef2 also kept")
+        assert client.lines(2) == [b"x1 ok ", b"m3 ok "]  # consumed once: a queue now, it keeps messages
+        client.send(b"c2 consume undefined-q")
+        assert client.line() == b"c2 ok m3 event=e-undef2 also kept"
+
+
+def test_keep_unconsumed_makes_rebind_create_the_queue() -> None:
+    with running_gateway("--mqks-keep-unconsumed") as gateway, wire(gateway) as client:
         client.send(b"r1 rebind --confirm kept e-kept")
         assert client.line() == b"r1 ok "
         client.send(b"m1 publish e-kept hello\nc1 consume kept")
         assert client.line() == b"c1 ok m1 event=e-kept hello"
+
+
+def test_delete_queue_tells_every_consumer_even_of_a_queue_without_events(gateway: GatewayProcess) -> None:
+    with wire(gateway) as first, wire(gateway) as second:
+        first.send(b"c1 consume --confirm no-events-q --manual-ack --delete-queue-when-unused=5")
+        assert first.line() == b"c1 ok "
+        second.send(b"c2 consume --confirm no-events-q --delete-queue-when-unused=5")
+        assert second.line() == b"c2 ok "
+        second.send(b"d1 delete_queue --confirm no-events-q")
+        assert second.lines(2) == [b"c2 ok --update no-events-q --delete-queue-when-unused=5.0", b"d1 ok "]
+        assert first.line() == b"c1 ok --update no-events-q --delete-queue-when-unused=5.0 --manual-ack"
+        second.send(b"s1 _eval [len(state.queues), len(state.queues_by_consumer_ids)]")
+        assert second.line() == b"s1 ok [0, 0]"
+
+
+def test_delete_queue_forgets_the_events_of_a_queue_bound_by_rebind_alone(gateway: GatewayProcess) -> None:
+    with wire(gateway) as client:
+        client.send(b"r1 rebind --confirm gone-q e-gone\nd1 delete_queue --confirm gone-q")
+        assert client.lines(2) == [b"r1 ok ", b"d1 ok "]
+        client.send(b's1 _eval " ".join(sorted(state.events_by_queues["gone-q"]))')
+        assert client.line() == b"s1 ok "
+        client.send(b"c1 consume --confirm gone-q")
+        assert client.line() == b"c1 ok "
+        client.send(b"s2 _eval [len(state.events_by_queues), len(state.queues_by_events)]")
+        assert client.line() == b"s2 ok [0, 0]"
 
 
 def test_manual_ack_consumer_holds_at_most_its_window() -> None:
@@ -67,7 +119,7 @@ def test_manual_ack_consumer_holds_at_most_its_window() -> None:
 
 
 def test_duplicate_msg_ids_can_each_be_rejected(gateway: GatewayProcess) -> None:
-    # The original keeps one unacked entry per msg_id, so one copy could never be rejected (mqks-notes §9).
+    # The original keeps one unacked entry per msg_id, so one copy could never be rejected (docs/protocols/mqks.md).
     with wire(gateway) as client:
         client.send(b"c1 consume --confirm dq de --manual-ack")
         assert client.line() == b"c1 ok "
@@ -142,8 +194,8 @@ def test_restart_brings_back_queues_bindings_options_and_unacked_messages(data_d
 
 def test_confirmed_publishes_survive_kill_9(data_dir: Path) -> None:
     with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client:
-        client.send(b"r1 rebind --confirm kq ke")
-        assert client.line() == b"r1 ok "
+        client.send(b"c0 consume --confirm kq ke\nx0 delete_consumer --confirm c0")  # a queue from now on
+        assert client.lines(2) == [b"c0 ok ", b"x0 ok "]
         client.send(b"\n".join(b"m%d publish --confirm ke body %d" % (n, n) for n in range(50)))
         assert sorted(client.lines(50)) == sorted(b"m%d ok " % n for n in range(50))
         assert gateway.stop(signal.SIGKILL) == -signal.SIGKILL
@@ -196,8 +248,8 @@ def test_an_unacked_delivery_seen_before_kill_9_comes_back_with_a_higher_retry(d
 def test_messages_from_nsq_keep_their_event_across_a_restart(data_dir: Path) -> None:
     # The store keeps each message's topic, so a queue bound to several events shows the right one.
     with running_gateway(data_dir=data_dir) as gateway, wire(gateway) as client:
-        client.send(b"r1 rebind --confirm multi ev_a ev_b")
-        assert client.line() == b"r1 ok "
+        client.send(b"c0 consume --confirm multi ev_a ev_b\nx0 delete_consumer --confirm c0")  # a queue from now on
+        assert client.lines(2) == [b"c0 ok ", b"x0 ok "]
         with RawClient(gateway.nsq_tcp) as nsq:
             for topic, body in (("ev_a", b"one"), ("ev_b", b"two"), ("ev_a", b"three")):
                 nsq.send(nsq_client.pub(topic, body))
