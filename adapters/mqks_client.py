@@ -1,6 +1,6 @@
 """An MQKS client on trio, with the reconnect behaviour of the original client library.
 
-The original (`denis-ryzhkov/mqks:client/mqks.py`, mqks-notes §5) is a module of gevent
+The original (`denis-ryzhkov/mqks:client/mqks.py`, docs/protocols/mqks.md) is a module of gevent
 greenlets; this is the same protocol behaviour as one object per connection:
 
 - every id (message, consumer, request) is a 24-character time + random string;
@@ -55,7 +55,7 @@ log = logging.getLogger("polymq.mqks_client")
 DEFAULT_PING_INTERVAL_S = 15.0
 DEFAULT_RECONNECT_DELAY_S = 1.0
 KEEPALIVE_DATA = "mqks.client"
-# The original's worker port for a one-worker deployment (mqks-notes §1).
+# The original's worker port for a one-worker deployment (docs/protocols/mqks.md).
 DEFAULT_PORT = 25000
 # Bytes per recv(): a burst of deliveries is split with one `bytes.split` per read.
 RECV_BYTES = 256 * 1024

@@ -3,12 +3,12 @@
 One `NSQSession` per TCP connection, two tasks each: the reader parses everything a read
 returned and handles it synchronously (engine calls never await), appending reply frames to the
 output list; the writer sends that list as one write. Message frames follow nsqd's output
-buffering (nsq-notes §7): they are flushed when the buffer fills, when the client's in-flight
+buffering (docs/protocols/nsq.md): they are flushed when the buffer fills, when the client's in-flight
 count reaches its RDY, or when `output_buffer_timeout` passes. Heartbeats are sent every
-`heartbeat_interval`, and a client that says nothing for two intervals is closed (§5).
+`heartbeat_interval`, and a client that says nothing for two intervals is closed .
 
 Topic `t` is engine topic `t`; channel `c` of topic `t` is engine queue `t/c` bound to `t`
-(ARCHITECTURE §3). Unlike nsqd, a disconnected consumer's in-flight messages return to the
+(docs/architecture.md). Unlike nsqd, a disconnected consumer's in-flight messages return to the
 channel at once instead of after their timeout: nobody can FIN them any more, and the
 redelivery is sooner.
 """
@@ -54,7 +54,7 @@ MAX_PENDING_OUTPUT = 8 * 1024 * 1024
 MAX_AUTH_REPLY = 1024 * 1024
 # nsqd's auth HTTP client timeouts (--http-client-connect-timeout 2 s, request timeout 5 s).
 AUTH_TIMEOUT_S = 5.0
-# nsqd client states as /stats reports them (nsq-notes §7).
+# nsqd client states as /stats reports them (docs/protocols/nsq.md).
 STATE_INIT, STATE_SUBSCRIBED, STATE_CLOSING = 0, 3, 4
 # Deadline checks run on heartbeat ticks; allow for the timer firing a hair early or late.
 TICK_TOLERANCE_S = 0.005
@@ -146,7 +146,7 @@ class NSQServer:
             session.close("server shutting down")
 
     async def query_auth(self, secret: bytes, remote_ip: str, tls: bool) -> AuthState:
-        """nsqd's auth call: GET /auth?common_name=&remote_ip=&secret=&tls= (nsq-notes §9)."""
+        """nsqd's auth call: GET /auth?common_name=&remote_ip=&secret=&tls= (docs/protocols/nsq.md)."""
         assert self.auth_http_address is not None
         host, _, port = self.auth_http_address.rpartition(":")
         query = urllib.parse.urlencode(
@@ -321,7 +321,7 @@ class NSQSession:
         """Every heartbeat interval (engine timer): send `_heartbeat_`, enforce nsqd's deadlines.
 
         Read deadline: two intervals without a byte from the client. Write deadline: one
-        interval stuck in a send (nsq-notes §5). Checking them here keeps cancel scopes off
+        interval stuck in a send (docs/protocols/nsq.md). Checking them here keeps cancel scopes off
         every read and write.
         """
         self._tick = None
@@ -664,7 +664,7 @@ class NSQSession:
         return self.consumer, message_id
 
     def _ack_failed(self, name: bytes, code: str, raw_id: bytes, outcome: Outcome) -> None:
-        # nsqd: `E_FIN_FAILED FIN <id> failed ID not in flight` (non-fatal, nsq-notes §3.1).
+        # nsqd: `E_FIN_FAILED FIN <id> failed ID not in flight` (non-fatal, docs/protocols/nsq.md).
         self._send_error(nsq.non_fatal(code, name + b" " + raw_id + b" failed " + outcome.value.encode()))
 
     def _fin(self, command: nsq.Fin) -> None:

@@ -3,7 +3,7 @@
 Feed bytes with `ServerConnection.receive_data`, take the typed requests of every complete line
 with `next_events`, and build response lines with the `ok_line`, `error_line`, `delivery_line` and
 `update_line` functions. Parsing follows MQKS v0.4.3 (`server/lib/clients.py` and
-`server/actions/*.py`) as recorded in shared/specs/mqks-notes.md §2-§4, minus the defects of §9:
+`server/actions/*.py`) as recorded in docs/protocols/mqks.md, minus the original's defects:
 a TAB answers `{id} error …` instead of dropping the connection, and a line longer than the
 configured limit is answered and skipped instead of growing the buffer without end.
 
@@ -25,19 +25,19 @@ from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
-# The original reads lines with no limit (mqks-notes §6); polymq answers and skips longer lines.
+# The original reads lines with no limit (docs/protocols/mqks.md); polymq answers and skips longer lines.
 # 1 MiB is nsqd's --max-msg-size default, so a body any polymq protocol accepts by default fits.
 MAX_LINE_LENGTH = 1024 * 1024
-# Length of the original's ids (`config.id_length`, mqks-notes §3, §6).
+# Length of the original's ids (`config.id_length`, docs/protocols/mqks.md).
 ID_LENGTH = 24
-# The request id the original answers a line with fewer than three fields with (mqks-notes §2).
+# The request id the original answers a line with fewer than three fields with (docs/protocols/mqks.md).
 NO_ID = "None"
 CONFIRM_PREFIX = b"--confirm "
 WHEN_UNUSED_FLAG = "--delete-queue-when-unused"
 MANUAL_ACK_FLAG = "--manual-ack"
 ALL_FLAG = "--all"
 
-# The reversible encoding of bodies an MQKS line cannot carry verbatim (README "MQKS bodies"): a
+# The reversible encoding of bodies an MQKS line cannot carry verbatim (docs/protocols/mqks.md): a
 # newline, a TAB or another control character, bytes that are not UTF-8, an empty body, trailing
 # whitespace (the original strips it), or a body that itself starts with this prefix.
 ENCODED_PREFIX = b"polymq:base64:"
@@ -296,7 +296,7 @@ def _reject(request_id: str, data: bytes, confirm: bool) -> Reject:
 
 
 def _ping(request_id: str, data: bytes, confirm: bool) -> Ping:
-    # The original strips a confirm here too and answers once, with the rest (mqks-notes §2).
+    # The original strips a confirm here too and answers once, with the rest (docs/protocols/mqks.md).
     return Ping(request_id, data)
 
 
@@ -324,7 +324,7 @@ _PARSERS: dict[bytes, Callable[[str, bytes, bool], Request]] = {
 
 def parse_line(line: bytes) -> Request:
     """One request line (without its `\\n`)."""
-    # The original asserts on the line before its rstrip: a trailing TAB is an error too (mqks-notes §2, §9).
+    # The original asserts on the line before its rstrip: a trailing TAB is an error too (docs/protocols/mqks.md).
     has_tab = b"\t" in line
     line = line.rstrip()  # as the original: CRLF works, trailing spaces of data are lost
     fields = line.split(b" ", 2)
@@ -421,7 +421,7 @@ def error_line(request_id: str, error_id: str) -> bytes:
 
 
 def delivery_line(consumer_id: bytes, msg_id: bytes, event: bytes, retry: int, body: bytes) -> bytes:
-    """`{consumer_id} ok {msg_id} event={event}[,retry={n}] {data}` (mqks-notes §4.1)."""
+    """`{consumer_id} ok {msg_id} event={event}[,retry={n}] {data}` (docs/protocols/mqks.md)."""
     data = encode_body(body)
     if retry:
         return b"%s ok %s event=%s,retry=%d %s\n" % (consumer_id, msg_id, event, retry, data)
@@ -457,7 +457,7 @@ def error_id(utc: datetime.datetime, rng: random.Random) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# `--remove-mask` (mqks-notes §4.3)
+# `--remove-mask` (docs/protocols/mqks.md)
 
 
 def mask_pattern(masks: Sequence[str]) -> re.Pattern[str]:

@@ -1,7 +1,7 @@
 """MQKS wire codec, client side: request lines out, response lines in. Sans-IO.
 
 Used by polymq's MQKS client (`polymq.adapters.mqks_client`), the conformance suite and the
-tests. Shapes follow shared/specs/mqks-notes.md §3-§4.
+tests. Shapes follow docs/protocols/mqks.md
 """
 
 from __future__ import annotations

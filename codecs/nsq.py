@@ -5,7 +5,7 @@ and build server frames with the `frame_*` functions. The parser tracks the clie
 (init, subscribed, closing) because nsqd checks the state *before* it reads a command's body,
 and the error a client sees depends on that order. The adapter tells the parser when a SUB or
 CLS succeeded. Texts, codes and check order follow nsqd v1.3.0 `protocol_v2.go` as recorded in
-shared/specs/nsq-notes.md §3.
+docs/protocols/nsq.md
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ CLOSE_WAIT = b"CLOSE_WAIT"
 HEARTBEAT = b"_heartbeat_"
 
 # nsqd reads commands through a 16 KiB bufio.Reader; a longer line ends the connection
-# with no error frame (nsq-notes §2).
+# with no error frame (docs/protocols/nsq.md).
 MAX_LINE_LENGTH = 16 * 1024
 
-# Name rule of nsqd internal/protocol/names.go, with the 64-byte limit of v1.3.0 (nsq-notes §6).
+# Name rule of nsqd internal/protocol/names.go, with the 64-byte limit of v1.3.0 (docs/protocols/nsq.md).
 MAX_NAME_LENGTH = 64
 EPHEMERAL_SUFFIX = "#ephemeral"
 # `\Z`, not `$`: Python's `$` also matches before a trailing newline, Go's does not.
@@ -219,7 +219,7 @@ NEED_DATA = _NeedData()
 Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Req | Touch | Cls | Nop
 Event = Command | ProtocolError | CloseSilently | _NeedData
 
-# The only error codes after which nsqd keeps the connection (nsq-notes §3.1).
+# The only error codes after which nsqd keeps the connection (docs/protocols/nsq.md).
 NON_FATAL_CODES = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 
 
@@ -301,7 +301,7 @@ def frame_message(timestamp_ns: int, attempts: int, msg_id: bytes, body: bytes) 
 
 
 def identify_response(identify: Identify, limits: ServerLimits, *, tls: bool) -> bytes:
-    """The feature-negotiation JSON, keys in nsqd's order (nsq-notes §4)."""
+    """The feature-negotiation JSON, keys in nsqd's order (docs/protocols/nsq.md)."""
     body = {
         "max_rdy_count": limits.max_rdy_count,
         "version": limits.version,
@@ -653,7 +653,7 @@ def parse_mpub_body(body: bytes, limits: ServerLimits, name: str = "MPUB") -> li
 
 
 def negotiate_identify(data: dict[str, Any], limits: ServerLimits) -> Identify | ProtocolError:
-    """Validate IDENTIFY keys with nsqd's rules (nsq-notes §4) and compute the effective values."""
+    """Validate IDENTIFY keys with nsqd's rules (docs/protocols/nsq.md) and compute the effective values."""
 
     def integer(key: str) -> int | None:
         value = data.get(key)

@@ -1,12 +1,12 @@
 """`polymq conformance nsq`: black-box checks of any nsqd-compatible server (TCP V2 and HTTP API).
 
-Every check is written from shared/specs/nsq-notes.md (nsqd v1.3.0 as observed), so the suite
-passes against the original nsqd with default options as well as against polymq. Where polymq
-deliberately differs from a defect of nsqd (notes §13), both forms are accepted.
+Every check is written from how nsqd v1.3.0 behaves on the wire, so the suite passes against
+the original nsqd with default options as well as against polymq (docs/protocols/nsq.md). Where
+polymq deliberately differs from a defect of nsqd, both forms are accepted.
 
 Each check opens its own connections (blocking sockets with timeouts, so a broken server makes
 a check fail rather than hang), uses topic names unique to the run, and deletes its topics
-through the HTTP API afterwards. Only `polymq.codecs` is imported (ARCHITECTURE §1).
+through the HTTP API afterwards. Only `polymq.codecs` is imported (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from polymq.codecs.nsq import (
 from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
 
 # ---------------------------------------------------------------------------------------------
-# What nsqd v1.3.0 does with default options (nsq-notes §3, §4, §8)
+# What nsqd v1.3.0 does with default options (docs/protocols/nsq.md)
 
 MAX_RDY_COUNT = 2500  # --max-rdy-count
 MAX_MSG_SIZE = 1048576  # --max-msg-size (PUB, DPUB, each MPUB part)
@@ -63,19 +63,19 @@ DEFAULT_MSG_TIMEOUT_MS = 60_000  # --msg-timeout
 DEFAULT_OUTPUT_BUFFER_SIZE = 16384  # client default output buffer
 DEFAULT_OUTPUT_BUFFER_TIMEOUT_MS = 250  # client default output buffer timeout
 MAX_DEFLATE_LEVEL = 6  # --max-deflate-level
-# MPUB message count limit: (max_body_size - 4) / 5 (nsq-notes §3.1).
+# MPUB message count limit: (max_body_size - 4) / 5 (docs/protocols/nsq.md).
 MAX_MPUB_COUNT = (MAX_BODY_SIZE - 4) // 5
-# Feature-negotiation reply keys, in nsqd's order (nsq-notes §4, observed).
+# Feature-negotiation reply keys, in nsqd's order (docs/protocols/nsq.md, observed).
 IDENTIFY_KEYS = (
     "max_rdy_count", "version", "max_msg_timeout", "msg_timeout", "tls_v1", "deflate", "deflate_level",
     "max_deflate_level", "snappy", "sample_rate", "auth_required", "output_buffer_size", "output_buffer_timeout",
 )
-# /info keys (nsq-notes §10).
+# /info keys (docs/protocols/nsq.md).
 INFO_KEYS = (
     "version", "broadcast_address", "hostname", "http_port", "tcp_port", "start_time", "max_heartbeat_interval",
     "max_output_buffer_size", "max_output_buffer_timeout", "max_deflate_level",
 )
-# /stats?format=json keys (nsq-notes §10, observed).
+# /stats?format=json keys (docs/protocols/nsq.md, observed).
 STATS_KEYS = ("version", "health", "start_time", "topics", "memory", "producers")
 STATS_TOPIC_KEYS = (
     "topic_name", "channels", "depth", "backend_depth", "message_count", "message_bytes", "paused",
@@ -95,19 +95,19 @@ STATS_MEMORY_KEYS = (
     "heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes", "gc_pause_usec_100",
     "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes", "gc_total_runs",
 )
-CLIENT_STATE_SUBSCRIBED = 3  # client states in stats (nsq-notes §7)
-# /info values in nanoseconds / bytes from the defaults (nsq-notes §8, §10).
+CLIENT_STATE_SUBSCRIBED = 3  # client states in stats (docs/protocols/nsq.md)
+# /info values in nanoseconds / bytes from the defaults (docs/protocols/nsq.md).
 MAX_HEARTBEAT_INTERVAL_NS = 60 * 10**9  # --max-heartbeat-interval 60 s
 MAX_OUTPUT_BUFFER_SIZE = 65536  # --max-output-buffer-size 64 KiB
 MAX_OUTPUT_BUFFER_TIMEOUT_NS = 30 * 10**9  # --max-output-buffer-timeout 30 s
 NSQ_CONTENT_TYPE_HEADER = "X-NSQ-Content-Type"
-NSQ_CONTENT_TYPE = "nsq; version=1.0"  # on every HTTP response (nsq-notes §10)
+NSQ_CONTENT_TYPE = "nsq; version=1.0"  # on every HTTP response (docs/protocols/nsq.md)
 
 # ---------------------------------------------------------------------------------------------
 # Timing: the smallest values nsqd accepts, so timing checks stay short
 
-FAST_HEARTBEAT_MS = 1000  # heartbeat_interval minimum (nsq-notes §4)
-FAST_MSG_TIMEOUT_MS = 1000  # msg_timeout minimum (nsq-notes §4)
+FAST_HEARTBEAT_MS = 1000  # heartbeat_interval minimum (docs/protocols/nsq.md)
+FAST_MSG_TIMEOUT_MS = 1000  # msg_timeout minimum (docs/protocols/nsq.md)
 # How long a check watches for "nothing arrives" (a RDY cap, a deferral). Well above loopback
 # latency and nsqd's 250 ms output-buffer flush, well below the 1 s delays it is checked against.
 QUIET_S = 0.6
@@ -578,7 +578,7 @@ def check_message_shape(what: str, msg: nc.Message, body: bytes, attempts: int =
 
 
 # =============================================================================================
-# §2 TCP framing
+# TCP framing
 
 
 @check("magic-bad")
@@ -652,7 +652,7 @@ def _line_too_long(t: Target) -> None:
 
 
 # =============================================================================================
-# §4 IDENTIFY
+# IDENTIFY
 
 
 @check("identify-plain-ok")
@@ -697,7 +697,7 @@ def _identify_echo(t: Target) -> None:
     for key in ("msg_timeout", "output_buffer_size", "output_buffer_timeout", "sample_rate"):
         expect_equal(f"IDENTIFY {key}={asked[key]}: echoed {key}", asked[key], reply[key])
     expect_equal("IDENTIFY reply max_rdy_count", MAX_RDY_COUNT, reply["max_rdy_count"])
-    # output_buffer_size -1 means unbuffered: size 1, timeout 0 (nsq-notes §4).
+    # output_buffer_size -1 means unbuffered: size 1, timeout 0 (docs/protocols/nsq.md).
     conn = t.connect()
     reply = conn.identify({"feature_negotiation": True, "output_buffer_size": -1})
     assert reply is not None
@@ -709,7 +709,7 @@ def _identify_echo(t: Target) -> None:
     expect_equal("IDENTIFY output_buffer_timeout=-1, sample_rate=50: echoed (size, timeout, sample_rate)",
                  (DEFAULT_OUTPUT_BUFFER_SIZE, 0, 50),
                  (reply["output_buffer_size"], reply["output_buffer_timeout"], reply["sample_rate"]))
-    # May be repeated before SUB, answered each time (nsq-notes §3, observed).
+    # May be repeated before SUB, answered each time (docs/protocols/nsq.md, observed).
     reply = conn.identify({"feature_negotiation": True, "msg_timeout": 2000}, "second IDENTIFY")
     assert reply is not None
     expect_equal("second IDENTIFY msg_timeout=2000: echoed", 2000, reply["msg_timeout"])
@@ -785,7 +785,7 @@ def _auth_disabled(t: Target) -> None:
 
 
 # =============================================================================================
-# §5 Heartbeats
+# Heartbeats
 
 
 def _fast_heartbeat_conn(t: Target) -> Conn:
@@ -808,7 +808,7 @@ def _heartbeat_frame(t: Target) -> None:
     expect_equal("heartbeat bytes", b"\x00\x00\x00\x0f\x00\x00\x00\x00_heartbeat_", frame_bytes(frame))
     if elapsed < FAST_HEARTBEAT_MS / 1000 / 2:
         raise CheckFailed("heartbeat_interval 1000: first heartbeat", "after about 1 s", f"after {elapsed:.2f} s")
-    # Heartbeats continue after SUB, in every state (nsq-notes §5).
+    # Heartbeats continue after SUB, in every state (docs/protocols/nsq.md).
     conn.send(nc.sub(t.topic(), t.channel()))
     conn.expect_ok("SUB after a heartbeat")
     frame = conn.expect_frame("heartbeat_interval 1000, subscribed", "a _heartbeat_ frame", heartbeats=True)
@@ -850,7 +850,7 @@ def _heartbeat_nop(t: Target) -> None:
 
 
 # =============================================================================================
-# §3.1 Errors: names, sizes, states
+# Errors: names, sizes, states
 
 
 @check("names-length")
@@ -893,7 +893,7 @@ def _names_invalid(t: Target) -> None:
         (nc.pub("bad*", b"x"), ('E_BAD_TOPIC PUB topic name "bad*" is not valid',)),
         (nc.pub("t#eph", b"x"), ('E_BAD_TOPIC PUB topic name "t#eph" is not valid',)),
         (nc.dpub("bad*", 0, b"x"), ('E_BAD_TOPIC DPUB topic name "bad*" is not valid',)),
-        # nsqd doubles the code for MPUB (a defect, nsq-notes §13): accept both forms.
+        # nsqd doubles the code for MPUB (a defect, docs/protocols/nsq.md): accept both forms.
         (nc.mpub("bad*", [b"x"]), ('E_BAD_TOPIC E_BAD_TOPIC MPUB topic name "bad*" is not valid',
                                   'E_BAD_TOPIC MPUB topic name "bad*" is not valid')),
         (nc.sub("bad*", "c"), ('E_BAD_TOPIC SUB topic name "bad*" is not valid',)),
@@ -1091,7 +1091,7 @@ def _cls(t: Target) -> None:
     conn.send(nc.cls())
     frame = conn.expect_frame("CLS", "CLOSE_WAIT frame")
     expect_equal("CLS reply bytes", b"\x00\x00\x00\x0e\x00\x00\x00\x00" + CLOSE_WAIT, frame_bytes(frame))
-    # TOUCH and FIN still work while closing (nsq-notes §3: "subscribed or closing").
+    # TOUCH and FIN still work while closing (docs/protocols/nsq.md: "subscribed or closing").
     conn.send(nc.touch(msg.msg_id))
     conn.send(nc.fin(msg.msg_id))
     conn.expect_quiet("TOUCH and FIN of the in-flight message after CLS")
@@ -1106,7 +1106,7 @@ def _cls(t: Target) -> None:
 
 
 # =============================================================================================
-# Publishing and delivery (§3, §6, §7)
+# Publishing and delivery ()
 
 
 @check("pub-mpub-dpub-ok")
@@ -1215,7 +1215,7 @@ def _req_deferred(t: Target) -> None:
     consumer.expect_quiet(f"'REQ id {DEFER_MS}': nothing in the first {QUIET_S} s")
     second = consumer.expect_message(f"after 'REQ id {DEFER_MS}'")
     check_message_shape(f"redelivery after REQ {DEFER_MS}", second, b"later", attempts=2)
-    # A REQ timeout above --max-req-timeout is clamped, not refused (nsq-notes §3).
+    # A REQ timeout above --max-req-timeout is clamped, not refused (docs/protocols/nsq.md).
     consumer.send(nc.req(second.msg_id, MAX_REQ_TIMEOUT_MS + 1))
     consumer.expect_quiet(f"'REQ id {MAX_REQ_TIMEOUT_MS + 1}' (clamped, no error)")
 
@@ -1342,7 +1342,7 @@ def _ephemeral(t: Target) -> None:
 
 
 # =============================================================================================
-# Stream compression (§4)
+# Stream compression
 
 
 def _compressed_round_trip(t: Target, kind: str) -> None:
@@ -1383,7 +1383,7 @@ def _snappy(t: Target) -> None:
 
 
 # =============================================================================================
-# §10 HTTP API
+# HTTP API
 
 
 @check("http-ping")
@@ -1504,7 +1504,7 @@ def _http_channel_ops(t: Target) -> None:
                lambda: (t.channel_stats(topic, channel) or {}).get("depth") == 2)
     t.expect_http("POST", "/channel/empty", params, text=b"")
     expect_equal("channel depth after /channel/empty", 0, (t.channel_stats(topic, channel) or {}).get("depth"))
-    # A paused channel delivers nothing (nsq-notes §7).
+    # A paused channel delivers nothing (docs/protocols/nsq.md).
     t.expect_http("POST", "/channel/pause", params, text=b"")
     expect_equal("stats paused after /channel/pause", True, (t.channel_stats(topic, channel) or {}).get("paused"))
     consumer = t.consumer(topic, channel)
@@ -1619,7 +1619,7 @@ def _http_405(t: Target) -> None:
 def _http_mpub_errors(t: Target) -> None:
     topic = t.topic()
     binary = {"topic": topic, "binary": "true"}
-    # Binary-mode body errors are 413 with the TCP code minus its "E_" (nsq-notes §10).
+    # Binary-mode body errors are 413 with the TCP code minus its "E_" (docs/protocols/nsq.md).
     t.expect_http_error("POST", "/mpub", binary, 413, "BAD_BODY", _SIZE.pack(0))
     t.expect_http_error("POST", "/mpub", binary, 413, "BAD_MESSAGE", _SIZE.pack(1) + _SIZE.pack(0))
     t.expect_http_error("POST", "/mpub", {"topic": topic}, 413, "MSG_TOO_BIG",

@@ -1,4 +1,4 @@
-"""The embedded durable store (ARCHITECTURE §4): a meta journal and one segmented log per owner.
+"""The embedded durable store (docs/architecture.md): a meta journal and one segmented log per owner.
 
 Layout under the data dir:
 - `meta.log`: JSON records of topics, queues, bindings, options, pause state and the id high-water
@@ -8,10 +8,10 @@ Layout under the data dir:
   after a delivery or a return), DONE (copies gone). A queue deleted and made again gets a new uid,
   so records of the old one can never come back.
 
-Why this design (measured, see the README): appends of whole batches are cheap in Python (one
+Why this design (measured, see docs/durability.md): appends of whole batches are cheap in Python (one
 record per MPUB and queue, one `write` per file per commit) and one fdatasync per file per loop
 turn covers every publish of that turn (group commit); SQLite spent more time per message in
-the interpreter and loses later intact frames after a bad one, which item 5 of issue 3 forbids.
+the interpreter and loses later intact frames after a bad one, which recovery must never do.
 
 Segments are deleted oldest first, once every copy they added is done; a record can only refer to
 positions in its own or earlier segments, so deleting in that order never drops a record that a

@@ -1,4 +1,4 @@
-"""The storage seam (ARCHITECTURE §4).
+"""The storage seam (docs/architecture.md).
 
 The engine reports every durable change through this interface: metadata (topics, queues,
 bindings, options, pause state) to the `Storage`, and the life of each message copy (added,

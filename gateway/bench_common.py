@@ -103,7 +103,7 @@ def summarize(histogram: dict[int, int]) -> LatencySummary | None:
 
 
 # nsq's bench_writer / bench_reader print MB/s as bytes / 1024 / 1024 per second (that is how
-# nsq-notes §14 gets 82.8 MB/s from 434,239 msgs/s of 200 bytes); the same unit here keeps
+# docs/protocols/nsq.md gets 82.8 MB/s from 434,239 msgs/s of 200 bytes); the same unit here keeps
 # figures comparable.
 BYTES_PER_MB = 1024 * 1024
 

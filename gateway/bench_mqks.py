@@ -1,6 +1,6 @@
 """`polymq bench mqks`: end-to-end throughput and light-load latency of any MQKS server.
 
-Modelled on the original's `tests/benchmark` (mqks-notes §10): queue *i* is bound to event *i*,
+Modelled on the original's `tests/benchmark` (docs/protocols/mqks.md): queue *i* is bound to event *i*,
 each publisher publishes its messages round-robin over all the events, and consumer *i* reads
 queue *i* until every published message arrived. Four scenarios (default: all, in this order):
 
@@ -45,7 +45,7 @@ from polymq.gateway import bench_common as common
 
 SCENARIOS = ("auto", "manual", "latency", "client")
 
-# The original's reference runs (mqks-notes §10): `benchmark 4 20000 0` (4 clients x 20,000
+# The original's reference runs (docs/protocols/mqks.md): `benchmark 4 20000 0` (4 clients x 20,000
 # messages, no pause) and `benchmark 2 10000 0.0001` (2 paced clients) on a 2-core VM.
 DEFAULT_CLIENTS = 4
 DEFAULT_MESSAGES = 20_000
@@ -58,9 +58,9 @@ DEFAULT_INTERVAL_S = 0.0005
 DEFAULT_SIZE = 32
 MAX_SIZE = 1024 * 1024  # polymq's MQKS line limit (codecs/mqks.py MAX_LINE_LENGTH) bounds the line
 DEFAULT_PREFIX = "polymq_bench"
-DEFAULT_PORT = 25000  # the original's one-worker port (mqks-notes §1)
+DEFAULT_PORT = 25000  # the original's one-worker port (docs/protocols/mqks.md)
 
-# What the original did on a 2-core VM (mqks-notes §10) and what the issue asks of polymq.
+# What the original did on a 2-core VM (docs/protocols/mqks.md) and what the issue asks of polymq.
 ORIGINAL_E2E_MSGS_PER_S = 5_800
 ORIGINAL_AVG_LATENCY_US = 3_000
 TARGET_SPEEDUP = 10

@@ -10,7 +10,7 @@ Four scenarios, each selectable (default: all, in this order):
 
 Every body starts with the wall-clock time (int64 ns, big-endian) at which it was sent; the
 consumer subtracts it from the time its recv() returned, so latency includes the server's output
-buffering (nsq-notes §7). For `sub` that figure is the age of the backlog, not a delivery delay.
+buffering (docs/protocols/nsq.md). For `sub` that figure is the age of the backlog, not a delivery delay.
 
 The load runs in spawned worker processes (one per connection by default) on plain blocking
 sockets: MPUB/PUB payloads are encoded once and only the timestamps are spliced in (one
@@ -48,19 +48,19 @@ from polymq.gateway import bench_common as common
 
 SCENARIOS = ("mpub", "sub", "pub", "pubsub")
 
-# Defaults of nsq's bench_writer / bench_reader and of the reference runs (nsq-notes §14):
+# Defaults of nsq's bench_writer / bench_reader and of the reference runs (docs/protocols/nsq.md):
 # 200-byte messages, MPUB batches of 200, RDY 2500 (nsqd's max-rdy-count), 2 connections.
 DEFAULT_SIZE = 200
 DEFAULT_BATCH = 200
 DEFAULT_RDY = 2500
 DEFAULT_PUBLISHERS = 2
 DEFAULT_CONSUMERS = 2
-# The reference runs lasted 5 s (nsq-notes §14).
+# The reference runs lasted 5 s (docs/protocols/nsq.md).
 DEFAULT_DURATION_S = 5.0
 DEFAULT_TOPIC_PREFIX = "polymq_bench"
 CHANNEL = "bench"
 
-# nsqd limits (nsq-notes §8): each message ≤ max-msg-size, one MPUB body ≤ max-body-size.
+# nsqd limits (docs/protocols/nsq.md): each message ≤ max-msg-size, one MPUB body ≤ max-body-size.
 MAX_MSG_SIZE = 1024 * 1024
 MAX_BODY_SIZE = 5 * 1024 * 1024
 # The body starts with the send time: int64 ns, big-endian.
@@ -72,7 +72,7 @@ STAMP_MARKER = b"\xfe\xed\x5a\x11\xc0\xff\xee\x01"
 FILLER = b"x"
 
 # Frame scanning: size, type; and for a message frame also nsqd's timestamp, attempts, id and
-# the first 8 body bytes (our send time) in one unpack (nsq-notes §2: 4 + 4 + 8 + 2 + 16 + 8).
+# the first 8 body bytes (our send time) in one unpack (docs/protocols/nsq.md: 4 + 4 + 8 + 2 + 16 + 8).
 FRAME_HEAD = struct.Struct(">ii")
 MESSAGE_HEAD = struct.Struct(">iiqH16sq")
 FRAME_OK = struct.pack(">ii", 4 + len(OK), FRAME_TYPE_RESPONSE) + OK
@@ -94,7 +94,7 @@ STALL_TIMEOUT_S = 15.0
 DRAIN_TIMEOUT_S = 60.0
 
 # Response frames on a connection that has not sent IDENTIFY with feature_negotiation are
-# plain `OK` (nsq-notes §4: "the Go bench tools send IDENTIFY without it and expect plain OK").
+# plain `OK` (docs/protocols/nsq.md: "the Go bench tools send IDENTIFY without it and expect plain OK").
 USER_AGENT = "polymq-bench/0.1"
 
 
@@ -378,7 +378,7 @@ class _Consumer(_Conn):
                     self.sock.sendall(nsq_client.nop())  # type: ignore[union-attr]
             elif frame_type == FRAME_TYPE_ERROR:
                 if bytes(buf[pos + 8 : pos + 8 + len(b"E_FIN_FAILED")]) == b"E_FIN_FAILED":
-                    self.fin_failed += 1  # non-fatal (nsq-notes §3.1)
+                    self.fin_failed += 1  # non-fatal (docs/protocols/nsq.md)
                 else:
                     self._error_frame(pos, nxt)
             pos = nxt

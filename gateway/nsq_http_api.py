@@ -4,7 +4,7 @@
 trailing-slash redirects) and answers with a `Response`, or with `NeedBody` when the endpoint
 reads the request body (/pub, /mpub, PUT /config): the server reads at most `read_max` bytes
 and calls `complete(body)`. Check order, status codes and bodies follow `nsqio/nsq:nsqd/http.go`
-and `internal/http_api` (shared/specs/nsq-notes.md §10), except for the defects of §13, which
+and `internal/http_api` (docs/protocols/nsq.md), except for its defects (docs/protocols/nsq.md), which
 are noted where polymq differs.
 """
 
@@ -463,7 +463,7 @@ class NsqHttpApi:
 
     def _refuse_unauthenticated(self) -> Response | None:
         # nsqd lets anyone reaching the HTTP port publish even with --auth-http-address set
-        # (nsq-notes §13). HTTP requests carry no AUTH secret, so polymq refuses them instead.
+        # (docs/protocols/nsq.md). HTTP requests carry no AUTH secret, so polymq refuses them instead.
         if self.nsq.auth_enabled:
             return error(403, "UNAUTHORIZED")
         return None
@@ -552,7 +552,7 @@ class NsqHttpApi:
                     return bodies
             if self.engine.storage.failure is not None:
                 return STORAGE_FAILED
-            # The topic is created only for a valid batch (nsqd creates it first: §13).
+            # The topic is created only for a valid batch (nsqd creates it first).
             self._ensure_topic(topic)
             if bodies:
                 self.engine.publish_many(topic, bodies)
@@ -934,7 +934,7 @@ class NsqHttpApi:
 
 
 def channel_queue_name(topic: str, channel: str) -> str:
-    """An NSQ channel `c` of topic `t` is the engine queue `t/c` (ARCHITECTURE §3)."""
+    """An NSQ channel `c` of topic `t` is the engine queue `t/c` (docs/architecture.md)."""
     return f"{topic}/{channel}"
 
 

@@ -17,7 +17,6 @@ import pytest
 
 import polymq
 from polymq.core import engine
-from polymq.gateway import compile as compile_command
 
 WHERE = "import polymq, polymq.core.engine as e, polymq.codecs.nsq as n; print(polymq.COMPILED, e.__file__, n.__file__)"
 

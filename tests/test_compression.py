@@ -1,4 +1,4 @@
-"""Stream compression negotiated by NSQ IDENTIFY: raw DEFLATE and the snappy framing format (nsq-notes §4)."""
+"""Stream compression negotiated by NSQ IDENTIFY: raw DEFLATE and the snappy framing format (docs/protocols/nsq.md)."""
 
 from __future__ import annotations
 

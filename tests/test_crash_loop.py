@@ -1,4 +1,4 @@
-"""kill -9 crash loop (issue 3, item 6): the checker on hand-made records, then the real loop.
+"""kill -9 crash loop (docs/durability.md): the checker on hand-made records, then the real loop.
 
 The real loops SIGKILL `polymq serve` at random moments while NSQ clients publish (acknowledged) and
 consume (FIN), restart it on the same data dir, drain, and require: no acknowledged publish lost, no

@@ -1,7 +1,7 @@
 """The trio MQKS client (`polymq.adapters.mqks_client`) against a real `polymq serve`.
 
 Requests and deliveries, manual ack and reject, rebind with `--update`, ping and `_eval`, errors,
-callbacks that raise, batched writes; and the original client's reconnect (mqks-notes §5): the
+callbacks that raise, batched writes; and the original client's reconnect (docs/protocols/mqks.md): the
 connection is cut by a proxy between client and gateway, or the gateway is restarted on the same
 port, and every consumer comes back under a new id with its latest `--update`d consume line.
 Every wait is on an event, bounded by `WAIT_S`; absences are proven with a ping on the same
@@ -264,7 +264,7 @@ async def test_consume_with_add_keeps_existing_bindings(module_gateway: GatewayP
     async with client_for(mqks(module_gateway)) as client:
         await client.consume(queue, [e1], on_msg=first, confirm=True)
         second_id = await client.consume(queue, add=[e2], on_msg=second, confirm=True)
-        # With --add the issuer gets the --update too (mqks-notes §4.2).
+        # With --add the issuer gets the --update too (docs/protocols/mqks.md).
         assert client.consumers[second_id] == f"{queue} {' '.join(sorted([e1, e2]))}"
         await client.publish(e1, b"1")
         await client.publish(e2, b"2")

@@ -1,6 +1,6 @@
 """Unit tests of the MQKS codec: request parsing and framing, response lines, error ids and `--remove-mask`.
 
-Each test pins one rule of shared/specs/mqks-notes.md §2-§4 (wire behaviour of MQKS v0.4.3) or one of the §9
+Each test pins one rule of docs/protocols/mqks.md (wire behaviour of MQKS v0.4.3) or one of the
 deviations polymq makes on purpose (a TAB is answered instead of dropping the connection, over-long lines).
 """
 
@@ -28,7 +28,7 @@ from polymq.codecs.mqks import (
     Reject,
 )
 
-ERROR_ID = "20261122021533219864RrHK"  # the example of mqks-notes §3
+ERROR_ID = "20261122021533219864RrHK"  # the example of docs/protocols/mqks.md
 
 
 def feed(*chunks: bytes, eof: bool = False, max_line_length: int = mqks.MAX_LINE_LENGTH) -> list[mqks.Request]:
@@ -53,7 +53,7 @@ def bad(request_id: str, line: bytes) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §2 field split, rstrip, --confirm
+# field split, rstrip, --confirm
 
 
 def test_split_on_first_two_single_spaces_data_keeps_its_spaces() -> None:
@@ -161,7 +161,7 @@ def test_ping_with_confirm_answers_once_with_the_rest() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §4 actions
+# actions
 
 
 def test_publish_body_with_the_reversible_encoding_is_decoded() -> None:
@@ -282,7 +282,7 @@ def test_eval() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §9 TAB, non-UTF-8
+# TAB, non-UTF-8
 
 
 @pytest.mark.parametrize(
@@ -468,7 +468,7 @@ def test_bad_request_line_is_cut_for_the_log() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §3-§4 response lines
+# response lines
 
 
 def test_ok_line() -> None:
@@ -531,7 +531,7 @@ def test_format_when_unused() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §3 error ids
+# error ids
 
 ERROR_ID_SHAPE = re.compile(r"\d{20}[0-9A-Za-z]{4}")
 
@@ -563,7 +563,7 @@ def test_error_id_random_part_is_base62_and_varies() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §4.3 --remove-mask
+# --remove-mask
 
 
 def test_mask_star_between_dots_may_match_nothing() -> None:
@@ -666,7 +666,7 @@ def test_client_parse_update() -> None:
 
 
 def test_client_update_line_resent_as_consume() -> None:
-    # The client re-sends the last `--update`d consume line on reconnect (mqks-notes §4.2).
+    # The client re-sends the last `--update`d consume line on reconnect (docs/protocols/mqks.md).
     line = mqks.update_line("c1", "q1", ["e2", "e1"], 5.0, True)
     response = client.parse_response(line.rstrip(b"\n"))
     update = client.parse_update(response.data)

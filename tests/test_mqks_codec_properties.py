@@ -351,7 +351,7 @@ def test_update_round_trip(
 
 
 def reference_match(mask: str, event: str) -> bool:
-    """mqks-notes §4.3 without regular expressions: pieces literal, `*` = zero or more non-dot characters."""
+    """docs/protocols/mqks.md without regular expressions: pieces literal, `*` = zero or more non-dot characters."""
     if "." not in event:
         return False
     pieces = mask.split("*")
@@ -390,7 +390,7 @@ def test_mask_single_agrees_with_reference(event: str, mask: str) -> None:
 
 
 def test_reference_matcher_examples() -> None:
-    # The reference itself against mqks-notes §4.3, so a wrong reference cannot make the properties vacuous.
+    # The reference itself against docs/protocols/mqks.md, so a wrong reference cannot make the properties vacuous.
     assert reference_match("e4.*.y", "e4.x.y")
     assert reference_match("e4.*.y", "e4..y")
     assert not reference_match("e3.*", "e3.123.c")

@@ -1,4 +1,4 @@
-"""MQKS and NSQ on one engine (ARCHITECTURE §3, issue 4 item 4): both directions, both drop rules,
+"""MQKS and NSQ on one engine (docs/architecture.md): both directions, both drop rules,
 bodies MQKS cannot carry verbatim. One gateway for the module; names are unique per test.
 """
 

@@ -1,7 +1,7 @@
 """MQKS bad input and floods against a real `polymq serve`: exact answers, the connection and the gateway survive.
 
 Over 127.0.0.1 raw sockets: over-long lines (whole, in pieces, never ending), TABs, control characters and
-bytes that are not UTF-8, unknown actions and consumers, malformed arguments, `_eval` attacks (mqks-notes §9:
+bytes that are not UTF-8, unknown actions and consumers, malformed arguments, `_eval` attacks (docs/protocols/mqks.md:
 answered with `error`, never executed) and its whitelisted counters; then floods: hundreds of garbage
 connections hanging up mid-line while a manual-ack pair exchanges thousands of messages, a client that never
 reads, and a manual-ack consumer that leaves with thousands unacknowledged. Absence is proven with ping

@@ -1,4 +1,4 @@
-"""NSQ V2 codec, exact bytes and exact error texts (shared/specs/nsq-notes.md §2, §3, §3.1, §4, §6).
+"""NSQ V2 codec, exact bytes and exact error texts (docs/protocols/nsq.md).
 
 Sans-IO: no gateway is started. The parser is driven the way the adapter drives it: bytes in,
 events out, `subscribed()` / `closing()` reported after a successful SUB / CLS.
@@ -101,7 +101,7 @@ def sized(line: bytes, size: int, body: bytes = b"") -> bytes:
 
 
 # ---------------------------------------------------------------------------------------------
-# §2 server frames, exact bytes
+# server frames, exact bytes
 
 
 def test_ok_frame_bytes() -> None:
@@ -157,7 +157,7 @@ def test_message_frame_extremes() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §2 magic
+# magic
 
 
 def test_bad_magic() -> None:
@@ -190,7 +190,7 @@ def test_magic_and_commands_in_one_chunk() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §2 line framing
+# line framing
 
 
 def test_crlf_stripped() -> None:
@@ -268,7 +268,7 @@ def test_incremental_bytes() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §3 commands, success
+# commands, success
 
 
 def test_nop() -> None:
@@ -358,7 +358,7 @@ def test_identify_repeated_before_sub() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §3.1 error table, rows the codec decides
+# error table, rows the codec decides
 
 
 @pytest.mark.parametrize("state", ["subscribed", "closing"])
@@ -580,7 +580,7 @@ def test_mpub_bad_topic() -> None:
     error = events[0]
     assert isinstance(error, nsq.ProtocolError) and error.fatal
     assert error.code == "E_BAD_TOPIC"
-    # nsqd doubles the code in this one text (§3.1 quirk); either form is compatible (§13).
+    # nsqd doubles the code in this one text (quirk); either form is compatible .
     assert error.description in (b'MPUB topic name "x*" is not valid', b'E_BAD_TOPIC MPUB topic name "x*" is not valid')
     assert_stopped(conn)
 
@@ -772,7 +772,7 @@ def test_auth_params_and_size() -> None:
     assert_fatal(sized(b"AUTH\n", MAX_BODY + 1), "E_BAD_BODY", f"AUTH body too big {MAX_BODY + 1} > {MAX_BODY}")
 
 
-# TLS required (§3.1): anything but IDENTIFY before TLS is refused
+# TLS required : anything but IDENTIFY before TLS is refused
 
 
 @pytest.mark.parametrize(
@@ -801,7 +801,7 @@ def test_tls_required_allows_identify_then_everything_after_tls() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# §4 IDENTIFY negotiation
+# IDENTIFY negotiation
 
 
 def negotiate(data: dict[str, object], limits: nsq.ServerLimits | None = None) -> nsq.Identify:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from polymq.codecs import nsq
 from polymq.codecs import nsq_client as client
 
-# Every code nsqd can send (nsq-notes §3.1), plus E_BAD_PROTOCOL at the handshake.
+# Every code nsqd can send (docs/protocols/nsq.md), plus E_BAD_PROTOCOL at the handshake.
 NSQD_CODES = frozenset(
     {
         "E_INVALID",

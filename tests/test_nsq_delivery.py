@@ -1,7 +1,7 @@
 """NSQ delivery over real sockets: output buffering, heartbeats, sampling, redelivery, CLS, FIN/REQ/TOUCH.
 
 One `polymq serve` process per module (distinct topics per test), raw sockets, exact frames and
-timings with generous but meaningful bounds (nsq-notes §5, §7).
+timings with generous but meaningful bounds (docs/protocols/nsq.md).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_output_buffer_disabled(module_gateway: GatewayProcess) -> None:
 
 
 def test_default_output_buffer_timeout(module_gateway: GatewayProcess) -> None:
-    # Defaults: 250 ms tick (nsq-notes §7 observed ~200-250 ms with RDY 10).
+    # Defaults: 250 ms tick (docs/protocols/nsq.md observed ~200-250 ms with RDY 10).
     elapsed = _time_to_first_message(module_gateway, "obuf_default", 10)
     assert 0.15 <= elapsed < 0.6, elapsed
 
@@ -133,7 +133,7 @@ def _silent_close(gw: GatewayProcess, topic: str) -> tuple[float, int]:
 
 def test_silent_subscriber_is_closed_exactly_two_intervals_after_its_last_line(module_gateway: GatewayProcess) -> None:
     elapsed, heartbeats = _silent_close(module_gateway, "hb_silent_exact")
-    assert 1.95 <= elapsed < 2.3, elapsed  # nsq-notes §5: interval 1000 → closed at 2.0 s
+    assert 1.95 <= elapsed < 2.3, elapsed  # docs/protocols/nsq.md: interval 1000 → closed at 2.0 s
     assert heartbeats == 2
 
 
@@ -200,7 +200,7 @@ def test_disconnect_redelivers_in_flight_at_once(module_gateway: GatewayProcess,
         closed_at = time.monotonic()
         first.close()
         again = [second.read_message(timeout=2.0) for _ in bodies]
-        # Not after msg_timeout (60 s): at once (polymq's documented choice, README).
+        # Not after msg_timeout (60 s): at once (polymq's documented choice, docs/protocols/nsq.md).
         assert time.monotonic() - closed_at < 1.0
         assert sorted(m.body for m in again) == sorted(bodies)
         assert {m.msg_id for m in again} == {m.msg_id for m in got}

@@ -1,4 +1,4 @@
-"""The nsqd HTTP API (nsq-notes §10).
+"""The nsqd HTTP API (docs/protocols/nsq.md).
 
 Two layers: the sans-IO request logic (`gateway/nsq_http_api.py`) against an in-process engine
 and a fake NSQ server object, then real HTTP over 127.0.0.1 against `python -m polymq serve`,
@@ -129,7 +129,7 @@ def test_pub_checks_in_nsqd_order_and_defers():
     assert call(api, "POST", "/pub", b"topic=a;", b"x").body == b'{"message":"INVALID_REQUEST"}'
     for bad in (b"-1", b"3600001", b"abc", b"", b"1.5"):
         assert call(api, "POST", "/pub", b"topic=d&defer=" + bad, b"x").body == b'{"message":"INVALID_DEFER"}'
-    assert "d" not in engine.topics  # a refused publish creates nothing (nsqd would: §13)
+    assert "d" not in engine.topics  # a refused publish creates nothing (nsqd would)
     ok = call(api, "POST", "/pub", b"topic=d&defer=3600000", b"x")
     assert (ok.status, ok.body, ok.content_type) == (200, b"OK", TEXT)
     assert call(api, "POST", "/pub", b"topic=t", b"x" * MAX_MSG).status == 200

@@ -1,6 +1,6 @@
 """NSQ TLS upgrade (tls_v1, --tls-required, with deflate/snappy) and AUTH against an auth HTTP server.
 
-Real `polymq serve` processes on 127.0.0.1, raw sockets, exact frames (nsq-notes §3, §4, §9).
+Real `polymq serve` processes on 127.0.0.1, raw sockets, exact frames (docs/protocols/nsq.md).
 The certificates come from a throwaway CA made with the `openssl` command line; the auth server
 is a `http.server` thread inside the test that records every query it receives.
 """
@@ -88,7 +88,7 @@ def tls_required_gateway(certs: Certs) -> Iterator[GatewayProcess]:
 
 
 def _default_reply(**changes: Any) -> dict[str, Any]:
-    """nsqd's feature-negotiation reply with default flags (nsq-notes §4), then `changes`."""
+    """nsqd's feature-negotiation reply with default flags (docs/protocols/nsq.md), then `changes`."""
     reply = {"max_rdy_count": 2500, "version": "1.3.0", "max_msg_timeout": 900000, "msg_timeout": 60000,
              "tls_v1": False, "deflate": False, "deflate_level": 6, "max_deflate_level": 6, "snappy": False,
              "sample_rate": 0, "auth_required": False, "output_buffer_size": 16384, "output_buffer_timeout": 250}
@@ -150,7 +150,7 @@ def test_tls_then_compression(tls_gateway: GatewayProcess, client_tls: ssl.SSLCo
     reply = producer.identify(tls_v1=True, **{kind: True})
     assert reply["tls_v1"] is True
     assert reply[kind] is True
-    # Order (nsq-notes §4): TLS handshake, plain `OK` inside TLS, then the compressed `OK`.
+    # Order (docs/protocols/nsq.md): TLS handshake, plain `OK` inside TLS, then the compressed `OK`.
     producer.start_tls(client_tls)
     producer.start_compression(kind)
     if kind == "deflate":
@@ -495,7 +495,7 @@ def _http_post(gw: GatewayProcess, target: str, body: bytes) -> tuple[int, bytes
 
 
 def test_http_publish_refused_when_auth_is_on(auth_gateway: GatewayProcess, gateway: GatewayProcess) -> None:
-    # nsqd lets HTTP publishes bypass AUTH (nsq-notes §13); polymq refuses them.
+    # nsqd lets HTTP publishes bypass AUTH (docs/protocols/nsq.md); polymq refuses them.
     refused = (403, b'{"message":"UNAUTHORIZED"}')
     assert _http_post(auth_gateway, "/pub?topic=allowed_http", b"x") == refused
     assert _http_post(auth_gateway, "/mpub?topic=allowed_http", b"a\nb") == refused

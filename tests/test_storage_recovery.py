@@ -1,4 +1,4 @@
-"""Recovery of the embedded store from damaged files, and a full disk (issue 3, item 5).
+"""Recovery of the embedded store from damaged files, and a full disk (docs/durability.md).
 
 Unit level: a `DiskStorage` + `Engine` on a temporary dir, committed synchronously the way the
 committer does it (`prepare` → `FileWriter.run` → `complete`); the test damages the files the store

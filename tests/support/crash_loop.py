@@ -1,4 +1,4 @@
-"""Kill -9 crash loop for `polymq serve` (issue 3, item 6), and the checker of its records.
+"""Kill -9 crash loop for `polymq serve` (docs/durability.md), and the checker of its records.
 
 The loop starts the gateway on a data dir, publishes over NSQ (PUB and MPUB, each acknowledged by `OK`)
 while consumers FIN what they get, SIGKILLs the process at a random moment, restarts it on the same data
