@@ -227,10 +227,8 @@ class MQKSConfig:
     keep_unconsumed: bool = False
 
     def limits(self) -> MQKSLimits:
-        known = hasattr(MQKSLimits(), "keep_unconsumed_rebound")
-        extra = {"keep_unconsumed_rebound": self.keep_unconsumed} if known else {}
         return attrs.evolve(MQKSLimits(), max_line_length=self.max_line, consumer_window=self.consumer_window,
-                            **extra)
+                            keep_unconsumed_rebound=self.keep_unconsumed)
 
 
 @attrs.frozen
