@@ -52,7 +52,7 @@ DEFAULT_MESSAGES = 20_000
 DEFAULT_LATENCY_CLIENTS = 2
 DEFAULT_LATENCY_MESSAGES = 5_000
 DEFAULT_CLIENT_MESSAGES = 20_000
-# "Light load": one message every 0.5 ms per publisher (the issue asks for 0.1-1 ms).
+# "Light load": one message every 0.5 ms per publisher (between 0.1 and 1 ms, well under saturation).
 DEFAULT_INTERVAL_S = 0.0005
 # Upstream bodies are `str(time.time())`, ~18 bytes; ours hold a 19-digit ns stamp plus filler.
 DEFAULT_SIZE = 32
@@ -60,7 +60,8 @@ MAX_SIZE = 1024 * 1024  # polymq's MQKS line limit (codecs/mqks.py MAX_LINE_LENG
 DEFAULT_PREFIX = "polymq_bench"
 DEFAULT_PORT = 25000  # the original's one-worker port (docs/protocols/mqks.md)
 
-# What the original did on a 2-core VM (docs/protocols/mqks.md) and what the issue asks of polymq.
+# What the original did on a 2-core VM (docs/protocols/mqks.md) and what polymq aims at: ten times
+# its throughput, p99 under 2 ms at light load.
 ORIGINAL_E2E_MSGS_PER_S = 5_800
 ORIGINAL_AVG_LATENCY_US = 3_000
 TARGET_SPEEDUP = 10
@@ -655,7 +656,7 @@ def _ms(us: float) -> str:
 
 
 def verdicts(r: ScenarioResult) -> list[str]:
-    """The scenario against the original's figures and the issue's targets."""
+    """The scenario against the original's figures and polymq's targets."""
     if r.name == "latency":
         if r.latency is None:
             return []

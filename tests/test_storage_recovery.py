@@ -369,7 +369,7 @@ def test_damage_among_spilled_messages(open_store: Callable[..., Store], data_di
 
 
 def build_two_queues(open_store: Callable[..., Store]) -> None:
-    """Session 1: q bound to t with m000..m002. Session 2 (journal compacted at its start): q2 made and
+    """First run: q bound to t with m000..m002. Second run (journal compacted at its start): q2 made and
     bound to t (two journal records appended), then m003 to both."""
     store = new_bound_store(open_store)
     publish_each(store.engine, "t", names("m", 3))

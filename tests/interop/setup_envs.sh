@@ -9,7 +9,7 @@
 # nothing third-party is kept in the repository. Each env carries a stamp file holding the exact
 # requirement list it was built from, so a second run only compares stamps (well under a second).
 #
-# Needs python3.11 (override with INTEROP_PYTHON), node >= 12 and npm. On Debian, when the
+# Needs Python >= 3.11 (`python3`, or INTEROP_PYTHON), node >= 12 and npm. On Debian, when the
 # interpreter has no working `venv`/`ensurepip`, the matching pythonX.Y-venv package is installed
 # with apt-get (after `apt-get update`), and only then.
 set -euo pipefail
@@ -17,7 +17,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 INTEROP_DIR="${INTEROP_DIR:-$ROOT/.interop}"
-PYTHON="${INTEROP_PYTHON:-python3.11}"
+PYTHON="${INTEROP_PYTHON:-python3}"
 STAMP_NAME=".polymq-interop-stamp"
 # Bump when the way envs are built changes (forces a rebuild everywhere).
 RECIPE_VERSION="1"
@@ -82,6 +82,10 @@ python_stamp() {
 ensure_venv_support() {
   if ! command -v "$PYTHON" >/dev/null 2>&1; then
     log "$PYTHON not found (set INTEROP_PYTHON)"
+    exit 1
+  fi
+  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    log "$PYTHON is Python $("$PYTHON" -c 'import sys; print(sys.version.split()[0])'); the clients need >= 3.11 (set INTEROP_PYTHON)"
     exit 1
   fi
   local probe
