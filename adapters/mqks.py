@@ -268,7 +268,6 @@ class MQKSSession:
         # A manual-ack delivery from a durable queue leaves only after the record of its attempts is
         # written, so a crash never brings it back with a lower `retry` than the client saw.
         self._delivered_unstored = False
-        self._confirming = False  # this read asked for a confirm: write at its end (`_read_loop`)
         self._refill: set[Consumer] = set()  # acked consumers of this read, refilled at its end
         self._cancel_scope: trio.CancelScope | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -311,41 +310,16 @@ class MQKSSession:
 
     async def _read_loop(self) -> None:
         codec = self.codec
-        handlers = self._handlers
         while True:
             data = await self.transport.receive_some(READ_SIZE)
             codec.receive_data(data)
             self._reading = True
-            requests = codec.next_events()
-            count = len(requests)
-            index = 0
-            while index < count:
-                request = requests[index]
-                end = index + 1
-                try:
-                    if type(request) is mqks.Publish:
-                        # Consecutive publishes to one event go to the engine (and the store) as one batch.
-                        event = request.event
-                        while end < count and type(requests[end]) is mqks.Publish and requests[end].event == event:
-                            end += 1
-                        self._publish(requests[index:end])
-                    else:
-                        handlers[type(request)](request)
-                except Exception:
-                    # A bug must cost its requests, not the connection or the gateway.
-                    error_id = self.server.new_error_id()
-                    log.exception("error %s: request %r", error_id, request)
-                    for failed in requests[index:end]:
-                        self.send(mqks.error_line(failed.request_id, error_id))
-                index = end
-            if self._refill:
-                for engine_consumer in self._refill:
-                    if not engine_consumer.closed:
-                        engine_consumer.refill()
-                self._refill.clear()
-            if self._confirming:
-                self._confirming = False
-                self.engine.storage.write_now()  # the read's confirmed publishes: written now
+            # What this read changes is written at its end, by this task (`release_work`).
+            self.engine.storage.hold_work()
+            try:
+                self._handle(codec.next_events())
+            finally:
+                self.engine.storage.release_work()
             self._reading = False
             if not data:
                 return
@@ -355,6 +329,36 @@ class MQKSSession:
                 self._drained = trio.Event()
                 self._wake.set()
                 await self._drained.wait()
+
+    def _handle(self, requests: list[mqks.Request]) -> None:
+        """Every request of one read, synchronously."""
+        handlers = self._handlers
+        count = len(requests)
+        index = 0
+        while index < count:
+            request = requests[index]
+            end = index + 1
+            try:
+                if type(request) is mqks.Publish:
+                    # Consecutive publishes to one event go to the engine (and the store) as one batch.
+                    event = request.event
+                    while end < count and type(requests[end]) is mqks.Publish and requests[end].event == event:
+                        end += 1
+                    self._publish(requests[index:end])
+                else:
+                    handlers[type(request)](request)
+            except Exception:
+                # A bug must cost its requests, not the connection or the gateway.
+                error_id = self.server.new_error_id()
+                log.exception("error %s: request %r", error_id, request)
+                for failed in requests[index:end]:
+                    self.send(mqks.error_line(failed.request_id, error_id))
+            index = end
+        if self._refill:
+            for engine_consumer in self._refill:
+                if not engine_consumer.closed:
+                    engine_consumer.refill()
+            self._refill.clear()
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -477,8 +481,7 @@ class MQKSSession:
                     else:
                         self._error(request_id, f"publish not stored: {error}")
 
-            storage.sync(stored)
-            self._confirming = True
+            storage.sync(stored)  # written at the end of this read (`release_work`)
 
     def _consume(self, request: mqks.Consume) -> None:
         server = self.server

@@ -364,35 +364,36 @@ class NSQSession:
                 except DecompressionError as exc:
                     raise _Close(f"bad compressed stream: {exc}") from exc
             codec.receive_data(data)
-            self._reading = True
-            while True:
-                event = codec.next_event()
-                if event is nsq.NEED_DATA:
-                    break
-                if isinstance(event, nsq.ProtocolError):
-                    if event.fatal:
-                        await self._send_fatal(event)
-                    self._send_error(event)
-                    continue
-                if isinstance(event, nsq.CloseSilently):
-                    raise _Close(event.reason)
-                handler = self._handlers[type(event)]
-                try:
-                    result = handler(self, event)
-                    if result is not None:  # a command that must await (IDENTIFY upgrade, AUTH)
-                        self._reading = False
-                        await result
-                        self._reading = True
-                except _Fatal as fatal:
-                    self.codec.closed()
-                    await self._send_fatal(fatal.error)
-            if self._refill:
-                self._refill = False
-                if self.consumer is not None:
-                    self.consumer.refill()
-            if self._pending_publishes:
-                self.engine.storage.write_now()  # the read's publishes: written now, answered from here
-            self._reading = False
+            # What this read changes is written at its end, by this task (publishes answered from here).
+            self._start_reading()
+            try:
+                while True:
+                    event = codec.next_event()
+                    if event is nsq.NEED_DATA:
+                        break
+                    if isinstance(event, nsq.ProtocolError):
+                        if event.fatal:
+                            await self._send_fatal(event)
+                        self._send_error(event)
+                        continue
+                    if isinstance(event, nsq.CloseSilently):
+                        raise _Close(event.reason)
+                    handler = self._handlers[type(event)]
+                    try:
+                        result = handler(self, event)
+                        if result is not None:  # a command that must await (IDENTIFY upgrade, AUTH)
+                            self._stop_reading()
+                            await result
+                            self._start_reading()
+                    except _Fatal as fatal:
+                        self.codec.closed()
+                        await self._send_fatal(fatal.error)
+                if self._refill:
+                    self._refill = False
+                    if self.consumer is not None:
+                        self.consumer.refill()
+            finally:
+                self._stop_reading()
             if self._urgent and not self._sending:
                 # The writer is idle: answer from here, saving a task switch per round trip.
                 await self._flush()
@@ -403,6 +404,17 @@ class NSQSession:
                 self._urgent = True
                 self._wake.set()
                 await self._drained.wait()
+
+    def _start_reading(self) -> None:
+        self._reading = True
+        self.engine.storage.hold_work()
+
+    def _stop_reading(self) -> None:
+        """Before anything awaits: what the read changed so far is written (acknowledging publishes
+        that need no fdatasync), and the committer takes over again."""
+        if self._reading:
+            self.engine.storage.release_work()
+            self._reading = False
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -588,7 +600,7 @@ class NSQSession:
     async def _send_fatal(self, error: nsq.ProtocolError) -> None:
         """The last frame: after the answers to earlier publishes, as nsqd answers one command at a time."""
         if self._pending_publishes:
-            self._reading = False
+            self._stop_reading()
             await self._stored()
         if self._close_after_flush is None:  # else a failed publish's fatal error went out already
             self._send_error(error)

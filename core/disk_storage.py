@@ -134,9 +134,18 @@ class OwnerLog:
         # time); encoded at `_take`. Its size is counted in `segment_bytes` as it grows.
         self._open: _OpenAdd | None = None
         self._open_cancellable = False  # no STATE names a copy of it yet
+        self._active_path: tuple[int, Path] | None = None
 
     def path(self, segment: int) -> Path:
-        return self.dir / _segment_name(segment)
+        # The active segment's path is asked for at every commit: one object, whose hash the file
+        # writer's dicts then find cached (building and hashing a new Path cost more than the write).
+        cached = self._active_path
+        if cached is not None and cached[0] == segment:
+            return cached[1]
+        path = self.dir / _segment_name(segment)
+        if segment == self.segment:
+            self._active_path = (segment, path)
+        return path
 
     def is_blank(self) -> bool:
         """Nothing was ever added or reported: a log that can be swapped for another."""
@@ -608,6 +617,8 @@ class DiskStorage:
         self._unsynced = False
         self.failure: str | None = None  # the last commit's error, None once a commit succeeds
         self.on_work: Callable[[], None] | None = None  # the committer's wake-up
+        self._held = 0  # `hold_work` calls not yet released
+        self._wake_held = False  # work was reported while held
         # Takes each sync job for the committer's thread; the thread's `sync_done` comes back on the loop.
         self.on_sync_job: Callable[[SyncJob], None] | None = None
         # Loop-side appends (`write_now`).
@@ -630,8 +641,28 @@ class DiskStorage:
         self._wake()
 
     def _wake(self) -> None:
-        if self.on_work is not None:
+        if self._held:
+            self._wake_held = True  # the holder writes it all when it lets go (`release_work`)
+        elif self.on_work is not None:
             self.on_work()
+
+    def hold_work(self) -> None:
+        """A session handles a read synchronously and writes what it changed at the end (`release_work`).
+
+        Until then nothing wakes the committer: its task switch cost more than the write it would
+        make, on every publish of a client publishing one message per round trip.
+        """
+        self._held += 1
+
+    def release_work(self) -> None:
+        """The end of a `hold_work`: write everything reported meanwhile now, on the loop."""
+        self._held -= 1
+        if self._held or not self._wake_held:
+            return
+        self._wake_held = False
+        self.write_now()  # wakes the committer itself when a sync job must wait for the busy thread
+        if self.failure is not None:
+            self._wake()  # the committer retries the writes on its schedule
 
     def _dirty_log(self, owner: OwnerLog) -> None:
         self._dirty.append(owner)

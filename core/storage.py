@@ -128,6 +128,14 @@ class Storage(Protocol):
         """
         ...
 
+    def hold_work(self) -> None:
+        """A session is handling a read: changes reported until `release_work` are written then, by it."""
+        ...
+
+    def release_work(self) -> None:
+        """The end of `hold_work`: everything reported meanwhile is handed to the OS before this returns."""
+        ...
+
 
 class MemoryStorage:
     """Keeps nothing: the engine's own structures are the only copy. A restart starts empty."""
@@ -164,4 +172,10 @@ class MemoryStorage:
         callback(None)
 
     def write_now(self) -> None:
+        pass
+
+    def hold_work(self) -> None:
+        pass
+
+    def release_work(self) -> None:
         pass

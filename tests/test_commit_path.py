@@ -82,6 +82,46 @@ def test_always_answers_only_after_the_sync_job_that_covers_the_write(tmp_path: 
     assert outcomes == ["a None", "b None"]
 
 
+def test_a_held_read_wakes_no_committer_and_writes_everything_when_released(tmp_path: Path) -> None:
+    storage, engine, submitted = open_store(tmp_path, "never")
+    settle(storage, submitted)
+    wakes: list[str] = []
+    storage.on_work = lambda: wakes.append("wake")
+    outcomes: list[OSError | None] = []
+    storage.hold_work()
+    engine.publish("t", b"held-body")
+    storage.sync(outcomes.append)
+    assert wakes == [] and outcomes == [] and b"held-body" not in segment_bytes(tmp_path)
+    storage.release_work()
+    assert outcomes == [None], "acknowledged from the release, on the loop"
+    assert b"held-body" in segment_bytes(tmp_path)
+    assert wakes == [], "nothing left for the committer"
+    # Outside a hold, a change wakes the committer at once.
+    engine.publish("t", b"free")
+    assert wakes == ["wake"]
+
+
+def test_a_release_under_always_leaves_the_busy_sync_thread_to_the_committer(tmp_path: Path) -> None:
+    storage, engine, submitted = open_store(tmp_path, "always")
+    settle(storage, submitted)
+    wakes: list[str] = []
+    storage.on_work = lambda: wakes.append("wake")
+    outcomes: list[str] = []
+    for body in (b"one", b"two"):
+        storage.hold_work()
+        engine.publish("t", body)
+        storage.sync(lambda error, body=body: outcomes.append(f"{body.decode()} {error}"))
+        storage.release_work()
+    # The first release started a sync job at once; the second found the thread busy and woke the
+    # committer to queue the next job in its turn.
+    assert len(submitted) == 1 and wakes == ["wake"] and storage.has_work()
+    storage.submit_sync()
+    first, second = submitted
+    storage.sync_done(first.run())
+    storage.sync_done(second.run())
+    assert outcomes == ["one None", "two None"]
+
+
 def test_interval_answers_after_the_write_and_syncs_on_the_timer(tmp_path: Path) -> None:
     storage, engine, submitted = open_store(tmp_path, "interval:50")
     storage.write_now()
