@@ -92,28 +92,60 @@ class SyncJob:
             shutil.rmtree(directory, ignore_errors=True)
         return self
 
+    def removals(self) -> SyncJob | None:
+        """This job's removals as a job of their own (no sync), or None if it has none."""
+        if not (self.unlinks or self.removed_dirs or self.close_fds):
+            return None
+        return SyncJob(unlinks=self.unlinks, removed_dirs=self.removed_dirs, close_fds=self.close_fds, fsync=False)
+
     @property
     def idle(self) -> bool:
         return not (self.fds or self.dirs or self.unlinks or self.removed_dirs or self.close_fds)
 
 
-def _fsync_dir(directory: Path) -> None:
+def open_dir(directory: Path) -> int | None:
+    """A descriptor to fsync a directory's entries with; None if it was removed meanwhile."""
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        return os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except FileNotFoundError:
-        return  # removed meanwhile
+        return None
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = open_dir(directory)
+    if fd is None:
+        return
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
+# Segment files (`*.seg`) are written ahead of their records with zeros, this much at a time: an
+# fdatasync of records that land in blocks already written changes no file metadata, so ext4 need
+# not commit its journal for it (measured here: a 250-byte record's fdatasync took 0.10-0.11 ms
+# instead of 0.16-0.18 ms when appended); one sync in about 250 of 250-byte records pays the
+# metadata. Small, because each durable queue's active segment carries its own zeros. Recovery and
+# shutdown cut the zeros off again.
+PREZERO_BYTES = 64 * 1024
+# Only writes smaller than this extend the zeros: large batches (MPUB) would write every byte
+# twice for a gain that small records alone see.
+PREZERO_MAX_WRITE = 16 * 1024
+PREZERO_SUFFIX = ".seg"
+_ZEROS = bytes(PREZERO_BYTES)
+
+
 class FileWriter:
-    """Open append descriptors of the store's files; `write` and `take_sync` run on the loop only."""
+    """Open descriptors of the store's files; `write` and `take_sync` run on the loop only.
+
+    Records go at each file's logical end (`_sizes`); a segment's file may be longer, its tail
+    zeros written ahead (`_zeroed`: the end of what was zero-filled).
+    """
 
     def __init__(self) -> None:
         self._fds: dict[Path, int] = {}
         self._sizes: dict[Path, int] = {}
+        self._zeroed: dict[Path, int] = {}
         self._unsynced: set[Path] = set()  # written since their last fsync
         self._new_dirs: set[Path] = set()  # gained an entry since their last fsync
 
@@ -167,7 +199,13 @@ class FileWriter:
             self._new_dirs.update(job.dirs)
 
     def close(self) -> None:
+        """Close every file, cutting the zeros written ahead off each segment (a clean stop leaves none)."""
         for path in list(self._fds):
+            fd = self._fds[path]
+            if self._zeroed.get(path, 0) > self._sizes[path]:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, self._sizes[path])
+                    os.fdatasync(fd)
             self._close(path)
 
     def _append(self, path: Path, data: bytes) -> None:
@@ -177,32 +215,53 @@ class FileWriter:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._new_dirs.add(path.parent.parent)
             existed = path.exists()
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
             self._fds[path] = fd
-            self._sizes[path] = os.fstat(fd).st_size
+            self._sizes[path] = os.fstat(fd).st_size  # a file written before has no zeros ahead: recovery cut them
             if not existed:
                 self._new_dirs.add(path.parent)
         size = self._sizes[path]
+        end = size + len(data)
+        zeroed = self._zeroed.get(path, 0)
+        if end > zeroed and len(data) < PREZERO_MAX_WRITE and path.name.endswith(PREZERO_SUFFIX):
+            zeroed = self._zero_ahead(fd, path, max(size, zeroed))
         view = memoryview(data)
         written = 0
         try:
             while written < len(view):
-                count = os.write(fd, view[written:])
+                count = os.pwrite(fd, view[written:], size + written)
                 if count == 0:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 written += count
         except OSError:
-            # Cut the partial record off: what is on disk stays a sequence of whole records.
+            # Cut the partial record off, and the zeros ahead (a full disk wants the room): what is
+            # on disk stays a sequence of whole records.
+            self._zeroed.pop(path, None)
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, size)
             raise
-        self._sizes[path] = size + written
+        self._sizes[path] = end
         self._unsynced.add(path)
+
+    def _zero_ahead(self, fd: int, path: Path, start: int) -> int:
+        """Fill the file with zeros from `start` for `PREZERO_BYTES`; the new end of the zeros.
+
+        A disk too full for them is no error: the record is then appended as before."""
+        try:
+            if os.pwrite(fd, _ZEROS, start) == len(_ZEROS):
+                self._zeroed[path] = start + len(_ZEROS)
+                return start + len(_ZEROS)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)  # no room for all of them: none, the disk needs the space
+        return self._zeroed.get(path, 0)
 
     def _release(self, path: Path, job: SyncJob) -> None:
         """Hand the descriptor of a file to be removed to `job`: synced if unsynced, then closed."""
         fd = self._fds.pop(path, None)
         self._sizes.pop(path, None)
+        self._zeroed.pop(path, None)
         self._unsynced.discard(path)
         if fd is not None:
             job.close_fds.append(fd)
@@ -210,6 +269,7 @@ class FileWriter:
     def _close(self, path: Path) -> None:
         fd = self._fds.pop(path, None)
         self._sizes.pop(path, None)
+        self._zeroed.pop(path, None)
         self._unsynced.discard(path)
         if fd is not None:
             os.close(fd)

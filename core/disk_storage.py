@@ -618,6 +618,10 @@ class DiskStorage:
         self.failure: str | None = None  # the last commit's error, None once a commit succeeds
         self.on_work: Callable[[], None] | None = None  # the committer's wake-up
         self._held = 0  # `hold_work` calls not yet released
+        # Sync jobs that may run at once (the committer's driver says; one for a thread that merges them).
+        self.max_syncs_in_flight = 1
+        # Under `interval`: called when a write follows a sync (the committer then times the next one).
+        self.on_unsynced: Callable[[], None] | None = None
         self._wake_held = False  # work was reported while held
         # Takes each sync job for the committer's thread; the thread's `sync_done` comes back on the loop.
         self.on_sync_job: Callable[[SyncJob], None] | None = None
@@ -750,12 +754,15 @@ class DiskStorage:
         if self.failure is not None or not self._has_writes():
             return
         job, written, callbacks = self.prepare(write_only=True)
+        interval_idle = self.policy.mode == "interval" and not (self._unsynced or self.files.unsynced)
         self.files.write(job)
         self._unlinks += job.unlinks
         self._rmdirs += job.removed_dirs
         job.unlinks = []
         job.removed_dirs = []
         self.complete(job, written, [])
+        if interval_idle and self.on_unsynced is not None and (self._unsynced or self.files.unsynced):
+            self.on_unsynced()  # the interval's clock starts: its fdatasync is due at most MS from now
         error = job.error
         always = self.policy.mode == "always"
         if error is None and not always:
@@ -767,10 +774,10 @@ class DiskStorage:
             gen = self._sync_gen + 1
             self._awaiting_sync.extend((gen, callback, error) for callback in callbacks)
         if (error is None and always) or self._unlinks or self._rmdirs or self._awaiting_sync:
-            if self._synced_gen == self._sync_gen:
-                self._submit_sync(fsync=always)  # the sync thread is idle: start at once
+            if self._sync_gen - self._synced_gen < self.max_syncs_in_flight:
+                self._submit_sync(fsync=always)  # room for another sync job: start at once
             elif not self._sync_wanted:
-                self._sync_wanted = True  # it is busy: one job for this turn's writes (`submit_sync`)
+                self._sync_wanted = True  # all busy: one job for this turn's writes (`submit_sync`)
                 self._wake()
 
     def submit_sync(self) -> None:
@@ -1059,6 +1066,9 @@ def _recover(owner: OwnerLog, clock: Clock) -> None:
                 for position in records.decode_positions(payload):
                     states.pop(position, None)
                     _set_bit(done, position)
+        if damage and damage[-1].offset + damage[-1].length == len(data) and not data[damage[-1].offset :].strip(b"\0"):
+            # Zeros written ahead of the records (`disk_io.PREZERO_BYTES`) by a run that did not stop cleanly.
+            os.truncate(path, damage.pop().offset)
         for item in damage:
             log.warning("%s: skipped %d bytes at %d (%s)", path, item.length, item.offset, item.reason)
         if damage and segment == segments[-1] and damage[-1].offset + damage[-1].length == len(data):

@@ -1,16 +1,20 @@
-"""The committer: drives the store's writes on the loop and its fdatasyncs in one worker thread.
+"""The committer: drives the store's writes on the loop and its fdatasyncs off it.
 
 Writes: the store hands changes (publishes, acks, metadata) to the OS on the loop
 (`DiskStorage.write_now`): a `write` into the page cache costs microseconds, less than any
-hand-off. Sessions call `write_now` at the end of a read that published; the write task here
-catches everything else once per loop turn.
+hand-off. Sessions write what a read changed at its end; the write task here catches everything
+else once per loop turn.
 
-Syncs: under `--fsync=always` every write is followed by a sync job, queued to one long-lived
-thread. The thread takes every job queued while it was busy as one (`SyncJob.merge`) and runs one
-fdatasync per file for all of them, so the publishes of every connection written while one sync
-ran share the next (group commit across connections), and syncs follow each other without a trip
-through the loop. The loop only hears, through a pipe, which jobs ended, and releases their
-acknowledgements. Nothing else waits for a sync: not reads, not deliveries, not the loop.
+Syncs: under `--fsync=always` every write is followed by a sync job: an fdatasync of every file
+written since the last job. Where Linux AIO can run them (`AioSyncs`), the kernel does, several at
+once, and reports on an eventfd the loop waits on like a socket: each read's publishes start their
+own fdatasync at once instead of waiting for the one before to end, and no thread of ours has to
+take the GIL between the disk and the acknowledgement. Elsewhere one long-lived thread runs them
+(`ThreadSyncs`): it takes every job queued while it was busy as one and runs one fdatasync per file
+for all of them, so the publishes of every connection written meanwhile share the next (group
+commit across connections). Either way the loop releases acknowledgements in the order the jobs
+were handed out, and nothing else waits for a sync: not reads, not deliveries, not the loop.
+Removals (finished segments, deleted queues) run in the thread after the sync that preceded them.
 `interval:MS` queues a job every MS; `never` queues only removals. See docs/performance.md.
 """
 
@@ -18,15 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import queue
 import sys
 import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
-from polymq.core.disk_io import SyncJob
+from polymq.core.aio_fsync import AioFsync, SubmitError
+from polymq.core.disk_io import SyncJob, open_dir
 from polymq.core.disk_storage import DiskStorage
 
 log = logging.getLogger("polymq.storage")
@@ -36,6 +43,31 @@ RETRY_DELAY_S = 0.2
 # How long a thread that finished an fdatasync may wait for the GIL while the loop runs Python
 # (CPython's default is 5 ms, longer than the sync itself): the acknowledgements wait on it.
 GIL_SWITCH_INTERVAL_S = 0.0005
+# Sync jobs running at once under AIO. Two publishers that each wait for their own fdatasync no
+# longer wait for the other's too; past a few, more concurrent fdatasyncs of the same files only
+# queue in the kernel (measured: docs/performance.md).
+AIO_JOBS_IN_FLIGHT = 4
+# A job with more files than this goes to the thread (bounded kernel context, one call per job).
+AIO_MAX_FILES_PER_JOB = 64
+
+Report = Callable[[list[SyncJob]], None]
+
+
+class Syncs(Protocol):
+    """Runs sync jobs off the loop and reports them ended, in the order they were submitted."""
+
+    # How many jobs may run at once: the store queues further writes' syncs for the next turn.
+    max_in_flight: int
+
+    def submit(self, job: SyncJob) -> None: ...
+
+    async def watch(self, report: Report) -> None:
+        """Forever: call `report` on the loop with the jobs that ended, in submission order."""
+        ...
+
+    def stop(self) -> list[SyncJob]:
+        """Let every submitted job end (blocking), stop; the jobs that ended and were not reported."""
+        ...
 
 
 class SyncThread:
@@ -43,10 +75,11 @@ class SyncThread:
 
     Measured here against `trio.to_thread.run_sync` per job (which reports through trio's entry
     queue): an fdatasync of ~155 µs took 307 µs through that, 205 µs through this pipe; and a
-    thread that merges what queued up starts the next sync without waiting for the loop.
+    thread that merges what queued up (`merge`) starts the next sync without waiting for the loop.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, merge: bool = True) -> None:
+        self._merge = merge
         self._jobs: queue.SimpleQueue[SyncJob | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[SyncJob] = queue.SimpleQueue()
         self._done_r, self._done_w = os.pipe()
@@ -65,7 +98,7 @@ class SyncThread:
             if job is None:
                 return
             stop = False
-            while not jobs.empty():
+            while self._merge and not jobs.empty():
                 later = jobs.get()
                 if later is None:
                     stop = True
@@ -100,21 +133,178 @@ class SyncThread:
         return ended
 
 
+class ThreadSyncs:
+    """Every sync job in the thread, one at a time, merged while it is busy (group commit)."""
+
+    max_in_flight = 1
+
+    def __init__(self) -> None:
+        self.thread = SyncThread()
+
+    def submit(self, job: SyncJob) -> None:
+        self.thread.submit(job)
+
+    async def watch(self, report: Report) -> None:
+        while True:
+            await self.thread.wait()
+            report(self.thread.finished())
+
+    def stop(self) -> list[SyncJob]:
+        return self.thread.stop()
+
+
+class AioSyncs:
+    """fdatasyncs run by the kernel (Linux AIO), several jobs at once; removals, and jobs too large
+    for one submission, in a thread. Jobs are reported in the order they were submitted."""
+
+    max_in_flight = AIO_JOBS_IN_FLIGHT
+
+    def __init__(self, aio: AioFsync) -> None:
+        self.aio = aio
+        self.thread = SyncThread(merge=False)
+        self._order: deque[SyncJob] = deque()  # submitted, not reported yet, in order
+        self._ended: set[int] = set()  # gens of jobs in `_order` that ended
+        self._pending: dict[int, tuple[SyncJob, list[int]]] = {}  # gen -> (job, directory fds opened)
+        self._left: dict[int, int] = {}  # gen -> its kernel fdatasyncs not reaped yet
+        self._by_thread: set[int] = set()  # gens the thread runs whole (their AIO parts are ignored)
+
+    def submit(self, job: SyncJob) -> None:
+        self._order.append(job)
+        gen = job.gen
+        if not job.fsync or not (job.fds or job.dirs):
+            self._ended_now(job)
+            return
+        dir_fds = [fd for fd in map(open_dir, job.dirs) if fd is not None]
+        fds = job.fds + dir_fds
+        self._pending[gen] = (job, dir_fds)
+        if len(fds) > AIO_MAX_FILES_PER_JOB or self.aio.in_flight + len(fds) > self.aio.depth:
+            self._to_thread(job)
+            return
+        try:
+            self.aio.submit(fds, gen)
+        except SubmitError as error:
+            log.warning("io_submit refused an fdatasync (%s); running it in a thread", error.strerror)
+            if error.submitted:
+                self._left[gen] = error.submitted
+            self._to_thread(job)
+            return
+        self._left[gen] = len(fds)
+
+    def _to_thread(self, job: SyncJob) -> None:
+        self._by_thread.add(job.gen)
+        self.thread.submit(job)
+
+    def _ended_now(self, job: SyncJob) -> None:
+        """A job with nothing to sync: ended at once, reported in its turn (the eventfd wakes the watcher)."""
+        self._ended.add(job.gen)
+        removals = job.removals()
+        if removals is not None:
+            self.thread.submit(removals)
+        os.eventfd_write(self.aio.fileno(), 1)
+
+    def _reaped(self, results: list[tuple[int, int]]) -> None:
+        for gen, result in results:
+            by_thread = gen in self._by_thread  # the thread's run of the whole job reports it
+            if result < 0 and not by_thread:
+                job = self._pending[gen][0]
+                if job.error is None:  # any file's failure fails the job
+                    job.error = OSError(-result, os.strerror(-result))
+            left = self._left[gen] - 1
+            if left:
+                self._left[gen] = left
+                continue
+            del self._left[gen]
+            self.aio.forget(gen)
+            if by_thread:
+                continue
+            job, dir_fds = self._pending.pop(gen)
+            self._close(dir_fds)
+            self._ended.add(gen)
+            removals = job.removals()
+            if removals is not None:
+                self.thread.submit(removals)
+
+    def _from_thread(self, jobs: list[SyncJob]) -> None:
+        for job in jobs:
+            gen = job.gen
+            if gen not in self._by_thread or gen not in self._pending:
+                continue  # removals of a job reported already
+            self._by_thread.discard(gen)
+            _, dir_fds = self._pending.pop(gen)
+            self._close(dir_fds)
+            self._ended.add(gen)
+
+    @staticmethod
+    def _close(fds: list[int]) -> None:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _take_reportable(self) -> list[SyncJob]:
+        order, ended = self._order, self._ended
+        ready = []
+        while order and order[0].gen in ended:
+            job = order.popleft()
+            ended.discard(job.gen)
+            ready.append(job)
+        return ready
+
+    async def watch(self, report: Report) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_thread, report)
+            while True:
+                await trio.lowlevel.wait_readable(self.aio.fileno())
+                self._reaped(self.aio.reap())
+                ready = self._take_reportable()
+                if ready:
+                    report(ready)
+
+    async def _watch_thread(self, report: Report) -> None:
+        while True:
+            await self.thread.wait()
+            self._from_thread(self.thread.finished())
+            ready = self._take_reportable()
+            if ready:
+                report(ready)
+
+    def stop(self) -> list[SyncJob]:
+        self._reaped(self.aio.wait_all())
+        self._from_thread(self.thread.stop())
+        self.aio.close()
+        return self._take_reportable()
+
+
+def open_syncs() -> Syncs:
+    """Kernel AIO where this system runs fdatasync through it, else the thread."""
+    if os.environ.get("POLYMQ_SYNC_THREAD"):
+        return ThreadSyncs()
+    try:
+        aio = AioFsync()
+    except OSError as error:
+        log.info("fdatasync in a thread: Linux AIO is not available here (%s)", error.strerror)
+        return ThreadSyncs()
+    return AioSyncs(aio)
+
+
 class Committer:
-    def __init__(self, storage: DiskStorage) -> None:
+    def __init__(self, storage: DiskStorage, syncs: Syncs | None = None) -> None:
         self.storage = storage
         self._wake = trio.Event()
         storage.on_work = self._wake.set
-        self.thread = SyncThread()
-        storage.on_sync_job = self.thread.submit
+        self.driver = syncs if syncs is not None else open_syncs()
+        storage.on_sync_job = self.driver.submit
+        storage.max_syncs_in_flight = self.driver.max_in_flight
+        storage.on_unsynced = self._unsynced
         self.syncs = 0  # sync jobs that ended (merged ones count once)
+        self._unsynced_event = trio.Event()
         if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
             sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_loop)
-            await self._sync_loop()
+            nursery.start_soon(self.driver.watch, self._finish)
+            await self._interval_loop()
 
     async def _write_loop(self) -> None:
         storage = self.storage
@@ -140,17 +330,25 @@ class Committer:
             else:
                 await trio.lowlevel.checkpoint()  # let this turn's other tasks report more first
 
-    async def _sync_loop(self) -> None:
+    async def _interval_loop(self) -> None:
+        """The interval policy's fdatasyncs: at most MS after the first write that had none."""
         storage = self.storage
         clock = storage.clock
         while True:
-            due = storage.fsync_due()  # the interval policy's next sync
-            delay = math.inf if due is None else max(0.0, due - clock.now())
-            with trio.move_on_after(delay) as waited:
-                await self.thread.wait()
-            if waited.cancelled_caught:
+            due = storage.fsync_due()
+            if due is None:
+                self._unsynced_event = trio.Event()
+                await self._unsynced_event.wait()  # `on_unsynced`: a write after a sync
+                continue
+            delay = due - clock.now()
+            if delay > 0:
+                await trio.sleep(delay)
+            else:
                 storage.take_sync()
-            self._finish(self.thread.finished())
+                await trio.lowlevel.checkpoint()
+
+    def _unsynced(self) -> None:
+        self._unsynced_event.set()
 
     def _finish(self, jobs: list[SyncJob]) -> None:
         for job in jobs:
@@ -165,7 +363,7 @@ class Committer:
         else:
             storage.write_now()
         storage.take_sync(force_fsync=True)
-        self._finish(self.thread.stop())  # blocks the loop: nothing else runs any more
+        self._finish(self.driver.stop())  # blocks the loop: nothing else runs any more
         if storage.failure is not None:
             log.error("the last commit failed: %s", storage.failure)
         storage.close_files()

@@ -333,7 +333,10 @@ def test_garbage_after_the_last_record(open_store: Callable[..., Store], data_di
 
     store = open_store()
     assert bodies(store.engine, "q") == names("m", 5)
-    assert_skipped(caplog, segment, "(tail)")
+    if garbage.strip(b"\0"):
+        assert_skipped(caplog, segment, "(tail)")
+    else:
+        assert_nothing_skipped(caplog)  # zeros are what a run that wrote ahead and crashed leaves: no damage
     assert segment.stat().st_size == size
 
     publish_each(store.engine, "t", names("n", 3))
