@@ -60,6 +60,11 @@ ID_RESERVE = 1 << 20
 MEM_QUEUE_SIZE = 10_000
 # A due time within this of now counts as reached: float seconds ↔ integer ns conversions round by a few ns.
 DUE_TOLERANCE_NS = 1_000
+# Under `--fsync=always`, records no acknowledgement waits for (a consumer's finishes, delivery
+# attempts, metadata) are fdatasynced at most this long after their write, with the next sync
+# that a publish asks for or on their own: syncing each read of FINs cost a quarter of durable
+# consume (docs/performance.md). A power loss in between brings such messages back (at least once).
+UNAWAITED_SYNC_S = 0.05
 META_FILE = "meta.log"
 LOCK_FILE = "LOCK"
 
@@ -620,7 +625,7 @@ class DiskStorage:
         self._held = 0  # `hold_work` calls not yet released
         # Sync jobs that may run at once (the committer's driver says; one for a thread that merges them).
         self.max_syncs_in_flight = 1
-        # Under `interval`: called when a write follows a sync (the committer then times the next one).
+        # Called when a write follows a sync: the committer then times the next one (`fsync_due`).
         self.on_unsynced: Callable[[], None] | None = None
         self._wake_held = False  # work was reported while held
         # Takes each sync job for the committer's thread; the thread's `sync_done` comes back on the loop.
@@ -754,15 +759,15 @@ class DiskStorage:
         if self.failure is not None or not self._has_writes():
             return
         job, written, callbacks = self.prepare(write_only=True)
-        interval_idle = self.policy.mode == "interval" and not (self._unsynced or self.files.unsynced)
+        was_synced = not (self._unsynced or self.files.unsynced)
         self.files.write(job)
         self._unlinks += job.unlinks
         self._rmdirs += job.removed_dirs
         job.unlinks = []
         job.removed_dirs = []
         self.complete(job, written, [])
-        if interval_idle and self.on_unsynced is not None and (self._unsynced or self.files.unsynced):
-            self.on_unsynced()  # the interval's clock starts: its fdatasync is due at most MS from now
+        if was_synced and self.on_unsynced is not None and (self._unsynced or self.files.unsynced):
+            self.on_unsynced()  # the clock of `fsync_due` starts
         error = job.error
         always = self.policy.mode == "always"
         if error is None and not always:
@@ -773,7 +778,10 @@ class DiskStorage:
             # Behind the callbacks given before them, whatever their outcome: sessions answer in order.
             gen = self._sync_gen + 1
             self._awaiting_sync.extend((gen, callback, error) for callback in callbacks)
-        if (error is None and always) or self._unlinks or self._rmdirs or self._awaiting_sync:
+        # A sync job now only when an acknowledgement waits for it (or removals do): records no one
+        # waits for (finishes, delivery attempts, metadata) go with the next one (`fsync_due`).
+        awaited = bool(self._awaiting_sync) and self._awaiting_sync[-1][0] > self._sync_gen
+        if awaited or self._unlinks or self._rmdirs:
             if self._sync_gen - self._synced_gen < self.max_syncs_in_flight:
                 self._submit_sync(fsync=always)  # room for another sync job: start at once
             elif not self._sync_wanted:
@@ -854,10 +862,12 @@ class DiskStorage:
         return bool(self._callbacks or self._dirty or self._meta_pending or self._removed_dirs or self._retry)
 
     def fsync_due(self) -> float | None:
-        """When the interval policy wants an fdatasync of what was written without one."""
-        if self.policy.mode != "interval" or not (self._unsynced or self.files.unsynced):
+        """When what was written without an fdatasync must get one: MS after the last under `interval`,
+        `UNAWAITED_SYNC_S` under `always` (only records no acknowledgement waits for are left so)."""
+        mode = self.policy.mode
+        if mode == "never" or not (self._unsynced or self.files.unsynced):
             return None
-        return self._last_fsync + self.policy.interval
+        return self._last_fsync + (self.policy.interval if mode == "interval" else UNAWAITED_SYNC_S)
 
     def prepare(self, *, force_fsync: bool = False, write_only: bool = False) -> tuple[
             CommitJob, list[tuple[OwnerLog, int, Path]], list[SyncCallback]]:

@@ -58,6 +58,7 @@ class Syncs(Protocol):
 
     # How many jobs may run at once: the store queues further writes' syncs for the next turn.
     max_in_flight: int
+    name: str  # for the start-up log line
 
     def submit(self, job: SyncJob) -> None: ...
 
@@ -137,6 +138,7 @@ class ThreadSyncs:
     """Every sync job in the thread, one at a time, merged while it is busy (group commit)."""
 
     max_in_flight = 1
+    name = "fdatasync in a thread"
 
     def __init__(self) -> None:
         self.thread = SyncThread()
@@ -158,6 +160,7 @@ class AioSyncs:
     for one submission, in a thread. Jobs are reported in the order they were submitted."""
 
     max_in_flight = AIO_JOBS_IN_FLIGHT
+    name = "fdatasync by kernel AIO"
 
     def __init__(self, aio: AioFsync) -> None:
         self.aio = aio
@@ -304,7 +307,7 @@ class Committer:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_loop)
             nursery.start_soon(self.driver.watch, self._finish)
-            await self._interval_loop()
+            await self._due_sync_loop()
 
     async def _write_loop(self) -> None:
         storage = self.storage
@@ -330,8 +333,9 @@ class Committer:
             else:
                 await trio.lowlevel.checkpoint()  # let this turn's other tasks report more first
 
-    async def _interval_loop(self) -> None:
-        """The interval policy's fdatasyncs: at most MS after the first write that had none."""
+    async def _due_sync_loop(self) -> None:
+        """fdatasyncs no acknowledgement asked for: `interval:MS`'s, and under `always` those of
+        records no one waits for (`DiskStorage.fsync_due`)."""
         storage = self.storage
         clock = storage.clock
         while True:

@@ -211,9 +211,9 @@ async def run_gateway(
     if committer is None:
         log.warning("storage in memory only: nothing is written, a restart starts empty")
     else:
-        log.info("storage %s, fsync %s: restored %d topics, %d queues, %d messages in %.2f s",
-                 config.storage.data_dir.absolute(), config.storage.fsync, len(engine.topics), len(engine.queues),
-                 _stored(engine), clock.now() - started)
+        log.info("storage %s, fsync %s (%s): restored %d topics, %d queues, %d messages in %.2f s",
+                 config.storage.data_dir.absolute(), config.storage.fsync, committer.driver.name, len(engine.topics),
+                 len(engine.queues), _stored(engine), clock.now() - started)
     timer_task = TimerTask(engine)
     nsq = NSQServer(engine, config.nsq.limits(), ssl_context=prepared.ssl_context,
                     auth_http_address=config.nsq.auth_http_address)

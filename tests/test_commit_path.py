@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from polymq.core.clock import ManualClock
-from polymq.core.disk_io import SyncJob
+from polymq.core.aio_fsync import AioFsync
+from polymq.core.clock import ManualClock, SystemClock
+from polymq.core.disk_io import PREZERO_BYTES, PREZERO_MAX_WRITE, CommitJob, FileWriter, SyncJob
 from polymq.core.disk_storage import DiskStorage, FsyncPolicy
 from polymq.core.engine import Engine
-from polymq.gateway.committer import SyncThread
+from polymq.gateway import committer
+from polymq.gateway.committer import AioSyncs, SyncThread
 
 from support import storage_files as files
 
@@ -210,3 +212,104 @@ async def test_the_sync_thread_reports_every_job_and_merges_a_queue(tmp_path: Pa
     finally:
         assert thread.stop() == []
         os.close(fd)
+
+
+async def _reports(syncs: AioSyncs, count: int) -> list[SyncJob]:
+    """Run the driver's watcher until `count` jobs were reported; they come back in report order."""
+    reported: list[SyncJob] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            done = trio.Event()
+
+            def report(jobs: list[SyncJob]) -> None:
+                reported.extend(jobs)
+                if len(reported) >= count:
+                    done.set()
+
+            nursery.start_soon(syncs.watch, report)
+            await done.wait()
+            nursery.cancel_scope.cancel()
+    return reported
+
+
+async def test_aio_syncs_report_in_submission_order_whatever_ends_first(tmp_path: Path) -> None:
+    """A job with nothing to sync ends at once, yet waits for the kernel's fdatasync of the job before it;
+    a job with more files than one submission takes goes to the thread, in its turn too."""
+    syncs = AioSyncs(AioFsync())
+    paths = [tmp_path / f"f{number}" for number in range(committer.AIO_MAX_FILES_PER_JOB + 1)]
+    fds = [os.open(path, os.O_WRONLY | os.O_CREAT) for path in paths]
+    try:
+        for fd in fds:
+            os.write(fd, b"record")
+        syncs.submit(SyncJob(fds=fds[:1], paths=paths[:1], gen=1))
+        syncs.submit(SyncJob(fsync=False, gen=2))
+        syncs.submit(SyncJob(fds=fds, paths=paths, gen=3))  # too many files for one submission: the thread
+        syncs.submit(SyncJob(fds=fds[:2], paths=paths[:2], dirs=[tmp_path], gen=4))
+        reported = await _reports(syncs, 4)
+        assert [job.gen for job in reported] == [1, 2, 3, 4]
+        assert [job.error for job in reported] == [None] * 4
+    finally:
+        assert syncs.stop() == []
+        for fd in fds:
+            os.close(fd)
+
+
+async def test_aio_syncs_fail_a_job_whose_fdatasync_fails_and_remove_after_the_sync(tmp_path: Path) -> None:
+    syncs = AioSyncs(AioFsync())
+    kept, gone = tmp_path / "kept", tmp_path / "gone"
+    kept_fd = os.open(kept, os.O_WRONLY | os.O_CREAT)
+    gone_fd = os.open(gone, os.O_WRONLY | os.O_CREAT)
+    closed_fd = os.open(tmp_path / "closed", os.O_WRONLY | os.O_CREAT)
+    os.close(closed_fd)  # the kernel refuses it (EBADF): the job goes to the thread, which fails it too
+    try:
+        syncs.submit(SyncJob(fds=[closed_fd], paths=[tmp_path / "closed"], gen=1))
+        syncs.submit(SyncJob(fds=[kept_fd, gone_fd], paths=[kept, gone], unlinks=[gone], close_fds=[gone_fd], gen=2))
+        first, second = await _reports(syncs, 2)
+        assert isinstance(first.error, OSError) and first.error.errno == errno.EBADF
+        assert second.error is None
+    finally:
+        syncs.stop()  # the removals ran in the thread before it stopped
+        os.close(kept_fd)
+    assert kept.exists() and not gone.exists()
+
+
+def test_segments_get_zeros_ahead_of_small_records_and_lose_them_at_close(tmp_path: Path) -> None:
+    """Small records land in blocks written beforehand (their fdatasync journals no metadata); large
+    batches are appended as they are; a clean close leaves each file exactly as long as its records."""
+    writer = FileWriter()
+    small, large, journal = tmp_path / "q1" / "0000000000.seg", tmp_path / "q2" / "0000000000.seg", tmp_path / "meta.log"
+    writer.write(CommitJob(appends=[(small, b"a" * 100), (large, b"b" * PREZERO_MAX_WRITE), (journal, b"c" * 100)]))
+    writer.write(CommitJob(appends=[(small, b"d" * 100)]))
+    assert small.stat().st_size == PREZERO_BYTES
+    assert small.read_bytes()[:200] == b"a" * 100 + b"d" * 100 and not small.read_bytes()[200:].strip(b"\0")
+    assert large.stat().st_size == PREZERO_MAX_WRITE and journal.stat().st_size == 100
+    writer.write(CommitJob(appends=[(small, b"e" * (PREZERO_BYTES - 250))]))  # large: into the zeros, none added
+    assert small.stat().st_size == PREZERO_BYTES
+    writer.write(CommitJob(appends=[(small, b"f" * 100)]))  # small, past the zeros: the next stretch of them
+    assert small.stat().st_size == 2 * PREZERO_BYTES
+    writer.close()
+    assert small.read_bytes() == b"a" * 100 + b"d" * 100 + b"e" * (PREZERO_BYTES - 250) + b"f" * 100
+
+
+@pytest.mark.parametrize("policy", ["interval:20", "always"])
+async def test_writes_no_acknowledgement_waits_for_are_synced_soon_by_the_committer(tmp_path: Path, policy: str) -> None:
+    """`interval:MS` syncs MS after a write; `always` syncs what no acknowledgement waits for (a
+    consumer's finish, here a publish nobody confirms) within UNAWAITED_SYNC_S, on its own."""
+    storage = DiskStorage(tmp_path, SystemClock(), policy=FsyncPolicy.parse(policy))
+    engine = Engine(clock=storage.clock, storage=storage)
+    engine.restore()
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    commit = committer.Committer(storage)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(commit.run)
+        await trio.sleep(0.01)
+        syncs = commit.syncs
+        engine.publish("t", b"unconfirmed")
+        storage.write_now()
+        assert storage.fsync_due() is not None, "written, not synced yet"
+        with trio.fail_after(2):
+            while storage.fsync_due() is not None or commit.syncs == syncs:
+                await trio.sleep(0.005)
+        nursery.cancel_scope.cancel()
+    await commit.flush()

@@ -116,8 +116,13 @@ def _traced_run(command: list[str], workdir: Path) -> tuple[CheckReport, list[st
 # -- the gateway -------------------------------------------------------------------------------
 
 
-def test_fsync_always_syncs_every_record_before_its_ack(tmp_path: Path) -> None:
+@pytest.mark.parametrize("syncs", ["fdatasync by kernel AIO", "fdatasync in a thread"])
+def test_fsync_always_syncs_every_record_before_its_ack(tmp_path: Path, syncs: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    if "thread" in syncs:
+        monkeypatch.setenv("POLYMQ_SYNC_THREAD", "1")
     report, log = _traced_run(_gateway_command(tmp_path / "data", "always"), tmp_path)
+    assert any(f"fsync always ({syncs})" in line for line in log), log[:5]
     # Not vacuous: every publish's OK was found in the trace and its records looked at.
     assert report.acks_checked == EXPECTED_ACKS, report.describe()
     assert report.records_checked == EXPECTED_RECORDS, report.describe()
@@ -329,3 +334,26 @@ def test_checker_group_commit_and_split_frames() -> None:
     publishes = {PEER: [[TOKEN, other], [third], []]}  # an MPUB, then `third` acked too early
     report = _check(lines, publishes)
     assert [(v.kind, v.ack_index) for v in report.violations] == [(WRITE_AFTER_ACK, 1)]
+
+
+def _aio_submit(token: int, path_hex: str = PATH_HEX) -> str:
+    return (f"3 1.0 io_submit(0x7f00, 1, [{{aio_data={token:#x}, aio_lio_opcode=IOCB_CMD_FDSYNC, "
+            f"aio_fildes=7<{path_hex}>}}]) = 1")
+
+
+def _aio_reaped(token: int, res: int = 0) -> str:
+    return f"3 1.0 io_getevents(0x7f00, 0, 1024, [{{data={token:#x}, obj=0x7f10, res={res}, res2=0}}], {{tv_sec=0, tv_nsec=0}}) = 1"
+
+
+def test_checker_counts_an_aio_fdatasync_from_its_submit_to_the_report_of_its_end() -> None:
+    """Linux AIO: the kernel runs the fdatasync; it began at io_submit and is known ended when io_getevents said so."""
+    assert _check([_write(7, PATH_HEX, TOKEN), _aio_submit(5), _aio_reaped(5), _send(OK_FRAME)]).violations == ()
+    not_synced = [
+        [_write(7, PATH_HEX, TOKEN), _aio_submit(5), _send(OK_FRAME), _aio_reaped(5)],  # reported after the OK
+        [_aio_submit(5), _write(7, PATH_HEX, TOKEN), _aio_reaped(5), _send(OK_FRAME)],  # submitted before the write
+        [_write(7, PATH_HEX, TOKEN), _aio_submit(5), _aio_reaped(6), _send(OK_FRAME)],  # another sync's end
+        [_write(7, PATH_HEX, TOKEN), _aio_submit(5), _aio_reaped(5, -5), _send(OK_FRAME)],  # it failed (EIO)
+        [_write(7, PATH_HEX, TOKEN), _aio_submit(5, OTHER_FILE_HEX), _aio_reaped(5), _send(OK_FRAME)],
+    ]
+    for lines in not_synced:
+        assert _check(lines).kinds() == {NOT_SYNCED: 1}, lines

@@ -48,7 +48,11 @@ WRITE_CALLS = frozenset({"write", "writev", "pwrite64", "pwritev", "pwritev2", "
 # Only these make written data durable. sync_file_range does not (no metadata, no disk-cache
 # flush), so it is traced for the record but never counts.
 SYNC_CALLS = frozenset({"fsync", "fdatasync"})
-TRACED_CALLS = (*sorted(WRITE_CALLS), *sorted(SYNC_CALLS), "sync_file_range")
+# Linux AIO: an `io_submit` of IOCB_CMD_FDSYNC control blocks starts fdatasyncs that a kernel worker
+# runs; `io_getevents` reports each one's end under the block's aio_data. Such a sync spans from
+# the submit's entry to the exit of the call that reported it.
+AIO_CALLS = frozenset({"io_submit", "io_getevents"})
+TRACED_CALLS = (*sorted(WRITE_CALLS), *sorted(SYNC_CALLS), *sorted(AIO_CALLS), "sync_file_range")
 
 # strace cuts strings longer than -s; a cut record or frame would be misread, so it is large and
 # a cut string in a relevant call is an error rather than a silent miss.
@@ -91,6 +95,7 @@ class Syscall:
     end: int | None
     timestamp: str
     truncated: bool = False  # strace cut the buffer (-s too small)
+    arguments: str = ""  # the argument text, kept for the AIO calls only
 
     @property
     def completed(self) -> bool:
@@ -247,7 +252,8 @@ def _event(
         else:
             truncated = truncated and len(data) < result
             data = data[:result]
-    return Syscall(line, pid, name, fd, target, data, result, start, end, timestamp, truncated)
+    return Syscall(line, pid, name, fd, target, data, result, start, end, timestamp, truncated,
+                   text if name in AIO_CALLS else "")
 
 
 def parse_trace(lines: Iterable[str]) -> list[Syscall]:
@@ -292,6 +298,35 @@ def parse_trace(lines: Iterable[str]) -> list[Syscall]:
             events.append(event)
     events.sort(key=lambda e: e.start)
     return events
+
+
+_AIO_FDSYNC = re.compile(r"\{aio_data=(?P<token>0x[0-9a-fA-F]+|\d+), aio_lio_opcode=IOCB_CMD_FDSYNC, "
+                         r"aio_fildes=(?P<fd>\d+)(?:<(?P<annotation>[^>]*)>)?")
+_AIO_EVENT = re.compile(r"\{data=(?P<token>0x[0-9a-fA-F]+|\d+), obj=[^,]*, res=(?P<res>-?\d+)")
+
+
+def aio_syncs(events: Sequence[Syscall]) -> list[Syscall]:
+    """The fdatasyncs run through Linux AIO, as `fdatasync` events: entry at their `io_submit`,
+    exit at the `io_getevents` that reported them (None if none did), result as reported."""
+    started: dict[int, list[tuple[Syscall, int, str | None]]] = {}
+    syncs: list[Syscall] = []
+    for event in sorted(events, key=lambda e: e.start):
+        if event.name == "io_submit" and event.result is not None and event.result > 0:
+            for match in list(_AIO_FDSYNC.finditer(event.arguments))[: event.result]:
+                target = _decode_annotation(match["annotation"]) if match["annotation"] is not None else None
+                started.setdefault(int(match["token"], 0), []).append((event, int(match["fd"]), target))
+        elif event.name == "io_getevents" and event.end is not None:
+            for match in _AIO_EVENT.finditer(event.arguments):
+                waiting = started.get(int(match["token"], 0))
+                if not waiting:
+                    continue
+                submit, fd, target = waiting.pop(0)
+                syncs.append(attrs.evolve(submit, name="fdatasync", fd=fd, target=target, result=int(match["res"]),
+                                          end=event.end, arguments=""))
+    for waiting in started.values():
+        syncs += [attrs.evolve(submit, name="fdatasync", fd=fd, target=target, result=None, end=None, arguments="")
+                  for submit, fd, target in waiting]
+    return syncs
 
 
 def parse_trace_file(path: Path) -> list[Syscall]:
@@ -400,7 +435,7 @@ def check_fsync_order(
     one file is durable even if a copy elsewhere is not.)
     """
     root = os.path.realpath(data_dir).rstrip("/") + "/"
-    ordered = sorted(events, key=lambda e: e.start)
+    ordered = sorted([*events, *aio_syncs(events)], key=lambda e: e.start)
     files: dict[str, _Stream] = {}
     sockets: dict[str, _Stream] = {}
     syncs: dict[str, list[Syscall]] = {}
