@@ -277,7 +277,8 @@ def test_segments_get_zeros_ahead_of_small_records_and_lose_them_at_close(tmp_pa
     """Small records land in blocks written beforehand (their fdatasync journals no metadata); large
     batches are appended as they are; a clean close leaves each file exactly as long as its records."""
     writer = FileWriter()
-    small, large, journal = tmp_path / "q1" / "0000000000.seg", tmp_path / "q2" / "0000000000.seg", tmp_path / "meta.log"
+    small, large = tmp_path / "q1" / "0000000000.seg", tmp_path / "q2" / "0000000000.seg"
+    journal = tmp_path / "meta.log"
     writer.write(CommitJob(appends=[(small, b"a" * 100), (large, b"b" * PREZERO_MAX_WRITE), (journal, b"c" * 100)]))
     writer.write(CommitJob(appends=[(small, b"d" * 100)]))
     assert small.stat().st_size == PREZERO_BYTES
@@ -292,7 +293,8 @@ def test_segments_get_zeros_ahead_of_small_records_and_lose_them_at_close(tmp_pa
 
 
 @pytest.mark.parametrize("policy", ["interval:20", "always"])
-async def test_writes_no_acknowledgement_waits_for_are_synced_soon_by_the_committer(tmp_path: Path, policy: str) -> None:
+async def test_writes_no_acknowledgement_waits_for_are_synced_soon_by_the_committer(tmp_path: Path,
+                                                                                    policy: str) -> None:
     """`interval:MS` syncs MS after a write; `always` syncs what no acknowledgement waits for (a
     consumer's finish, here a publish nobody confirms) within UNAWAITED_SYNC_S, on its own."""
     storage = DiskStorage(tmp_path, SystemClock(), policy=FsyncPolicy.parse(policy))

@@ -342,7 +342,8 @@ def _aio_submit(token: int, path_hex: str = PATH_HEX) -> str:
 
 
 def _aio_reaped(token: int, res: int = 0) -> str:
-    return f"3 1.0 io_getevents(0x7f00, 0, 1024, [{{data={token:#x}, obj=0x7f10, res={res}, res2=0}}], {{tv_sec=0, tv_nsec=0}}) = 1"
+    return (f"3 1.0 io_getevents(0x7f00, 0, 1024, [{{data={token:#x}, obj=0x7f10, res={res}, res2=0}}], "
+            "{tv_sec=0, tv_nsec=0}) = 1")
 
 
 def test_checker_counts_an_aio_fdatasync_from_its_submit_to_the_report_of_its_end() -> None:
