@@ -4,7 +4,7 @@
 without changing a line; the pure-Python sources stay the reference and are used whenever the
 compiled ones are missing, older than their sources, or `POLYMQ_PURE_PYTHON=1` is set
 (`polymq/__init__.py`). Measured with nsq's bench tools (docs/performance.md): consuming a
-backlog +45-50 %, MPUB +20 %, PUB round trips +10-25 %.
+backlog +25-37 %, MPUB +10-30 %; a PUB round trip is mostly the loop, sockets and disk.
 
 The build runs in a temporary folder outside the package (the repository root is the package),
 where `polymq` is a link to it, so that mypyc names the modules `polymq.core.engine` and so on,
