@@ -43,6 +43,20 @@ class CreditMode(enum.Enum):
 
 Deliver = Callable[[Message], None]
 
+# A queue's dead letters go to the topic of this name (docs/architecture.md): the queue's name with
+# `/` (an NSQ channel's `topic/channel`) written as `.`, so NSQ clients can read it too.
+DEAD_LETTER_SUFFIX = ".dead"
+# Headers a dead letter carries besides its own: where it came from and why.
+DEAD_LETTER_QUEUE_HEADER = "dead_letter_queue"
+DEAD_LETTER_REASON_HEADER = "dead_letter_reason"
+# Queue option: deliveries after which a message that comes back again is dead-lettered (0 = never).
+MAX_ATTEMPTS_OPTION = "max_attempts"
+
+
+def dead_letter_topic(queue_name: str) -> str:
+    return queue_name.replace("/", ".") + DEAD_LETTER_SUFFIX
+
+
 # Spilled copies read back from disk at a time when a queue's memory runs dry.
 REFILL_BATCH = 1024
 # Spilled backlog copies passed on to the bound queues per timer turn (the rest wait a turn, so
@@ -175,10 +189,17 @@ class Queue:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        self.expired_count = 0  # copies whose TTL ran out before a delivery
+        self.dead_letter_count = 0  # copies moved to `dead_letter_topic(name)`
 
     @property
     def durable(self) -> bool:
         return self.log is not None
+
+    @property
+    def max_attempts(self) -> int:
+        """Deliveries after which a message coming back is dead-lettered instead; 0 = no limit."""
+        return int(self.options.get(MAX_ATTEMPTS_OPTION) or 0)
 
     @property
     def depth(self) -> int:
@@ -285,6 +306,7 @@ class Queue:
             message = ready.popleft()
             if message.expires_at is not None and message.expires_at <= now:
                 engine.expired_count += 1
+                self.expired_count += 1
                 if log is not None:
                     log.removed(message)
                 continue
@@ -374,6 +396,10 @@ class Queue:
         return Outcome.OK
 
     def _return(self, message: Message, delay: float = 0.0, front: bool = False) -> None:
+        max_attempts = self.max_attempts
+        if max_attempts and message.attempts >= max_attempts:
+            self._dead_letter(message, "max attempts")
+            return
         if self.log is not None:
             self.log.state(message, self.engine.clock.wall_ns() + int(delay * 1e9) if delay > 0 else 0)
         if delay > 0:
@@ -411,6 +437,73 @@ class Queue:
             if consumer.timer is None:
                 consumer.timer = self.engine.timers.schedule(deadline, self._timeouts, consumer)
         return Outcome.OK
+
+    # -- acknowledgements by message id, from any session (PHPMQ) --------------------------------
+
+    def _take_any(self, message_id: int, *, finished: bool = False) -> Message | None:
+        """Take an in-flight message from whichever consumer holds it; its window slot is freed."""
+        message = self.in_flight.pop(message_id, None)
+        if message is None:
+            return None
+        owner = message.owner
+        message.owner = None
+        message.deadline = None
+        if finished and self.log is not None:
+            self.log.removed(message)
+        if owner is not None:
+            del owner.in_flight[message_id]
+            if finished:
+                owner.finish_count += 1
+            self._consumer_changed(owner)
+        return message
+
+    def finish_any(self, message_id: int) -> Outcome:
+        """Acknowledge a delivery, whoever holds it (PHPMQ acks from any connection)."""
+        return Outcome.OK if self._take_any(message_id, finished=True) is not None else Outcome.NOT_IN_FLIGHT
+
+    def requeue_to_tail(self, message_id: int, ttl: float | None) -> Outcome:
+        """Put a delivery back at the tail of the queue, whoever holds it, with a new TTL (None: none).
+
+        It goes in as a new copy (same id, body and attempts), so its new place and TTL are stored."""
+        message = self._take_any(message_id)
+        if message is None:
+            return Outcome.NOT_IN_FLIGHT
+        self.requeue_count += 1
+        max_attempts = self.max_attempts
+        if max_attempts and message.attempts >= max_attempts:
+            self._dead_letter(message, "max attempts")
+            return Outcome.OK
+        if self.log is not None:
+            self.log.removed(message)
+        copy = message.copy()
+        copy.expires_at = None if ttl is None else self.engine.clock.now() + ttl
+        self.message_count -= 1  # `_put` counts it again: it is the same message
+        self._put(copy)
+        if self.ready and self.ring and not self.paused:
+            self._dispatch()
+        return Outcome.OK
+
+    def dead_letter(self, message_id: int, reason: str = "rejected") -> Outcome:
+        """Move a delivery, whoever holds it, to this queue's dead-letter topic."""
+        message = self._take_any(message_id)
+        if message is None:
+            return Outcome.NOT_IN_FLIGHT
+        self._dead_letter(message, reason)
+        return Outcome.OK
+
+    def _dead_letter(self, message: Message, reason: str) -> None:
+        """The copy leaves this queue for `dead_letter_topic(name)`: an ordinary topic any protocol reads
+        (its first queue gets what waited there). It keeps its id, body and headers, and says whence and why."""
+        if self.log is not None:
+            self.log.removed(message)
+        self.dead_letter_count += 1
+        headers: dict[str, Any] = dict(message.headers) if isinstance(message.headers, Mapping) else {}
+        headers[DEAD_LETTER_QUEUE_HEADER] = self.name
+        headers[DEAD_LETTER_REASON_HEADER] = reason
+        engine = self.engine
+        name = dead_letter_topic(self.name)
+        letter = Message(message.id, message.body, message.timestamp_ns, headers, None, 0, name)
+        engine._publish_messages(engine.ensure_topic(name, ephemeral=self.ephemeral), [letter])
 
     def _timeouts(self, consumer: Consumer) -> None:
         consumer.timer = None
@@ -862,12 +955,7 @@ class Engine:
                           None if ttl is None else now + ttl, 0, topic_name)
         if delay > 0:
             message.due = now + delay
-        topic.message_count += 1
-        topic.message_bytes += len(body)
-        if topic._holds():
-            topic._keep([message])
-        else:
-            self._distribute(topic, [message])
+        self._publish_messages(topic, [message])
         return message_id
 
     def publish_many(
@@ -897,13 +985,16 @@ class Engine:
         else:
             messages = [Message(first + index, body, timestamp, message_headers, None, 0, topic_name)
                         for index, (body, message_headers) in enumerate(zip(bodies, each_headers, strict=True))]
+        self._publish_messages(topic, messages)
+        return first
+
+    def _publish_messages(self, topic: Topic, messages: list[Message]) -> None:
         topic.message_count += len(messages)
-        topic.message_bytes += sum(map(len, bodies))
+        topic.message_bytes += sum(len(message.body) for message in messages)
         if topic._holds():
             topic._keep(messages)
         else:
             self._distribute(topic, messages)
-        return first
 
     def _distribute(self, topic: Topic, messages: list[Message]) -> None:
         queues = topic.queues

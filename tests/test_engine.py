@@ -1342,3 +1342,115 @@ def test_finish_without_refill_waits_for_refill_then_dispatches_once() -> None:
     consumer.refill()
     assert got.bodies == [b"a", b"b", b"c", b"d"]
     assert consumer.finish_count == 2 and len(consumer.in_flight) == 2
+
+
+# -- acknowledgements by id from any session, requeue to the tail with a TTL, dead letters ------------
+
+
+def phpmq_queue(engine: Engine, name: str = "Foo", **options: Any) -> None:
+    engine.ensure_queue(name, options=options or None)
+    engine.bind(name, name)
+
+
+def test_finish_any_acknowledges_for_the_holder_and_frees_its_window_slot() -> None:
+    engine, _ = make()
+    phpmq_queue(engine)
+    holder, got = attach(engine, "Foo", credit=1)
+    pub(engine, "Foo", b"a", b"b")
+    assert got.bodies == [b"a"]
+    queue = engine.queue("Foo")
+    assert queue is not None
+    assert queue.finish_any(got.id_of(b"a")) is Outcome.OK  # from another session: no consumer of its own
+    assert got.bodies == [b"a", b"b"], "the holder's slot came back, so the next message flowed"
+    assert holder.finish_count == 1 and queue.in_flight.keys() == {got.id_of(b"b")}
+    assert queue.finish_any(got.id_of(b"a")) is Outcome.NOT_IN_FLIGHT
+    assert queue.finish_any(12345) is Outcome.NOT_IN_FLIGHT
+
+
+def test_requeue_to_tail_keeps_id_and_attempts_and_sets_a_new_ttl() -> None:
+    engine, clock = make()
+    phpmq_queue(engine)
+    pub(engine, "Foo", b"a", ttl=10)
+    pub(engine, "Foo", b"b")
+    consumer, got = attach(engine, "Foo", credit=1)
+    first = got.messages[0]
+    queue = engine.queue("Foo")
+    assert queue is not None
+    assert queue.requeue_to_tail(first.id, 100.0) is Outcome.OK
+    consumer.set_credit(3)
+    assert got.log == [(b"a", 1), (b"b", 1), (b"a", 2)], "behind b, one attempt more"
+    again = got.messages[2]
+    assert again.id == first.id and again.expires_at == clock.now() + 100.0
+    assert queue.requeue_to_tail(again.id, None) is Outcome.OK
+    assert got.messages[3].expires_at is None and queue.requeue_count == 2
+    assert queue.requeue_to_tail(999, 1.0) is Outcome.NOT_IN_FLIGHT
+
+
+def test_ttl_runs_out_in_the_queue_and_is_counted_per_queue() -> None:
+    engine, clock = make()
+    phpmq_queue(engine)
+    pub(engine, "Foo", b"short", ttl=5)
+    pub(engine, "Foo", b"long", ttl=50)
+    advance(engine, clock, 6)
+    _, got = attach(engine, "Foo", credit=5)
+    queue = engine.queue("Foo")
+    assert got.bodies == [b"long"]
+    assert queue is not None and queue.expired_count == 1 and engine.expired_count == 1
+
+
+def test_dead_letter_goes_to_the_dead_letter_topic_whose_first_queue_gets_it() -> None:
+    engine, _ = make()
+    phpmq_queue(engine)
+    _, got = attach(engine, "Foo", credit=5)
+    [key] = pub(engine, "Foo", b"poison", headers={"msg_id": "m1"})
+    queue = engine.queue("Foo")
+    assert queue is not None and queue.dead_letter(key) is Outcome.OK
+    assert queue.in_flight == {} and queue.depth == 0 and queue.dead_letter_count == 1
+    dead = engine.topic("Foo.dead")
+    assert dead is not None and dead.depth == 1, "kept for the first queue bound to it"
+    phpmq_queue(engine, "Foo.dead")
+    _, letters = attach(engine, "Foo.dead", credit=5)
+    [letter] = letters.messages
+    assert (letter.id, letter.body, letter.attempts) == (key, b"poison", 1)
+    assert letter.headers == {"msg_id": "m1", "dead_letter_queue": "Foo", "dead_letter_reason": "rejected"}
+    assert queue.dead_letter(key) is Outcome.NOT_IN_FLIGHT
+
+
+@pytest.mark.parametrize("how", ["requeue", "timeout", "detach", "requeue_to_tail"])
+def test_max_attempts_dead_letters_a_message_that_keeps_coming_back(how: str) -> None:
+    engine, clock = make()
+    phpmq_queue(engine, max_attempts=2)
+    queue = engine.queue("Foo")
+    assert queue is not None and queue.max_attempts == 2
+    pub(engine, "Foo", b"flaky")
+    consumer, got = attach(engine, "Foo", credit=1, msg_timeout=30.0)
+    for attempt in (1, 2):
+        assert got.log[-1] == (b"flaky", attempt) and len(got.log) == attempt
+        message_id = got.messages[-1].id
+        if how == "requeue":
+            consumer.requeue(message_id)
+        elif how == "timeout":
+            advance(engine, clock, 31)
+        elif how == "requeue_to_tail":
+            queue.requeue_to_tail(message_id, None)
+        else:
+            consumer.detach()
+            consumer, again = attach(engine, "Foo", credit=1, msg_timeout=30.0)
+            got.messages += again.messages
+            got.log += again.log
+    assert len(got.log) == 2, "never delivered a third time"
+    assert queue.depth == 0 and queue.in_flight == {} and queue.dead_letter_count == 1
+    phpmq_queue(engine, "Foo.dead")
+    _, letters = attach(engine, "Foo.dead", credit=5)
+    assert letters.bodies == [b"flaky"]
+    assert letters.messages[0].headers == {"dead_letter_queue": "Foo", "dead_letter_reason": "max attempts"}
+
+
+def test_an_nsq_channel_dead_letters_to_a_topic_nsq_can_subscribe_to() -> None:
+    engine, _ = make()
+    consumer, got = sub(engine, "orders", "billing", credit=1)
+    [key] = pub(engine, "orders", b"x")
+    queue = engine.queue("orders/billing")
+    assert queue is not None and queue.dead_letter(key, "bad order") is Outcome.OK
+    _, letters = sub(engine, "orders.billing.dead", "ops", credit=5)
+    assert letters.bodies == [b"x"] and letters.messages[0].headers["dead_letter_reason"] == "bad order"

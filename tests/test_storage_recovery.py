@@ -28,7 +28,7 @@ from polymq.core import disk_storage, records
 from polymq.core.clock import ManualClock
 from polymq.core.disk_io import FileWriter
 from polymq.core.disk_storage import DiskStorage, FsyncPolicy
-from polymq.core.engine import Consumer, Engine, Queue
+from polymq.core.engine import Consumer, Engine, Outcome, Queue
 from polymq.core.message import Message
 
 from support import storage_files as files
@@ -1265,3 +1265,38 @@ def test_a_torn_hand_over_record_leaves_the_backlog_with_the_topic(open_store: C
         store.engine.run_timers()
         store.commit()
     assert bodies(store.engine, "q") == names("m", 40)
+
+
+def test_requeued_ttls_dead_letters_and_max_attempts_survive_a_restart(open_store: Callable[..., Store],
+                                                                        clock: ManualClock) -> None:
+    store = open_store()
+    engine = store.engine
+    engine.ensure_queue("Foo", options={"max_attempts": 3})
+    engine.bind("Foo", "Foo")
+    engine.publish("Foo", b"requeued", ttl=10)
+    engine.publish("Foo", b"poison", headers={"msg_id": "p"})
+    engine.publish("Foo", b"plain")
+    store.commit()
+    consumer, got = consume(engine, "Foo", credit=2)
+    queue = engine.queue("Foo")
+    assert queue is not None and [m.body for m in got] == [b"requeued", b"poison"]
+    consumer.set_credit(0)
+    assert queue.requeue_to_tail(got[0].id, 600.0) is Outcome.OK
+    assert queue.dead_letter(got[1].id) is Outcome.OK
+    consumer.detach()
+    store.commit()
+    store.close()
+
+    clock.advance(20)  # the first TTL (10 s) would have run out; the new one (600 s) has not
+    store = open_store()
+    engine = store.engine
+    queue = engine.queue("Foo")
+    assert queue is not None and queue.max_attempts == 3
+    _, got = consume(engine, "Foo")
+    assert [(m.body, m.attempts) for m in got] == [(b"plain", 1), (b"requeued", 2)]
+    assert got[1].expires_at == pytest.approx(clock.now() + 580.0)
+    engine.ensure_queue("Foo.dead")
+    engine.bind("Foo.dead", "Foo.dead")
+    _, letters = consume(engine, "Foo.dead")
+    assert [(m.body, m.headers) for m in letters] == [
+        (b"poison", {"msg_id": "p", "dead_letter_queue": "Foo", "dead_letter_reason": "rejected"})]
