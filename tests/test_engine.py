@@ -1401,7 +1401,7 @@ def test_ttl_runs_out_in_the_queue_and_is_counted_per_queue() -> None:
 def test_dead_letter_goes_to_the_dead_letter_topic_whose_first_queue_gets_it() -> None:
     engine, _ = make()
     phpmq_queue(engine)
-    _, got = attach(engine, "Foo", credit=5)
+    _, _got = attach(engine, "Foo", credit=5)
     [key] = pub(engine, "Foo", b"poison", headers={"msg_id": "m1"})
     queue = engine.queue("Foo")
     assert queue is not None and queue.dead_letter(key) is Outcome.OK
@@ -1448,7 +1448,7 @@ def test_max_attempts_dead_letters_a_message_that_keeps_coming_back(how: str) ->
 
 def test_an_nsq_channel_dead_letters_to_a_topic_nsq_can_subscribe_to() -> None:
     engine, _ = make()
-    consumer, got = sub(engine, "orders", "billing", credit=1)
+    _consumer, _got = sub(engine, "orders", "billing", credit=1)
     [key] = pub(engine, "orders", b"x")
     queue = engine.queue("orders/billing")
     assert queue is not None and queue.dead_letter(key, "bad order") is Outcome.OK
