@@ -1,9 +1,9 @@
 """MQKS sessions: request lines to engine calls, engine deliveries to `ok` lines.
 
-One `MQKSSession` per TCP connection, two tasks: the reader parses everything a read returned
-and handles it synchronously (engine calls never await), appending response lines to the
-output list; the writer sends that list as one write. Deliveries from other connections'
-publishes land in the same list and wake the writer.
+One `MQKSSession` per TCP connection, on the shared session skeleton (`adapters/session.py`):
+the reader parses everything a read returned and handles it synchronously (engine calls never
+await), queueing response lines; the writer sends them as one write. Deliveries from other
+connections' publishes land in the same output and wake the writer.
 
 Model (docs/architecture.md): `publish e` publishes to engine topic `e`, dropped when no queue is
 bound (MQKS's rule); `consume q e1 e2` makes engine queue `q` bound to topics `e1`, `e2`. An
@@ -31,19 +31,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
-import trio
 
 from polymq.adapters import mqks_stats
+from polymq.adapters.session import StreamSession
 from polymq.adapters.transport import Transport
 from polymq.codecs import mqks
 from polymq.core.engine import Consumer, Engine, Message, Queue
 
 log = logging.getLogger("polymq.mqks")
 
-# How much one read asks the socket for.
-READ_SIZE = 256 * 1024
-# The reader stops reading while this much output waits for a slow client (bounded memory).
-MAX_PENDING_OUTPUT = 8 * 1024 * 1024
 # The header of an MQKS publish: the publisher's own id, shown to consumers. (The event is the
 # message's topic, which the engine and the store keep.)
 MSG_ID_HEADER = "msg_id"
@@ -247,29 +243,18 @@ def _msg_id_and_event(message: Message, queue: Queue) -> tuple[bytes, bytes]:
     return shown, str(event).encode()
 
 
-class MQKSSession:
+class MQKSSession(StreamSession):
+    log = log
+
     def __init__(self, server: MQKSServer, transport: Transport) -> None:
+        super().__init__(server.engine, transport)
         self.server = server
-        self.engine = server.engine
-        self.transport = transport
-        self.peer = transport.peer
         self.codec = mqks.ServerConnection(server.limits.max_line_length)
         self.consumers: dict[str, MQKSConsumer] = {}
-        self.out: list[bytes] = []
-        self._out_bytes = 0
         # Auto-ack deliveries queued since the last write, per engine consumer: credit to give back
         # once they are written.
         self._unreleased: dict[Consumer, int] = {}
-        self._wake = trio.Event()
-        self._drained = trio.Event()
-        self._sending = False
-        self._reading = False  # output queued while handling a read is flushed when it is done
-        self._closed = False
-        # A manual-ack delivery from a durable queue leaves only after the record of its attempts is
-        # written, so a crash never brings it back with a lower `retry` than the client saw.
-        self._delivered_unstored = False
         self._refill: set[Consumer] = set()  # acked consumers of this read, refilled at its end
-        self._cancel_scope: trio.CancelScope | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
             mqks.Consume: self._consume,
             mqks.Rebind: self._rebind,
@@ -282,56 +267,16 @@ class MQKSSession:
             mqks.BadRequest: self._bad_request,
         }
 
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                self._cancel_scope = nursery.cancel_scope
-                nursery.start_soon(self._write_loop)
-                await self._read_loop()
-                await self._drain_output()
-                nursery.cancel_scope.cancel()
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
-            log.debug("%s: connection ended: %r", self.peer, group.exceptions)
-        finally:
-            self._closed = True
-            # Disconnect = delete_consumer for each consumer (docs/protocols/mqks.md).
-            for consumer in list(self.consumers.values()):
-                self.server.delete_consumer(consumer)
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await self.transport.aclose()
-
-    def close(self) -> None:
-        if self._cancel_scope is not None:
-            self._cancel_scope.cancel()
+    def closed(self) -> None:
+        # Disconnect = delete_consumer for each consumer (docs/protocols/mqks.md).
+        for consumer in list(self.consumers.values()):
+            self.server.delete_consumer(consumer)
 
     # -- reading -----------------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
-        codec = self.codec
-        while True:
-            data = await self.transport.receive_some(READ_SIZE)
-            codec.receive_data(data)
-            self._reading = True
-            # What this read changes is written at its end, by this task (`release_work`).
-            self.engine.storage.hold_work()
-            try:
-                self._handle(codec.next_events())
-            finally:
-                self.engine.storage.release_work()
-            self._reading = False
-            if not data:
-                return
-            if self.out and not self._sending:
-                await self._flush()  # answer from here: one task switch less per round trip
-            if self._out_bytes > MAX_PENDING_OUTPUT:
-                self._drained = trio.Event()
-                self._wake.set()
-                await self._drained.wait()
-
-    def _handle(self, requests: list[mqks.Request]) -> None:
-        """Every request of one read, synchronously."""
+    def handle(self, data: bytes) -> None:
+        self.codec.receive_data(data)
+        requests = self.codec.next_events()
         handlers = self._handlers
         count = len(requests)
         index = 0
@@ -362,54 +307,20 @@ class MQKSSession:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def send(self, line: bytes) -> None:
-        self.out.append(line)
-        self._out_bytes += len(line)
-        if not self._reading and not self._wake.is_set():
-            self._wake.set()
-
     def forget_releases(self, consumer: Consumer) -> None:
         self._unreleased.pop(consumer, None)
 
-    async def _write_loop(self) -> None:
-        while True:
-            if self.out and not self._sending:
-                await self._flush()
-                continue
-            await self._wake.wait()
-            self._wake = trio.Event()
+    def before_send(self) -> dict[Consumer, int]:
+        # The auto-ack credit of exactly the lines this round sends comes back after it.
+        released = self._unreleased
+        self._unreleased = {}
+        return released
 
-    async def _flush(self) -> None:
-        self._sending = True
-        try:
-            while self.out:
-                # The auto-ack credit of exactly the lines this round sends comes back after it.
-                released = self._unreleased
-                self._unreleased = {}
-                if self._delivered_unstored:
-                    # A manual-ack delivery leaves only once its attempt record is written (a process
-                    # crash can never bring it back with a lower retry than the client saw).
-                    self._delivered_unstored = False
-                    self.engine.storage.write_now()
-                lines = self.out
-                self.out = []
-                data = b"".join(lines)
-                self._out_bytes -= len(data)
-                await self.transport.send_all(data)
-                for consumer, count in released.items():
-                    if not consumer.closed:
-                        consumer.release(count)  # may deliver more into `self.out`
-        finally:
-            self._sending = False
-        self._drained.set()
-
-    async def _drain_output(self) -> None:
-        with trio.move_on_after(1.0):
-            while self._sending:
-                self._drained = trio.Event()
-                await self._drained.wait()
-            if self.out:
-                await self._flush()
+    def after_send(self, token: object) -> None:
+        released: dict[Consumer, int] = token  # type: ignore[assignment]
+        for consumer, count in released.items():
+            if not consumer.closed:
+                consumer.release(count)  # may deliver more into `self.out`
 
     def _deliverer(self, consumer: MQKSConsumer, queue: Queue) -> Callable[[Message], None]:
         prefix = consumer.id_bytes
@@ -418,20 +329,15 @@ class MQKSSession:
 
         def deliver(message: Message) -> None:
             msg_id, event = _msg_id_and_event(message, queue)
-            line = mqks.delivery_line(prefix, msg_id, event, message.attempts - 1, message.body)
-            self.out.append(line)
-            self._out_bytes += len(line)
             server.consumed += 1
             engine_consumer = consumer.engine_consumer
             if consumer.manual_ack:
                 consumer.remember(msg_id.decode(), message.id)
-                if durable:
-                    self._delivered_unstored = True
             elif engine_consumer is not None:
                 pending = self._unreleased  # swapped by every flush: looked up each time
                 pending[engine_consumer] = pending.get(engine_consumer, 0) + 1
-            if not self._reading and not self._wake.is_set():
-                self._wake.set()
+            self.send_delivery(mqks.delivery_line(prefix, msg_id, event, message.attempts - 1, message.body),
+                               unstored=durable and consumer.manual_ack)
 
         return deliver
 

@@ -133,7 +133,10 @@ async def serve_tcp(
             try:
                 conn, _ = sock.accept()
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                except trio.ClosedResourceError:
+                    return  # `stop_listening`: no new connections; the ones running go on
                 continue
             except OSError:
                 # Out of file descriptors and the like: wait a little instead of spinning.
@@ -145,3 +148,10 @@ async def serve_tcp(
 # After a failed accept (EMFILE, ENFILE, ENOBUFS): how long to wait before trying again
 # (trio.serve_listeners sleeps 0.1 s in the same case).
 ACCEPT_ERROR_BACKOFF_S = 0.1
+
+
+def stop_listening(sock: socket.socket) -> None:
+    """Close a listening socket `serve_tcp` serves: it accepts no more and returns once its
+    connections have ended (a stopping gateway refuses new clients before closing the others)."""
+    trio.lowlevel.notify_closing(sock)
+    sock.close()

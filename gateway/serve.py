@@ -29,7 +29,7 @@ import trio
 import polymq
 from polymq.adapters.mqks import MQKSServer
 from polymq.adapters.nsq import NSQServer
-from polymq.adapters.transport import serve_tcp
+from polymq.adapters.transport import serve_tcp, stop_listening
 from polymq.core.clock import SystemClock
 from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import Engine
@@ -243,6 +243,9 @@ async def run_gateway(
             async for signum in signals:
                 log.info("received %s, stopping: closing %d connections", signal.Signals(signum).name,
                          len(nsq.sessions) + len(mqks.sessions))
+                for name, sock in sockets.items():
+                    if name != "nsq-http":  # hypercorn stops its own with the nursery
+                        stop_listening(sock)
                 in_flight = _in_flight(engine)
                 await nsq.shutdown()
                 await mqks.shutdown()

@@ -493,4 +493,4 @@ async def test_reconnect_after_a_gateway_restart_on_the_same_port(tmp_path: Path
             assert old == old_id and new != old_id
             await client.publish(event, b"after restart")
             (message,) = await inbox.wait(1)
-            assert (message.consumer_id, message.body) == (new, b"after restart")
+            assert (message.consumer_id, message.body) == (new, b"after restart"), (message, old_id, new)
