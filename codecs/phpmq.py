@@ -170,6 +170,11 @@ class _Reader:
             self._offset = 0
         self._buffer += data
 
+    @property
+    def pending(self) -> bool:
+        """Part of a message is buffered (a connection ending now ends in the middle of one)."""
+        return self._type is not None or len(self._buffer) > self._offset
+
     def _fail(self, reason: str) -> ProtocolError:
         self.failed = ProtocolError(reason)
         self._buffer = bytearray()
@@ -253,6 +258,10 @@ class ServerConnection:
 
     def receive_data(self, data: bytes) -> None:
         self._reader.receive_data(data)
+
+    @property
+    def pending(self) -> bool:
+        return self._reader.pending
 
     def next_event(self) -> Request | ProtocolError | _NeedData:
         got = self._reader._next_message()

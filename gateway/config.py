@@ -24,8 +24,10 @@ import tomli_w
 from click.core import ParameterSource
 
 from polymq.adapters.mqks import MQKSLimits
+from polymq.adapters.phpmq import PHPMQLimits
 from polymq.codecs.mqks import MAX_LINE_LENGTH as MQKS_MAX_LINE_LENGTH
 from polymq.codecs.nsq import ServerLimits
+from polymq.codecs.phpmq import MAX_CONTENT as PHPMQ_MAX_CONTENT
 from polymq.core.disk_storage import MEM_QUEUE_SIZE, FsyncPolicy
 
 # polymq binds loopback unless told otherwise (nsqd binds every interface).
@@ -35,6 +37,8 @@ DEFAULT_NSQ_TCP_PORT = 4150
 DEFAULT_NSQ_HTTP_PORT = 4151
 # The original MQKS's first worker: a one-worker deployment listens on 25000.
 DEFAULT_MQKS_PORT = 25000
+# The original PHPMQ server's message-queue port (its config/phpmq.default.xml).
+DEFAULT_PHPMQ_PORT = 9100
 # A listener's port: 0 lets the OS choose a free one, -1 turns the listener off.
 PORT = click.IntRange(min=-1, max=65535)
 ENV_PREFIX = "POLYMQ_"
@@ -163,6 +167,23 @@ OPTIONS: tuple[Option, ...] = (
     Option("mqks.keep_unconsumed", "--mqks-keep-unconsumed", click.BOOL, False,
            "Keep events published to a queue bound only by rebind that no one has consumed yet "
            "(the original MQKS drops them)."),
+    # PHPMQ
+    Option("phpmq.enabled", "--phpmq/--no-phpmq", click.BOOL, True, "Serve PHPMQ."),
+    Option("phpmq.port", "--phpmq-port", PORT, DEFAULT_PHPMQ_PORT, "PHPMQ TCP port (0 = any free, -1 = off)."),
+    Option("phpmq.max_content", "--phpmq-max-content", click.IntRange(min=1), PHPMQ_MAX_CONTENT,
+           "Largest packet content in bytes (a message's body, its queue name); a larger one closes the "
+           "connection before anything is allocated for it."),
+    Option("phpmq.max_window", "--phpmq-max-window", click.IntRange(min=1), PHPMQLimits().max_window,
+           "Largest consume window (002's count) honoured; a larger one is taken as this."),
+    Option("phpmq.generation", "--phpmq-generation", click.Choice(["pinned", "current"]), "pinned",
+           "pinned: deliveries (003) without the TTL packet, as the published client expects, except to "
+           "connections that sent a TTL, 005 or 006; current: every 003 carries the remaining TTL."),
+    Option("phpmq.ack_timeout_ms", "--phpmq-ack-timeout", click.IntRange(min=0), 0,
+           "Time a PHPMQ delivery may stay unacknowledged before it goes back to its queue, in ms "
+           "(0 = never, as the original)."),
+    Option("phpmq.max_attempts", "--phpmq-max-attempts", click.IntRange(min=0), 0,
+           "Deliveries after which a message that comes back again goes to the dead-letter queue "
+           "<queue>.dead (0 = no limit); set on the queues PHPMQ creates."),
     # logs
     Option("log.level", "--log-level", click.Choice(["debug", "info", "warning", "error"]), "info",
            "Least severe log lines written."),
@@ -170,7 +191,7 @@ OPTIONS: tuple[Option, ...] = (
            "text: one line per record for people; json: one JSON object per line for machines."),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
-SECTIONS = ("", "storage", "nsq", "mqks", "log")
+SECTIONS = ("", "storage", "nsq", "mqks", "phpmq", "log")
 
 
 @attrs.frozen
@@ -232,6 +253,23 @@ class MQKSConfig:
 
 
 @attrs.frozen
+class PHPMQConfig:
+    enabled: bool = True
+    port: int = DEFAULT_PHPMQ_PORT
+    max_content: int = PHPMQ_MAX_CONTENT
+    max_window: int = PHPMQLimits().max_window
+    generation: str = "pinned"
+    ack_timeout_ms: int = 0
+    max_attempts: int = 0
+
+    def limits(self) -> PHPMQLimits:
+        return PHPMQLimits(max_content=self.max_content, max_window=self.max_window,
+                           current_generation=self.generation == "current",
+                           ack_timeout=self.ack_timeout_ms / 1000 if self.ack_timeout_ms else None,
+                           max_attempts=self.max_attempts)
+
+
+@attrs.frozen
 class LogConfig:
     level: str = "info"
     format: str = "text"
@@ -243,14 +281,16 @@ class Config:
     storage: StorageConfig = attrs.field(factory=StorageConfig)
     nsq: NSQConfig = attrs.field(factory=NSQConfig)
     mqks: MQKSConfig = attrs.field(factory=MQKSConfig)
+    phpmq: PHPMQConfig = attrs.field(factory=PHPMQConfig)
     log: LogConfig = attrs.field(factory=LogConfig)
 
     def port(self, listener: str) -> int | None:
-        """The port of listener `nsq-tcp`, `nsq-http` or `mqks`; None when it is off."""
+        """The port of listener `nsq-tcp`, `nsq-http`, `mqks` or `phpmq`; None when it is off."""
         port, enabled = {
             "nsq-tcp": (self.nsq.tcp_port, self.nsq.enabled),
             "nsq-http": (self.nsq.http_port, self.nsq.enabled),
             "mqks": (self.mqks.port, self.mqks.enabled),
+            "phpmq": (self.phpmq.port, self.phpmq.enabled),
         }[listener]
         return port if enabled and port >= 0 else None
 

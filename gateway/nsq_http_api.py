@@ -847,6 +847,9 @@ class NsqHttpApi:
                     "message_count": queue.message_count,
                     "requeue_count": queue.requeue_count,
                     "timeout_count": queue.timeout_count,
+                    # polymq's own, beside nsqd's keys: TTLs that ran out, messages moved to `<queue>.dead`.
+                    "expired_count": queue.expired_count,
+                    "dead_letter_count": queue.dead_letter_count,
                     # Every consumer of the queue, whatever its protocol, competes for it.
                     "client_count": len(queue.consumers),
                     "clients": None if members is None else [clean_client(c, topic_filter) for c in members],

@@ -29,6 +29,7 @@ import trio
 import polymq
 from polymq.adapters.mqks import MQKSServer
 from polymq.adapters.nsq import NSQServer
+from polymq.adapters.phpmq import PHPMQServer
 from polymq.adapters.transport import serve_tcp, stop_listening
 from polymq.core.clock import SystemClock
 from polymq.core.disk_storage import DiskStorage
@@ -44,7 +45,8 @@ log = logging.getLogger("polymq")
 # The listen backlog; the original MQKS used 256, nsqd the OS default.
 LISTEN_BACKLOG = 1024
 # Each listener's name in the log lines and the flag that moves it.
-LISTENERS = {"nsq-tcp": "--nsq-tcp-port", "nsq-http": "--nsq-http-port", "mqks": "--mqks-port"}
+LISTENERS = {"nsq-tcp": "--nsq-tcp-port", "nsq-http": "--nsq-http-port", "mqks": "--mqks-port",
+             "phpmq": "--phpmq-port"}
 
 
 class StartupError(Exception):
@@ -218,6 +220,7 @@ async def run_gateway(
     nsq = NSQServer(engine, config.nsq.limits(), ssl_context=prepared.ssl_context,
                     auth_http_address=config.nsq.auth_http_address)
     mqks = MQKSServer(engine, config.mqks.limits())
+    phpmq = PHPMQServer(engine, config.phpmq.limits())
     sockets = prepared.sockets
     in_flight = 0
     # Installed before any listener serves, so a signal at any moment after start-up is a clean stop.
@@ -235,20 +238,23 @@ async def run_gateway(
                 elif name == "nsq-http":
                     nsq.http_port = port
                     await nursery.start(serve_nsq_http, engine, nsq, sock)
-                else:
+                elif name == "mqks":
                     mqks.host, mqks.port = host, port
                     await nursery.start(serve_tcp, mqks.handle_connection, sock)
+                else:
+                    await nursery.start(serve_tcp, phpmq.handle_connection, sock)
             log.info("ready")
             task_status.started(engine)
             async for signum in signals:
                 log.info("received %s, stopping: closing %d connections", signal.Signals(signum).name,
-                         len(nsq.sessions) + len(mqks.sessions))
+                         len(nsq.sessions) + len(mqks.sessions) + len(phpmq.sessions))
                 for name, sock in sockets.items():
                     if name != "nsq-http":  # hypercorn stops its own with the nursery
                         stop_listening(sock)
                 in_flight = _in_flight(engine)
                 await nsq.shutdown()
                 await mqks.shutdown()
+                await phpmq.shutdown()
                 nursery.cancel_scope.cancel()
                 break
     # Sessions are closed and their in-flight messages returned: write and fdatasync it all.

@@ -279,8 +279,8 @@ def test_stats_json_shape_filters_and_clients():
     assert [c["channel_name"] for c in orders["channels"]] == ["audit", "billing"]
     billing = orders["channels"][1]
     assert list(billing) == ["channel_name", "depth", "backend_depth", "in_flight_count", "deferred_count",
-                             "message_count", "requeue_count", "timeout_count", "client_count", "clients",
-                             "paused", "e2e_processing_latency"]
+                             "message_count", "requeue_count", "timeout_count", "expired_count",
+                             "dead_letter_count", "client_count", "clients", "paused", "e2e_processing_latency"]
     assert billing["e2e_processing_latency"] == {"count": 0, "percentiles": None}
     assert billing["depth"] == 1 and orders["channels"][0]["clients"] == []
     (client,) = billing["clients"]
