@@ -34,9 +34,12 @@ serve: install
 interop-envs:
 	bash tests/interop/setup_envs.sh
 
-# strace records the gateway's system calls in the fsync-order test (Debian's package).
+# strace records the gateway's system calls in the fsync-order test; php-cli runs the PHP PHPMQ
+# client of the interop tests (Debian's packages, installed when missing).
 system-tools:
-	command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace)
+	@missing=""; command -v strace >/dev/null || missing="$$missing strace"; \
+	command -v php >/dev/null || missing="$$missing php-cli"; \
+	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
 lint: install
 	$(BIN)/ruff check .

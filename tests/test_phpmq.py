@@ -13,7 +13,7 @@ import pytest
 from polymq.codecs import phpmq
 
 from support.gateway import GatewayProcess, running_gateway
-from support.phpmq_wire import PHPMQWire, queue_stats
+from support.phpmq_wire import PHPMQWire, queue_stats, wait_until_handed_back
 
 
 def unique(prefix: str) -> str:
@@ -54,6 +54,7 @@ def test_a_new_consume_replaces_the_window_and_gives_back_what_it_held(module_ga
         consumer.consume(queue, 2)
         a, b = consumer.deliveries(2)
         consumer.consume(other, 1)  # another queue: a and b are released, ahead of newer messages
+        consumer.barrier()
         producer.publish(queue, b"c")
         producer.barrier()
         rival.consume(queue, 3)
@@ -73,6 +74,7 @@ def test_a_disconnect_returns_unacknowledged_messages_to_their_place(module_gate
         with wire(module_gateway) as leaving:
             leaving.consume(queue, 2)
             held = leaving.deliveries(2)
+        wait_until_handed_back(module_gateway.nsq_http, queue)
         producer.publish(queue, b"newer")
         producer.barrier()
         with wire(module_gateway) as next_one:

@@ -122,3 +122,12 @@ def queue_stats(http: str, queue: str) -> dict[str, Any]:
                     topic["topic_name"] == queue or f"{topic['topic_name']}/{channel['channel_name']}" == queue):
                 return channel
     raise KeyError(f"no queue {queue!r} in /stats")
+
+
+def wait_until_handed_back(http: str, queue: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """PHPMQ never answers: after a consumer's disconnect, /stats shows when its messages are back."""
+    deadline = time.monotonic() + timeout
+    while queue_stats(http, queue)["in_flight_count"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{queue}: messages still in flight")
+        time.sleep(0.01)
