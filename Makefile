@@ -57,3 +57,4 @@ bench: install
 conformance: install
 	$(BIN)/polymq conformance nsq --tcp 127.0.0.1:4150 --http 127.0.0.1:4151
 	$(BIN)/polymq conformance mqks --addr 127.0.0.1:25000
+	$(BIN)/polymq conformance phpmq --addr 127.0.0.1:9100

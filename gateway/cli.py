@@ -7,6 +7,7 @@ import click
 from polymq import __version__
 from polymq.conformance.mqks import command as conformance_mqks
 from polymq.conformance.nsq import command as conformance_nsq
+from polymq.conformance.phpmq import command as conformance_phpmq
 from polymq.gateway.bench_mqks import command as bench_mqks
 from polymq.gateway.bench_nsq import command as bench_nsq
 from polymq.gateway.bench_versus import command as bench_versus
@@ -47,3 +48,4 @@ bench.add_command(bench_nsq, "nsq")
 bench.add_command(bench_versus, "versus-nsqd")
 conformance.add_command(conformance_nsq, "nsq")
 conformance.add_command(conformance_mqks, "mqks")
+conformance.add_command(conformance_phpmq, "phpmq")
