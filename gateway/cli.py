@@ -10,6 +10,7 @@ from polymq.conformance.nsq import command as conformance_nsq
 from polymq.conformance.phpmq import command as conformance_phpmq
 from polymq.gateway.bench_mqks import command as bench_mqks
 from polymq.gateway.bench_nsq import command as bench_nsq
+from polymq.gateway.bench_phpmq import command as bench_phpmq
 from polymq.gateway.bench_versus import command as bench_versus
 from polymq.gateway.serve import command as serve
 from polymq.gateway.serve import config_command
@@ -45,6 +46,7 @@ main.add_command(serve, "serve")
 main.add_command(config_command, "config")
 bench.add_command(bench_mqks, "mqks")
 bench.add_command(bench_nsq, "nsq")
+bench.add_command(bench_phpmq, "phpmq")
 bench.add_command(bench_versus, "versus-nsqd")
 conformance.add_command(conformance_nsq, "nsq")
 conformance.add_command(conformance_mqks, "mqks")

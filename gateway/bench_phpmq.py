@@ -1,0 +1,274 @@
+"""`polymq bench phpmq`: throughput and publish-to-deliver latency of any PHPMQ server.
+
+Each producer and each consumer is a process of its own (bench_common's workers), with plain
+blocking sockets. Producers send 001s (PHPMQ never answers them); consumers hold a window (002)
+and acknowledge every delivery (004), all acks of one read in one write. Every content starts with
+the wall-clock nanoseconds it was sent at, so consumers measure publish-to-deliver latency.
+
+Scenarios: `throughput` (producers send as fast as they can, consumers drain; end-to-end rate and
+latency under load) and `latency` (one message every `--interval` per producer: latency at light
+load). The queue of a run is unique and ends empty. See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from typing import Any
+
+import attrs
+import click
+
+from polymq.codecs import phpmq
+from polymq.gateway import bench_common as common
+
+DEFAULT_PORT = 9100  # the original's (its config/phpmq.default.xml)
+SCENARIOS = ("throughput", "latency")
+DEFAULT_PRODUCERS = 2
+DEFAULT_CONSUMERS = 2
+DEFAULT_MESSAGES = 50_000  # per producer, throughput
+DEFAULT_LATENCY_MESSAGES = 4_000  # per producer
+DEFAULT_INTERVAL_S = 0.0005  # light load: one message every 0.5 ms per producer
+DEFAULT_WINDOW = 1_000
+DEFAULT_SIZE = 64
+STAMP_DIGITS = 19  # wall-clock ns at the start of each content, until the year 2286
+# Messages a producer writes at once in the throughput scenario (one sendall).
+SEND_BATCH = 200
+RECV_SIZE = 256 * 1024
+POLL_S = 0.05
+# A scenario gives up when no message was consumed for this long.
+STALL_S = 10.0
+# What the original does on a 2-core machine (docs/protocols/phpmq.md), and what polymq aims at.
+ORIGINAL_MSGS_PER_S = 84
+ORIGINAL_LATENCY_US = 153_000
+TARGET_MSGS_PER_S = 20_000
+TARGET_P99_US = 2_000
+
+
+@attrs.frozen
+class Plan:
+    role: str  # "producer" or "consumer"
+    address: tuple[str, int]
+    queue: str
+    slot: int
+    messages: int  # producer: to send
+    size: int
+    window: int
+    interval_s: float  # producer: 0 = as fast as possible
+
+
+def _content(size: int) -> bytes:
+    stamp = b"%019d" % time.time_ns()
+    return stamp + b"x" * max(0, size - STAMP_DIGITS)
+
+
+def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
+    queue = plan.queue.encode()
+    with socket.create_connection(plan.address) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        common.report_ready(shared, index)
+        shared.start.wait()
+        sent = 0
+        started = time.monotonic()
+        if plan.interval_s > 0:
+            next_at = started
+            while sent < plan.messages and not shared.stop.value:
+                next_at += plan.interval_s
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                sock.sendall(phpmq.send(queue, _content(plan.size)))
+                sent += 1
+                shared.counters[plan.slot] = sent
+        else:
+            while sent < plan.messages and not shared.stop.value:
+                count = min(SEND_BATCH, plan.messages - sent)
+                sock.sendall(b"".join(phpmq.send(queue, _content(plan.size)) for _ in range(count)))
+                sent += count
+                shared.counters[plan.slot] = sent
+        seconds = time.monotonic() - started
+        shared.done[plan.slot] = 1
+    return {"sent": sent, "seconds": seconds}
+
+
+def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
+    queue = plan.queue.encode()
+    histogram = common.new_histogram()
+    bucket_of = common.bucket_of
+    codec = phpmq.ClientConnection()
+    got = 0
+    last_ns = 0
+    with socket.create_connection(plan.address) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(phpmq.consume(queue, plan.window))
+        common.report_ready(shared, index)
+        shared.start.wait()
+        sock.settimeout(POLL_S)
+        while not shared.stop.value:  # the parent stops everyone once all were consumed (`tick`)
+            try:
+                data = sock.recv(RECV_SIZE)
+            except TimeoutError:
+                continue
+            if not data:
+                break
+            codec.receive_data(data)
+            acks = []
+            now = time.time_ns()
+            while (event := codec.next_event()) is not phpmq.NEED_DATA:
+                if not isinstance(event, phpmq.Delivery):
+                    raise RuntimeError(f"not a delivery: {event}")
+                histogram[bucket_of((now - int(event.content[:STAMP_DIGITS])) // 1000)] += 1
+                acks.append(phpmq.ack(queue, event.message_id))
+            if acks:
+                sock.sendall(b"".join(acks))
+                got += len(acks)
+                last_ns = now
+                shared.counters[plan.slot] = got
+        shared.done[plan.slot] = 1
+    return {"received": got, "last_ns": last_ns, "histogram": common.sparse(histogram)}
+
+
+def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
+    return (producer_main if plan.role == "producer" else consumer_main)(plan, shared, index)
+
+
+@attrs.define
+class ScenarioResult:
+    name: str
+    producers: int
+    consumers: int
+    published: int
+    consumed: int
+    pub_seconds: float
+    e2e_seconds: float
+    latency: common.LatencySummary | None
+    server_cpu: tuple[float, float, float] | None = None
+
+    def pub_rate(self) -> float:
+        return self.published / self.pub_seconds if self.pub_seconds else 0.0
+
+    def e2e_rate(self) -> float:
+        return self.consumed / self.e2e_seconds if self.e2e_seconds else 0.0
+
+
+@attrs.frozen
+class Options:
+    address: tuple[str, int]
+    scenarios: tuple[str, ...]
+    producers: int
+    consumers: int
+    messages: int
+    latency_messages: int
+    interval_s: float
+    window: int
+    size: int
+    server_pid: int | None
+    progress: bool
+
+
+def run_scenario(name: str, opts: Options) -> ScenarioResult:
+    queue = f"polymq_bench-{name}-{uuid.uuid4().hex[:8]}"
+    per_producer = opts.messages if name == "throughput" else opts.latency_messages
+    interval = 0.0 if name == "throughput" else opts.interval_s
+    total = per_producer * opts.producers
+    consumers = [Plan("consumer", opts.address, queue, slot, 0, opts.size, opts.window, 0.0)
+                 for slot in range(opts.consumers)]
+    producers = [Plan("producer", opts.address, queue, opts.consumers + number, per_producer, opts.size,
+                      opts.window, interval) for number in range(opts.producers)]
+    progress = common.Progress(opts.progress)
+    watch = common.RunWatch(opts.server_pid)
+    consumer_slots = range(opts.consumers)
+
+    def tick(shared: common.SharedState) -> None:
+        consumed = sum(shared.counters[s] for s in consumer_slots)
+        _, still = watch.tick(consumed)
+        progress.update(name, consumed / total, f"{consumed:,} of {total:,} consumed")
+        if consumed >= total or still > STALL_S:
+            shared.stop.value = 1
+
+    group = common.WorkerGroup(worker_main, [*consumers, *producers], opts.consumers + opts.producers,
+                               target=total)
+    start_ns, results = group.run(tick)
+    wall = watch.elapsed()
+    progress.done()
+    produced = results[opts.consumers:]
+    received = results[: opts.consumers]
+    consumed = sum(r["received"] for r in received)
+    last_ns = max((r["last_ns"] for r in received), default=start_ns)
+    histogram = common.merge(r["histogram"] for r in received)
+    return ScenarioResult(
+        name, opts.producers, opts.consumers, sum(r["sent"] for r in produced), consumed,
+        max((r["seconds"] for r in produced), default=0.0), max(0.0, (last_ns - start_ns) / 1e9),
+        common.summarize(histogram), watch.cpu_share(wall),
+    )
+
+
+def verdicts(result: ScenarioResult) -> list[str]:
+    if result.name == "latency":
+        if result.latency is None:
+            return []
+        met = "met" if result.latency.p99_us < TARGET_P99_US else "NOT met"
+        return [f"latency: p50 {result.latency.p50_us / 1000:.2f} ms, p99 {result.latency.p99_us / 1000:.2f} ms "
+                f"(the original: ~{ORIGINAL_LATENCY_US / 1000:.0f} ms; target p99 < {TARGET_P99_US / 1000:.0f} ms: "
+                f"{met})"]
+    met = "met" if result.e2e_rate() >= TARGET_MSGS_PER_S else "NOT met"
+    return [f"throughput: {result.e2e_rate():,.0f} msgs/s end to end (the original: ~{ORIGINAL_MSGS_PER_S}; "
+            f"target >= {TARGET_MSGS_PER_S:,}: {met})"]
+
+
+def render(results: list[ScenarioResult], with_cpu: bool) -> str:
+    headers = ["scenario", "conns", "published", "pub msgs/s", "consumed", "e2e msgs/s", "latency p50 / p99 / max"]
+    if with_cpu:
+        headers.append("server CPU (usr+sys) + run-queue wait")
+    rows = []
+    for r in results:
+        row = [r.name, f"{r.producers} pub + {r.consumers} sub", common.format_count(r.published),
+               common.format_count(r.pub_rate()), common.format_count(r.consumed), common.format_count(r.e2e_rate()),
+               common.format_latency(r.latency)]
+        if with_cpu:
+            cpu = r.server_cpu
+            row.append("-" if cpu is None else f"{(cpu[0] + cpu[1]) * 100:.0f}% ({cpu[0] * 100:.0f}+{cpu[1] * 100:.0f})"
+                       f" +{cpu[2] * 100:.0f}% wait")
+        rows.append(row)
+    notes = [line for r in results for line in verdicts(r)]
+    return "\n".join([common.render_table(headers, rows), "", *notes])
+
+
+@click.command()
+@click.option("--addr", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True, help="PHPMQ server HOST:PORT.")
+@click.option("--scenario", "scenarios", multiple=True, type=click.Choice([*SCENARIOS, "all"]),
+              help="Scenario to run (repeatable; default all).")
+@click.option("--producers", type=click.IntRange(min=1), default=DEFAULT_PRODUCERS, show_default=True,
+              help="Producer connections (one process each).")
+@click.option("--consumers", type=click.IntRange(min=1), default=DEFAULT_CONSUMERS, show_default=True,
+              help="Consumer connections (one process each).")
+@click.option("--messages", type=click.IntRange(min=1), default=DEFAULT_MESSAGES, show_default=True,
+              help="Messages per producer in the throughput scenario.")
+@click.option("--latency-messages", type=click.IntRange(min=1), default=DEFAULT_LATENCY_MESSAGES, show_default=True,
+              help="Messages per producer in the latency scenario.")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0.00001), default=DEFAULT_INTERVAL_S,
+              show_default=True, help="Seconds between two messages of a producer in the latency scenario.")
+@click.option("--window", type=click.IntRange(min=1), default=DEFAULT_WINDOW, show_default=True,
+              help="Each consumer's window (002's count).")
+@click.option("--size", type=click.IntRange(min=STAMP_DIGITS), default=DEFAULT_SIZE, show_default=True,
+              help="Content bytes.")
+@click.option("--server-pid", type=int, default=None, help="The server's PID: report its CPU (Linux /proc).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress line on stderr.")
+def command(addr: str, scenarios: tuple[str, ...], producers: int, consumers: int, messages: int,
+            latency_messages: int, interval_s: float, window: int, size: int, server_pid: int | None, as_json: bool,
+            progress: bool) -> None:
+    """Measure a PHPMQ server: throughput end to end, and latency at light load."""
+    chosen = SCENARIOS if not scenarios or "all" in scenarios else tuple(dict.fromkeys(scenarios))
+    opts = Options(common.parse_address(addr, "127.0.0.1"), chosen, producers, consumers, messages,
+                   latency_messages, interval_s, window, size, server_pid, progress)
+    try:
+        results = [run_scenario(name, opts) for name in opts.scenarios]
+    except (OSError, common.WorkerFailed) as error:
+        raise click.ClickException(f"the benchmark failed against {addr}: {error}") from None
+    if as_json:
+        click.echo(json.dumps([attrs.asdict(r) for r in results], default=str, indent=2))
+    else:
+        click.echo(render(results, server_pid is not None))
