@@ -114,7 +114,8 @@ def _running(server: Server, nsq_bin: Path, polymq_cmd: Sequence[str]) -> Iterat
                 f"--http-address=127.0.0.1:{http}", *server.args]
     else:
         argv = [*polymq_cmd, "serve", "--data-dir", str(data / "data"), "--nsq-tcp-port", str(tcp),
-                "--nsq-http-port", str(http), "--mqks-port", "-1", "--phpmq-port", "-1", *server.args]
+                "--nsq-http-port", str(http), "--mqks-port", "-1", "--phpmq-port", "-1",
+                "--phpmq-console-port", "-1", *server.args]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_accepting(tcp, process)

@@ -37,8 +37,9 @@ DEFAULT_NSQ_TCP_PORT = 4150
 DEFAULT_NSQ_HTTP_PORT = 4151
 # The original MQKS's first worker: a one-worker deployment listens on 25000.
 DEFAULT_MQKS_PORT = 25000
-# The original PHPMQ server's message-queue port (its config/phpmq.default.xml).
+# The original PHPMQ server's message-queue port and maintenance console (its config/phpmq.default.xml).
 DEFAULT_PHPMQ_PORT = 9100
+DEFAULT_PHPMQ_CONSOLE_PORT = 9101
 # A listener's port: 0 lets the OS choose a free one, -1 turns the listener off.
 PORT = click.IntRange(min=-1, max=65535)
 ENV_PREFIX = "POLYMQ_"
@@ -184,6 +185,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("phpmq.max_attempts", "--phpmq-max-attempts", click.IntRange(min=0), 0,
            "Deliveries after which a message that comes back again goes to the dead-letter queue "
            "<queue>.dead (0 = no limit); set on the queues PHPMQ creates."),
+    Option("phpmq.console_port", "--phpmq-console-port", PORT, DEFAULT_PHPMQ_CONSOLE_PORT,
+           "PHPMQ maintenance console TCP port (0 = any free, -1 = off)."),
+    Option("phpmq.console_bind", "--phpmq-console-bind", click.STRING, DEFAULT_BIND,
+           "Address the maintenance console binds to, whatever --bind says (loopback by default: its "
+           "flush commands delete messages)."),
+    Option("phpmq.console_destructive", "--phpmq-console-destructive/--no-phpmq-console-destructive", click.BOOL,
+           True, "Allow the console's flush and flushall (each asks for a yes first)."),
     # logs
     Option("log.level", "--log-level", click.Choice(["debug", "info", "warning", "error"]), "info",
            "Least severe log lines written."),
@@ -261,6 +269,9 @@ class PHPMQConfig:
     generation: str = "pinned"
     ack_timeout_ms: int = 0
     max_attempts: int = 0
+    console_port: int = DEFAULT_PHPMQ_CONSOLE_PORT
+    console_bind: str = DEFAULT_BIND
+    console_destructive: bool = True
 
     def limits(self) -> PHPMQLimits:
         return PHPMQLimits(max_content=self.max_content, max_window=self.max_window,
@@ -285,14 +296,19 @@ class Config:
     log: LogConfig = attrs.field(factory=LogConfig)
 
     def port(self, listener: str) -> int | None:
-        """The port of listener `nsq-tcp`, `nsq-http`, `mqks` or `phpmq`; None when it is off."""
+        """The port of listener `nsq-tcp`, `nsq-http`, `mqks`, `phpmq` or `phpmq-console`; None when off."""
         port, enabled = {
             "nsq-tcp": (self.nsq.tcp_port, self.nsq.enabled),
             "nsq-http": (self.nsq.http_port, self.nsq.enabled),
             "mqks": (self.mqks.port, self.mqks.enabled),
             "phpmq": (self.phpmq.port, self.phpmq.enabled),
+            "phpmq-console": (self.phpmq.console_port, self.phpmq.enabled),
         }[listener]
         return port if enabled and port >= 0 else None
+
+    def host(self, listener: str) -> str:
+        """The address a listener binds to: `bind`, but the console's own for the console."""
+        return self.phpmq.console_bind if listener == "phpmq-console" else self.bind
 
 
 converter = cattrs.Converter()

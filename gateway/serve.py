@@ -30,6 +30,7 @@ import polymq
 from polymq.adapters.mqks import MQKSServer
 from polymq.adapters.nsq import NSQServer
 from polymq.adapters.phpmq import PHPMQServer
+from polymq.adapters.phpmq_console import ConsoleServer
 from polymq.adapters.transport import serve_tcp, stop_listening
 from polymq.core.clock import SystemClock
 from polymq.core.disk_storage import DiskStorage
@@ -46,7 +47,7 @@ log = logging.getLogger("polymq")
 LISTEN_BACKLOG = 1024
 # Each listener's name in the log lines and the flag that moves it.
 LISTENERS = {"nsq-tcp": "--nsq-tcp-port", "nsq-http": "--nsq-http-port", "mqks": "--mqks-port",
-             "phpmq": "--phpmq-port"}
+             "phpmq": "--phpmq-port", "phpmq-console": "--phpmq-console-port"}
 
 
 class StartupError(Exception):
@@ -182,7 +183,7 @@ def prepare(config: Config) -> Prepared:
         for name in LISTENERS:
             port = config.port(name)
             if port is not None:
-                sockets[name] = listening_socket(name, config.bind, port)
+                sockets[name] = listening_socket(name, config.host(name), port)
         storage, committer = open_storage(config)
     except BaseException:
         for sock in sockets.values():
@@ -221,6 +222,7 @@ async def run_gateway(
                     auth_http_address=config.nsq.auth_http_address)
     mqks = MQKSServer(engine, config.mqks.limits())
     phpmq = PHPMQServer(engine, config.phpmq.limits())
+    console = ConsoleServer(engine, destructive=config.phpmq.console_destructive)
     sockets = prepared.sockets
     in_flight = 0
     # Installed before any listener serves, so a signal at any moment after start-up is a clean stop.
@@ -241,8 +243,10 @@ async def run_gateway(
                 elif name == "mqks":
                     mqks.host, mqks.port = host, port
                     await nursery.start(serve_tcp, mqks.handle_connection, sock)
-                else:
+                elif name == "phpmq":
                     await nursery.start(serve_tcp, phpmq.handle_connection, sock)
+                else:
+                    await nursery.start(serve_tcp, console.handle_connection, sock)
             log.info("ready")
             task_status.started(engine)
             async for signum in signals:
@@ -255,6 +259,7 @@ async def run_gateway(
                 await nsq.shutdown()
                 await mqks.shutdown()
                 await phpmq.shutdown()
+                await console.shutdown()
                 nursery.cancel_scope.cancel()
                 break
     # Sessions are closed and their in-flight messages returned: write and fdatasync it all.

@@ -119,7 +119,8 @@ def _serve_and_stop(tmp_path: Path, *args: str) -> list[str]:
     """Runs the gateway, holds one message in flight, stops it by SIGTERM: every line it printed."""
     process = subprocess.Popen(
         [sys.executable, "-m", "polymq", "serve", "--data-dir", str(tmp_path / "data"), "--nsq-tcp-port", "0",
-         "--nsq-http-port", "0", "--mqks-port", "0", "--phpmq-port", "0", *args],
+         "--nsq-http-port", "0", "--mqks-port", "0", "--phpmq-port", "0",
+         "--phpmq-console-port", "0", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CLEAN_ENV)
     assert process.stdout is not None
     lines: list[str] = []

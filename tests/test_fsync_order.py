@@ -90,6 +90,7 @@ def _gateway_command(data_dir: Path, fsync: str) -> list[str]:
         "--nsq-http-port", "0",
         "--mqks-port", "-1",
         "--phpmq-port", "-1",
+        "--phpmq-console-port", "-1",
         "--data-dir", str(data_dir),
         f"--fsync={fsync}",
     ]

@@ -11,7 +11,8 @@ from pathlib import Path
 from support.gateway import running_gateway
 
 # Every listener on a free port: only the case under test may fail.
-FREE_PORTS = ("--nsq-tcp-port", "0", "--nsq-http-port", "0", "--mqks-port", "0", "--phpmq-port", "0")
+FREE_PORTS = ("--nsq-tcp-port", "0", "--nsq-http-port", "0", "--mqks-port", "0", "--phpmq-port", "0",
+              "--phpmq-console-port", "0")
 
 
 def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

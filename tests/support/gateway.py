@@ -88,6 +88,7 @@ def running_gateway(*extra_args: str, data_dir: Path | None = None) -> Iterator[
         "--nsq-http-port", "0",
         "--mqks-port", "0",
         "--phpmq-port", "0",
+        "--phpmq-console-port", "0",
     ]
     args += ["--data-dir", str(data_dir)]
     args += list(extra_args)
