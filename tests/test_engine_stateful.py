@@ -279,6 +279,28 @@ class EngineMachine(RuleBasedStateMachine):
                 assert other.requeue(message_id) is Outcome.NOT_OWNED
                 assert other.touch(message_id) is Outcome.NOT_OWNED
 
+    @precondition(has_in_flight)
+    @rule(index=st.integers(0, 100), which=st.integers(0, 100), how=st.sampled_from(["finish", "tail", "dead"]))
+    def by_id_from_any_session(self, index: int, which: int, how: str) -> None:
+        """PHPMQ's acks, requeues (005) and dead letters (006): by queue and id, whoever holds it."""
+        picked = self.pick_in_flight(index, which)
+        if picked is None:
+            return
+        consumer, message_id = picked
+        queue = consumer.queue
+        if how == "finish":
+            assert queue.finish_any(message_id) is Outcome.OK
+            self.alive[queue.name].discard(message_id)
+        elif how == "tail":
+            self.expires.pop(message_id, None)  # its new TTL: none (copies elsewhere keep theirs)
+            assert queue.requeue_to_tail(message_id, None) is Outcome.OK
+        else:
+            assert queue.dead_letter(message_id) is Outcome.OK
+            self.alive[queue.name].discard(message_id)
+        if how != "tail":  # a requeued copy may go straight back out (it is the tail, maybe also the head)
+            assert message_id not in consumer.in_flight
+            assert queue.finish_any(message_id) is Outcome.NOT_IN_FLIGHT
+
     @precondition(lambda self: self.consumers)
     @rule(index=st.integers(0, 100))
     def detach(self, index: int) -> None:
