@@ -293,8 +293,8 @@ def _innermost(error: BaseException) -> BaseException:
 def command(ctx: click.Context, debug: bool, **values: object) -> None:
     """Run the gateway with every protocol built so far, on loopback by default.
 
-    NSQ V2 on TCP 4150, the nsqd HTTP API on 4151 and MQKS on TCP 25000, stored durably under
-    --data-dir. Every option is also a POLYMQ_* variable and a key of the --config file
+    NSQ V2 on TCP 4150, the nsqd HTTP API on 4151, MQKS on TCP 25000, PHPMQ on TCP 9100 and its
+    maintenance console on 9101, stored durably under --data-dir. Every option is also a POLYMQ_* variable and a key of the --config file
     (`polymq config --show` prints them all).
     """
     config = from_command_line(ctx, values)
