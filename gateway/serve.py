@@ -294,8 +294,8 @@ def command(ctx: click.Context, debug: bool, **values: object) -> None:
     """Run the gateway with every protocol built so far, on loopback by default.
 
     NSQ V2 on TCP 4150, the nsqd HTTP API on 4151, MQKS on TCP 25000, PHPMQ on TCP 9100 and its
-    maintenance console on 9101, stored durably under --data-dir. Every option is also a POLYMQ_* variable and a key of the --config file
-    (`polymq config --show` prints them all).
+    maintenance console on 9101, stored durably under --data-dir. Every option is also a POLYMQ_*
+    variable and a key of the --config file (`polymq config --show` prints them all).
     """
     config = from_command_line(ctx, values)
     logs.configure(config.log.level, config.log.format)
