@@ -21,6 +21,7 @@ Removals (finished segments, deleted queues) run in the thread after the sync th
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import queue
@@ -170,6 +171,7 @@ class AioSyncs:
         self._pending: dict[int, tuple[SyncJob, list[int]]] = {}  # gen -> (job, directory fds opened)
         self._left: dict[int, int] = {}  # gen -> its kernel fdatasyncs not reaped yet
         self._by_thread: set[int] = set()  # gens the thread runs whole (their AIO parts are ignored)
+        self._refused = False  # the kernel refused an fdatasync (not for lack of room): AIO is not used again
 
     def submit(self, job: SyncJob) -> None:
         self._order.append(job)
@@ -180,13 +182,15 @@ class AioSyncs:
         dir_fds = [fd for fd in map(open_dir, job.dirs) if fd is not None]
         fds = job.fds + dir_fds
         self._pending[gen] = (job, dir_fds)
-        if len(fds) > AIO_MAX_FILES_PER_JOB or self.aio.in_flight + len(fds) > self.aio.depth:
+        if self._refused or len(fds) > AIO_MAX_FILES_PER_JOB or self.aio.in_flight + len(fds) > self.aio.depth:
             self._to_thread(job)
             return
         try:
             self.aio.submit(fds, gen)
         except SubmitError as error:
-            log.warning("io_submit refused an fdatasync (%s); running it in a thread", error.strerror)
+            if error.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):  # it cannot here: the thread from now on
+                self._refused = True
+                log.warning("io_submit refused an fdatasync (%s); fdatasync in a thread from now on", error.strerror)
             if error.submitted:
                 self._left[gen] = error.submitted
             self._to_thread(job)

@@ -267,6 +267,7 @@ async def test_aio_syncs_fail_a_job_whose_fdatasync_fails_and_remove_after_the_s
         first, second = await _reports(syncs, 2)
         assert isinstance(first.error, OSError) and first.error.errno == errno.EBADF
         assert second.error is None
+        assert not syncs._refused, "a bad descriptor says nothing about AIO"
     finally:
         syncs.stop()  # the removals ran in the thread before it stopped
         os.close(kept_fd)
@@ -315,3 +316,24 @@ async def test_writes_no_acknowledgement_waits_for_are_synced_soon_by_the_commit
                 await trio.sleep(0.005)
         nursery.cancel_scope.cancel()
     await commit.flush()
+
+
+async def test_aio_syncs_fall_back_to_the_thread_for_good_when_the_kernel_cannot(tmp_path: Path) -> None:
+    """A file without fdatasync through AIO (a pipe stands in for such a file system): that job and
+    every later one run in the thread, and all are still reported in order."""
+    syncs = AioSyncs(AioFsync())
+    read_end, write_end = os.pipe()
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        syncs.submit(SyncJob(fds=[write_end], paths=[tmp_path / "pipe"], gen=1))
+        assert syncs._refused
+        syncs.submit(SyncJob(fds=[fd], paths=[path], gen=2))
+        assert syncs.aio.in_flight == 0, "the later job went to the thread too"
+        first, second = await _reports(syncs, 2)
+        assert isinstance(first.error, OSError) and first.error.errno == errno.EINVAL
+        assert second.error is None and (first.gen, second.gen) == (1, 2)
+    finally:
+        syncs.stop()
+        for descriptor in (read_end, write_end, fd):
+            os.close(descriptor)
