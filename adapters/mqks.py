@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 
 from polymq.adapters import mqks_stats
-from polymq.adapters.session import StreamSession
+from polymq.adapters.session import Listener, StreamSession
 from polymq.adapters.transport import Transport
 from polymq.codecs import mqks
 from polymq.core.engine import Consumer, Engine, Message, Queue
@@ -105,14 +105,16 @@ class MQKSConsumer:
         return len(self.unacked) + sum(map(len, self.duplicates.values()))
 
 
-class MQKSServer:
+class MQKSServer(Listener):
     """Everything the MQKS listener shares: the engine, the consumers by id and by queue, counters."""
 
+    log = log
+
     def __init__(self, engine: Engine, limits: MQKSLimits | None = None, *, rng: random.Random | None = None) -> None:
+        super().__init__()
         self.engine = engine
         self.limits = limits or MQKSLimits()
         self.rng = rng or random.Random()
-        self.sessions: set[MQKSSession] = set()
         self.consumers: dict[str, MQKSConsumer] = {}
         self.consumers_by_queue: dict[str, dict[str, MQKSConsumer]] = {}
         # Events bound by `rebind` to a queue no one has consumed yet (no engine queue: what is
@@ -127,20 +129,8 @@ class MQKSServer:
         self.queued = 0
         self.consumed = 0
 
-    async def handle_connection(self, transport: Transport) -> None:
-        session = MQKSSession(self, transport)
-        self.sessions.add(session)
-        try:
-            await session.run()
-        except Exception:
-            # A bug in one session must not end the accept loop, i.e. the whole gateway.
-            log.exception("%s: session failed", transport.peer)
-        finally:
-            self.sessions.discard(session)
-
-    async def shutdown(self) -> None:
-        for session in list(self.sessions):
-            session.close()
+    def new_session(self, transport: Transport) -> MQKSSession:
+        return MQKSSession(self, transport)
 
     def new_error_id(self) -> str:
         return mqks.error_id(datetime.datetime.now(datetime.UTC), self.rng)

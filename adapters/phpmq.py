@@ -25,8 +25,8 @@ from typing import Any
 
 import attrs
 
-from polymq.adapters.session import StreamSession
-from polymq.adapters.transport import SocketTransport, Transport
+from polymq.adapters.session import Listener, StreamSession
+from polymq.adapters.transport import Transport
 from polymq.codecs import phpmq
 from polymq.core.engine import MAX_ATTEMPTS_OPTION, Consumer, Engine, Message, Queue
 
@@ -50,28 +50,18 @@ class PHPMQLimits:
     max_attempts: int = 0
 
 
-class PHPMQServer:
+class PHPMQServer(Listener):
     """Everything the PHPMQ listener shares: the engine, limits, the sessions."""
 
+    log = log
+
     def __init__(self, engine: Engine, limits: PHPMQLimits | None = None) -> None:
+        super().__init__()
         self.engine = engine
         self.limits = limits or PHPMQLimits()
-        self.sessions: set[PHPMQSession] = set()
 
-    async def handle_connection(self, transport: SocketTransport) -> None:
-        session = PHPMQSession(self, transport)
-        self.sessions.add(session)
-        try:
-            await session.run()
-        except Exception:
-            # A bug in one session must not end the accept loop, i.e. the whole gateway.
-            log.exception("%s: session failed", session.peer)
-        finally:
-            self.sessions.discard(session)
-
-    async def shutdown(self) -> None:
-        for session in list(self.sessions):
-            session.close()
+    def new_session(self, transport: Transport) -> PHPMQSession:
+        return PHPMQSession(self, transport)
 
     def queue(self, name: str) -> Queue:
         """Queue `name`, bound to topic `name`, made (with this listener's max_attempts) if missing."""

@@ -14,8 +14,8 @@ import datetime
 import logging
 from collections.abc import Callable
 
-from polymq.adapters.session import StreamSession
-from polymq.adapters.transport import SocketTransport, Transport
+from polymq.adapters.session import Listener, StreamSession
+from polymq.adapters.transport import Transport
 from polymq.core.engine import Engine, Queue
 from polymq.core.timers import Timer
 
@@ -43,25 +43,16 @@ HELP = {
 }
 
 
-class ConsoleServer:
+class ConsoleServer(Listener):
+    log = log
+
     def __init__(self, engine: Engine, *, destructive: bool = True) -> None:
+        super().__init__()
         self.engine = engine
         self.destructive = destructive
-        self.sessions: set[ConsoleSession] = set()
 
-    async def handle_connection(self, transport: SocketTransport) -> None:
-        session = ConsoleSession(self, transport)
-        self.sessions.add(session)
-        try:
-            await session.run()
-        except Exception:
-            log.exception("%s: console session failed", session.peer)
-        finally:
-            self.sessions.discard(session)
-
-    async def shutdown(self) -> None:
-        for session in list(self.sessions):
-            session.close()
+    def new_session(self, transport: Transport) -> ConsoleSession:
+        return ConsoleSession(self, transport)
 
 
 def _counts(queue: Queue) -> tuple[int, int, int, int, int]:

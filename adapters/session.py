@@ -19,7 +19,7 @@ import logging
 
 import trio
 
-from polymq.adapters.transport import Transport
+from polymq.adapters.transport import SocketTransport, Transport
 from polymq.core.engine import Engine
 
 # How much one read asks the socket for: large enough for a batch of requests in a few reads,
@@ -168,3 +168,31 @@ class StreamSession:
                 await self._drained.wait()
             if self.out:
                 await self._flush()
+
+
+class Listener:
+    """The sessions of one listener: runs each, forgets it when it ends, closes them all at shutdown."""
+
+    log = logging.getLogger("polymq.session")
+
+    def __init__(self) -> None:
+        self.sessions: set[StreamSession] = set()
+
+    def new_session(self, transport: Transport) -> StreamSession:
+        raise NotImplementedError
+
+    async def handle_connection(self, transport: SocketTransport) -> None:
+        session = self.new_session(transport)
+        self.sessions.add(session)
+        try:
+            await session.run()
+        except Exception:
+            # A bug in one session must not end the accept loop, i.e. the whole gateway.
+            self.log.exception("%s: session failed", transport.peer)
+        finally:
+            self.sessions.discard(session)
+
+    async def shutdown(self) -> None:
+        for session in list(self.sessions):
+            session.close()
+

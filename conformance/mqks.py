@@ -35,7 +35,7 @@ import click
 
 from polymq.codecs import mqks_client as mc
 from polymq.codecs.mqks import ALL_FLAG, ID_LENGTH, MANUAL_ACK_FLAG, NO_ID, WHEN_UNUSED_FLAG
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
+from polymq.conformance.runner import CheckFailed, Registry, parse_address, recv_before, run_checks
 
 # ---------------------------------------------------------------------------------------------
 # What the original does (docs/protocols/mqks.md)
@@ -65,8 +65,6 @@ CLOCK_SKEW_S = 60.0
 CLEANUP_TIMEOUT_S = 2.0
 # Messages published in the competing-consumers check (enough that both consumers are tried).
 COMPETING_MESSAGES = 10
-# Read size for socket reads (any value works; lines are reassembled by LineReader).
-RECV_SIZE = 65536
 
 
 class Closed(Exception):
@@ -118,16 +116,12 @@ class Conn:
 
     def recv_once(self, deadline: float) -> bool:
         """One read into the line buffer; False when the deadline passed first. Raises Closed."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        self.sock.settimeout(remaining)
         try:
-            data = self.sock.recv(RECV_SIZE)
-        except TimeoutError:
-            return False
+            data = recv_before(self.sock, deadline)
         except OSError as exc:
             raise Closed(str(exc)) from exc
+        if data is None:
+            return False
         if not data:
             raise Closed("connection closed")
         try:

@@ -49,7 +49,7 @@ from polymq.codecs.nsq import (
     MSG_ID_LENGTH,
     OK,
 )
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
+from polymq.conformance.runner import CheckFailed, Registry, parse_address, recv_before, run_checks
 
 # ---------------------------------------------------------------------------------------------
 # What nsqd v1.3.0 does with default options (docs/protocols/nsq.md)
@@ -122,8 +122,6 @@ CLOCK_SKEW_S = 60.0
 DEFAULT_TIMEOUT_S = 5.0
 # Cleanup must not make a run slow when the HTTP side is broken.
 CLEANUP_TIMEOUT_S = 2.0
-# Read size for socket reads (any value works; frames are reassembled by FrameReader).
-RECV_SIZE = 65536
 
 _HEX_ID = re.compile(rb"^[0-9a-f]{16}$")
 _UNKNOWN_ID = b"0123456789abcdef"  # a well-formed id that no server has in flight
@@ -196,16 +194,12 @@ class Conn:
 
     def _recv(self, deadline: float) -> bool:
         """One read into the raw buffer; False when the deadline passed first."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        self.sock.settimeout(remaining)
         try:
-            data = self.sock.recv(RECV_SIZE)
-        except TimeoutError:
-            return False
+            data = recv_before(self.sock, deadline)
         except OSError as exc:  # a reset after the server closed with our bytes unread
             raise Closed(str(exc)) from exc
+        if data is None:
+            return False
         if not data:
             raise Closed("connection closed")
         self._raw += data

@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager, contextmanager
 import click
 
 from polymq.codecs import phpmq
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
+from polymq.conformance.runner import CheckFailed, Registry, parse_address, recv_before, run_checks
 
 # The original's message-queue port (its config/phpmq.default.xml).
 DEFAULT_ADDRESS = "127.0.0.1:9100"
@@ -38,7 +38,6 @@ DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_QUIET_S = 0.8
 # A large content, to check that contents of any length pass whole.
 LARGE_CONTENT = 1024 * 1024
-RECV_SIZE = 65536
 
 
 class Conn:
@@ -68,16 +67,12 @@ class Conn:
 
     def _read(self, deadline: float) -> bool:
         """One read; False when the deadline passed first. Raises CheckFailed if the server closed."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        self.sock.settimeout(remaining)
         try:
-            data = self.sock.recv(RECV_SIZE)
-        except TimeoutError:
-            return False
+            data = recv_before(self.sock, deadline)
         except OSError as exc:
             raise CheckFailed(f"{self.label}: the connection failed", got=str(exc)) from exc
+        if data is None:
+            return False
         if not data:
             raise CheckFailed(f"{self.label}: the server closed the connection")
         self.raw += data
@@ -108,16 +103,15 @@ class Conn:
 
     def closed_by_server(self) -> bool:
         deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+        while True:
             try:
-                if not self.sock.recv(RECV_SIZE):
-                    return True
-            except TimeoutError:
-                return False
+                data = recv_before(self.sock, deadline)
             except OSError:
+                return True  # reset
+            if data is None:
+                return False
+            if not data:
                 return True
-        return False
 
 
 class Target:

@@ -9,6 +9,7 @@ Output is one line per check, `PASS name` or `FAIL name: reason (expected …, g
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -135,3 +136,21 @@ def parse_address(text: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise click.BadParameter(f"{text!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+# Bytes one socket read asks for in the suites (any value works: they reassemble their frames).
+RECV_SIZE = 65536
+
+
+def recv_before(sock: socket.socket, deadline: float) -> bytes | None:
+    """One read from a blocking socket: its bytes (b"" once the server closed), or None when the
+    deadline (time.monotonic) passed first. Errors of the connection (a reset) are raised."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return None
+    sock.settimeout(remaining)
+    try:
+        return sock.recv(RECV_SIZE)
+    except TimeoutError:
+        return None
+
