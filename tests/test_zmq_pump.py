@@ -1,0 +1,166 @@
+"""ZeroMQ inside trio (adapters/zmq_pump.py): the corners of an edge-triggered descriptor, with real
+sockets over TCP on 127.0.0.1: messages that were waiting before the pump started, sends that
+make the socket readable, a peer gone in the middle of a message, and a peer that reads slowly."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import trio
+import zmq
+
+from polymq.adapters.zmq_pump import ZmqPump
+
+DEADLINE_S = 5.0
+
+
+def router(context: zmq.Context) -> tuple[zmq.Socket, str]:
+    sock = context.socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    return sock, f"tcp://127.0.0.1:{port}"
+
+
+def dealer(context: zmq.Context, endpoint: str) -> zmq.Socket:
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
+
+
+async def test_messages_waiting_before_the_pump_starts_are_read_without_a_new_edge() -> None:
+    with zmq.Context() as context:
+        server, endpoint = router(context)
+        client = dealer(context, endpoint)
+        for number in range(100):
+            client.send_multipart([b"m%d" % number])
+        # Wait until they are all in: polling EVENTS also consumes the descriptor's edge, so the
+        # pump starts with messages waiting and nothing to wake it.
+        deadline = time.monotonic() + DEADLINE_S
+        while not server.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        time.sleep(0.05)
+        got: list[list[bytes]] = []
+        pump = ZmqPump(server, got.extend)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.run)
+            with trio.fail_after(DEADLINE_S):
+                while len(got) < 100:
+                    await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+        assert [frames[1] for frames in got] == [b"m%d" % number for number in range(100)]
+        client.close()
+        pump.close()
+
+
+async def test_replies_sent_from_the_callback_keep_the_pump_reading() -> None:
+    """An echo server: each send may eat the edge that announced the next request."""
+    with zmq.Context() as context:
+        server, endpoint = router(context)
+        pump: ZmqPump
+
+        def echo(messages: list[list[bytes]]) -> None:
+            for frames in messages:
+                pump.send(frames)
+
+        pump = ZmqPump(server, echo)
+        clients = [dealer(context, endpoint) for _ in range(3)]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.run)
+
+            async def ping_pong(client: zmq.Socket, name: bytes) -> None:
+                for number in range(300):
+                    client.send_multipart([name, b"%d" % number])
+                    with trio.fail_after(DEADLINE_S):
+                        while not client.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                            await trio.sleep(0)
+                    assert client.recv_multipart() == [name, b"%d" % number]
+
+            async with trio.open_nursery() as clients_nursery:
+                for index, client in enumerate(clients):
+                    clients_nursery.start_soon(ping_pong, client, b"c%d" % index)
+            nursery.cancel_scope.cancel()
+        assert pump.received == pump.sent == 900
+        for client in clients:
+            client.close()
+        pump.close()
+
+
+def _zmtp_greeting() -> bytes:
+    """ZMTP 3.0, NULL mechanism, as a client (RFC 23)."""
+    return b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
+
+
+def _zmtp_command(name: bytes, body: bytes) -> bytes:
+    payload = bytes([len(name)]) + name + body
+    return b"\x04" + bytes([len(payload)]) + payload
+
+
+async def test_a_peer_gone_in_the_middle_of_a_message_costs_nothing_else() -> None:
+    with zmq.Context() as context:
+        server, endpoint = router(context)
+        got: list[list[bytes]] = []
+        pump = ZmqPump(server, got.extend)
+        host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.run)
+            # A raw peer: greeting, READY as a DEALER, then one frame with MORE set, and gone.
+            raw = socket.create_connection((host, int(port)))
+            raw.sendall(_zmtp_greeting())
+            socket_type = b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+            raw.sendall(_zmtp_command(b"READY", socket_type))
+            raw.sendall(b"\x01\x05first")  # MORE: the rest never comes
+            raw.close()
+            client = dealer(context, endpoint)
+            client.send_multipart([b"whole", b"message"])
+            with trio.fail_after(DEADLINE_S):
+                while not got:
+                    await trio.sleep(0.001)
+            await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        assert [frames[1:] for frames in got] == [[b"whole", b"message"]]
+        client.close()
+        pump.close()
+
+
+async def test_a_slow_reader_gets_everything_in_order_once_it_reads() -> None:
+    """More than the high-water mark queued for a peer: the pump holds the rest until it can send."""
+    with zmq.Context() as context:
+        server = context.socket(zmq.DEALER)
+        server.setsockopt(zmq.SNDHWM, 10)
+        port = server.bind_to_random_port("tcp://127.0.0.1")
+        pump = ZmqPump(server, lambda _messages: None)
+        reader = context.socket(zmq.DEALER)
+        reader.setsockopt(zmq.RCVHWM, 10)
+        reader.connect(f"tcp://127.0.0.1:{port}")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.run)
+            filler = b"x" * 16384  # enough to fill the kernel's socket buffers too
+            for number in range(2000):
+                pump.send([b"%d" % number, filler])
+            await trio.sleep(0.1)
+            assert pump.outgoing, "the peer has not read: most of it waits in the pump"
+            got = []
+            with trio.fail_after(DEADLINE_S):
+                while len(got) < 2000:
+                    while reader.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        got.append(reader.recv_multipart()[0])
+                    await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+        assert got == [b"%d" % number for number in range(2000)] and not pump.outgoing
+        reader.close(linger=0)
+        pump.close()
+
+
+async def test_close_ends_the_pump() -> None:
+    with zmq.Context() as context:
+        server, _ = router(context)
+        pump = ZmqPump(server, lambda _messages: None)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.run)
+            await trio.sleep(0.01)
+            with trio.fail_after(DEADLINE_S):
+                pump.close()
+                # the nursery ends only when `run` returned
