@@ -35,6 +35,7 @@ class ZmqPump:
         self._waiting: trio.CancelScope | None = None
         self.received = 0
         self.sent = 0
+        self.unroutable = 0  # messages for a peer that had gone (ROUTER_MANDATORY)
 
     def send(self, frames: Sequence[bytes]) -> None:
         """Queue a multipart message; the pump sends it as soon as the socket takes it (in order)."""
@@ -64,6 +65,10 @@ class ZmqPump:
                 sock.send_multipart(outgoing[0], zmq.NOBLOCK)
             except zmq.Again:
                 break
+            except zmq.ZMQError as error:
+                if error.errno != zmq.EHOSTUNREACH:
+                    raise
+                self.unroutable += 1  # a ROUTER_MANDATORY socket's peer is gone: nobody to tell
             outgoing.popleft()
             self.sent += 1
             sent = True

@@ -152,6 +152,10 @@ class OwnerLog:
             self._active_path = (segment, path)
         return path
 
+    def bytes_on_disk(self) -> int:
+        """The bytes of this log's records written to its segment files."""
+        return sum(self.flushed.values())
+
     def is_blank(self) -> bool:
         """Nothing was ever added or reported: a log that can be swapped for another."""
         return (self.segment == 0 and self.next_index == 0 and not self.pending and not self.spilled
@@ -623,6 +627,7 @@ class DiskStorage:
         self.failure: str | None = None  # the last commit's error, None once a commit succeeds
         self.on_work: Callable[[], None] | None = None  # the committer's wake-up
         self._held = 0  # `hold_work` calls not yet released
+        self.syncs = 0  # fdatasync jobs that ended (a merged job counts once)
         # Sync jobs that may run at once (the committer's driver says; one for a thread that merges them).
         self.max_syncs_in_flight = 1
         # Called when a write follows a sync: the committer then times the next one (`fsync_due`).
@@ -828,6 +833,8 @@ class DiskStorage:
     def sync_done(self, job: SyncJob) -> None:
         """Back on the loop after a sync job (and every job before it): release the callbacks it covers."""
         self.files.sync_finished(job)
+        if job.fsync and job.fds:
+            self.syncs += 1
         self._synced_gen = max(self._synced_gen, job.gen)
         if job.error is not None:
             self._unsynced = True

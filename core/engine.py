@@ -69,7 +69,7 @@ class Consumer:
 
     __slots__ = ("auto_ack", "closed", "credit", "deliver", "finish_count", "in_flight", "in_ring",
                  "max_msg_timeout", "message_count", "mode", "msg_timeout", "on_close", "outstanding",
-                 "queue", "requeue_count", "sample_rate", "tag", "timeout_count", "timer")
+                 "queue", "requeue_count", "retry_first", "sample_rate", "tag", "timeout_count", "timer")
 
     def __init__(
         self,
@@ -84,8 +84,12 @@ class Consumer:
         sample_rate: int,
         on_close: Callable[[str], None] | None,
         tag: Any,
+        retry_first: bool = False,
     ) -> None:
         self.queue = queue
+        # Its timed-out and requeued messages go back to the front of the queue, to be tried
+        # first (PZQ's order), instead of the tail (nsqd's).
+        self.retry_first = retry_first
         self.deliver = deliver
         self.credit = credit
         self.mode = mode
@@ -388,7 +392,7 @@ class Queue:
             return message
         consumer.requeue_count += 1
         self.requeue_count += 1
-        self._return(message, delay)
+        self._return(message, delay, front=consumer.retry_first)
         self._consumer_changed(consumer)
         if self.ready and self.ring and not self.paused:
             # The requeuing consumer may have no credit left (RDY 0 then REQ): others may take it.
@@ -524,7 +528,9 @@ class Queue:
             message.deadline = None
             consumer.timeout_count += 1
             self.timeout_count += 1
-            self._return(message)
+        # In the order they were delivered: at the front, that is back to front.
+        for message in reversed(expired) if consumer.retry_first else expired:
+            self._return(message, front=consumer.retry_first)
         if in_flight:
             head = next(iter(in_flight.values()))
             if head.deadline is not None:
@@ -921,11 +927,12 @@ class Engine:
         sample_rate: int = 0,
         on_close: Callable[[str], None] | None = None,
         tag: Any = None,
+        retry_first: bool = False,
     ) -> Consumer:
         queue = self.queues[queue_name]
         consumer = Consumer(queue, deliver, credit=credit, mode=mode, auto_ack=auto_ack,
                             msg_timeout=msg_timeout, max_msg_timeout=max_msg_timeout,
-                            sample_rate=sample_rate, on_close=on_close, tag=tag)
+                            sample_rate=sample_rate, on_close=on_close, tag=tag, retry_first=retry_first)
         queue._attach(consumer)
         return consumer
 

@@ -63,6 +63,8 @@ class OwnerLog(Protocol):
 
     def read(self, count: int) -> list[Message]: ...
 
+    def bytes_on_disk(self) -> int: ...
+
 
 @attrs.frozen(slots=True)
 class TopicRecord:
@@ -95,6 +97,8 @@ class Storage(Protocol):
     mem_queue_size: int
     # Why the last commit failed (publishes fail while it is set), or None.
     failure: str | None
+    # fdatasyncs run so far.
+    syncs: int
 
     def load(self, ids: IdSource) -> Snapshot: ...
 
@@ -143,6 +147,7 @@ class MemoryStorage:
     persistent = False
     mem_queue_size = 0  # unused: nothing is ever spilled without a disk
     failure: str | None = None
+    syncs = 0
 
     def load(self, ids: IdSource) -> Snapshot:
         return Snapshot()

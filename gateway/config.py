@@ -25,6 +25,7 @@ from click.core import ParameterSource
 
 from polymq.adapters.mqks import MQKSLimits
 from polymq.adapters.phpmq import PHPMQLimits
+from polymq.adapters.pzq import DEFAULT_ACK_TIMEOUT_S, DEFAULT_MAX_MESSAGE, DEFAULT_WINDOW, PZQLimits
 from polymq.codecs.mqks import MAX_LINE_LENGTH as MQKS_MAX_LINE_LENGTH
 from polymq.codecs.nsq import ServerLimits
 from polymq.codecs.phpmq import MAX_CONTENT as PHPMQ_MAX_CONTENT
@@ -40,6 +41,10 @@ DEFAULT_MQKS_PORT = 25000
 # The original PHPMQ server's message-queue port and maintenance console (its config/phpmq.default.xml).
 DEFAULT_PHPMQ_PORT = 9100
 DEFAULT_PHPMQ_CONSOLE_PORT = 9101
+# The ports PZQ deployments use for its receive, send and monitor sockets.
+DEFAULT_PZQ_RECEIVE_PORT = 11131
+DEFAULT_PZQ_SEND_PORT = 11132
+DEFAULT_PZQ_MONITOR_PORT = 11133
 # A listener's port: 0 lets the OS choose a free one, -1 turns the listener off.
 PORT = click.IntRange(min=-1, max=65535)
 ENV_PREFIX = "POLYMQ_"
@@ -192,6 +197,23 @@ OPTIONS: tuple[Option, ...] = (
            "flush commands delete messages)."),
     Option("phpmq.console_destructive", "--phpmq-console-destructive/--no-phpmq-console-destructive", click.BOOL,
            True, "Allow the console's flush and flushall (each asks for a yes first)."),
+    # PZQ
+    Option("pzq.enabled", "--pzq/--no-pzq", click.BOOL, True, "Serve PZQ (ZeroMQ)."),
+    Option("pzq.receive_port", "--pzq-receive-port", PORT, DEFAULT_PZQ_RECEIVE_PORT,
+           "PZQ receive socket (producers' DEALERs connect) TCP port (0 = any free, -1 = off)."),
+    Option("pzq.send_port", "--pzq-send-port", PORT, DEFAULT_PZQ_SEND_PORT,
+           "PZQ send socket (consumers' ROUTERs connect) TCP port (0 = any free, -1 = off)."),
+    Option("pzq.monitor_port", "--pzq-monitor-port", PORT, DEFAULT_PZQ_MONITOR_PORT,
+           "PZQ monitor socket (REQ clients ask MONITOR) TCP port (0 = any free, -1 = off)."),
+    Option("pzq.queue", "--pzq-queue", click.STRING, "pzq",
+           "The queue (and topic) PZQ producers publish to and PZQ consumers read."),
+    Option("pzq.ack_timeout_ms", "--pzq-ack-timeout", click.IntRange(min=1), int(DEFAULT_ACK_TIMEOUT_S * 1000),
+           "Time a PZQ consumer has to ACK a delivery before it is sent again, in ms (the original's "
+           "--ack-timeout, 5 s)."),
+    Option("pzq.window", "--pzq-window", click.IntRange(min=1), DEFAULT_WINDOW,
+           "Deliveries each connected PZQ consumer may hold unacknowledged."),
+    Option("pzq.max_message", "--pzq-max-message", click.IntRange(min=1), DEFAULT_MAX_MESSAGE,
+           "Largest producer message (all its frames) in bytes; ZeroMQ drops a larger one as it arrives."),
     # logs
     Option("log.level", "--log-level", click.Choice(["debug", "info", "warning", "error"]), "info",
            "Least severe log lines written."),
@@ -199,7 +221,7 @@ OPTIONS: tuple[Option, ...] = (
            "text: one line per record for people; json: one JSON object per line for machines."),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
-SECTIONS = ("", "storage", "nsq", "mqks", "phpmq", "log")
+SECTIONS = ("", "storage", "nsq", "mqks", "phpmq", "pzq", "log")
 
 
 @attrs.frozen
@@ -281,6 +303,22 @@ class PHPMQConfig:
 
 
 @attrs.frozen
+class PZQConfig:
+    enabled: bool = True
+    receive_port: int = DEFAULT_PZQ_RECEIVE_PORT
+    send_port: int = DEFAULT_PZQ_SEND_PORT
+    monitor_port: int = DEFAULT_PZQ_MONITOR_PORT
+    queue: str = "pzq"
+    ack_timeout_ms: int = int(DEFAULT_ACK_TIMEOUT_S * 1000)
+    window: int = DEFAULT_WINDOW
+    max_message: int = DEFAULT_MAX_MESSAGE
+
+    def limits(self) -> PZQLimits:
+        return PZQLimits(queue=self.queue, ack_timeout=self.ack_timeout_ms / 1000, window=self.window,
+                         max_message=self.max_message)
+
+
+@attrs.frozen
 class LogConfig:
     level: str = "info"
     format: str = "text"
@@ -293,16 +331,20 @@ class Config:
     nsq: NSQConfig = attrs.field(factory=NSQConfig)
     mqks: MQKSConfig = attrs.field(factory=MQKSConfig)
     phpmq: PHPMQConfig = attrs.field(factory=PHPMQConfig)
+    pzq: PZQConfig = attrs.field(factory=PZQConfig)
     log: LogConfig = attrs.field(factory=LogConfig)
 
     def port(self, listener: str) -> int | None:
-        """The port of listener `nsq-tcp`, `nsq-http`, `mqks`, `phpmq` or `phpmq-console`; None when off."""
+        """The port of a listener (`nsq-tcp`, `mqks`, `pzq-send`, …); None when it is off."""
         port, enabled = {
             "nsq-tcp": (self.nsq.tcp_port, self.nsq.enabled),
             "nsq-http": (self.nsq.http_port, self.nsq.enabled),
             "mqks": (self.mqks.port, self.mqks.enabled),
             "phpmq": (self.phpmq.port, self.phpmq.enabled),
             "phpmq-console": (self.phpmq.console_port, self.phpmq.enabled),
+            "pzq-receive": (self.pzq.receive_port, self.pzq.enabled),
+            "pzq-send": (self.pzq.send_port, self.pzq.enabled),
+            "pzq-monitor": (self.pzq.monitor_port, self.pzq.enabled),
         }[listener]
         return port if enabled and port >= 0 else None
 

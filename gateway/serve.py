@@ -15,6 +15,7 @@ import contextlib
 import errno
 import logging
 import math
+import os
 import shutil
 import signal
 import socket
@@ -25,12 +26,14 @@ from pathlib import Path
 import attrs
 import click
 import trio
+import zmq
 
 import polymq
 from polymq.adapters.mqks import MQKSServer
 from polymq.adapters.nsq import NSQServer
 from polymq.adapters.phpmq import PHPMQServer
 from polymq.adapters.phpmq_console import ConsoleServer
+from polymq.adapters.pzq import PZQServer, PZQSockets
 from polymq.adapters.transport import serve_tcp, stop_listening
 from polymq.core.clock import SystemClock
 from polymq.core.disk_storage import DiskStorage
@@ -48,6 +51,9 @@ LISTEN_BACKLOG = 1024
 # Each listener's name in the log lines and the flag that moves it.
 LISTENERS = {"nsq-tcp": "--nsq-tcp-port", "nsq-http": "--nsq-http-port", "mqks": "--mqks-port",
              "phpmq": "--phpmq-port", "phpmq-console": "--phpmq-console-port"}
+# PZQ's ZeroMQ sockets: bound by ZeroMQ, not as TCP listeners of ours.
+ZMQ_LISTENERS = {"pzq-receive": "--pzq-receive-port", "pzq-send": "--pzq-send-port",
+                 "pzq-monitor": "--pzq-monitor-port"}
 
 
 class StartupError(Exception):
@@ -63,10 +69,14 @@ class Prepared:
     storage: DiskStorage | MemoryStorage
     committer: Committer | None
     ssl_context: ssl.SSLContext | None
+    pzq_sockets: PZQSockets | None = None
+    pzq_addresses: dict[str, str] = attrs.Factory(dict)
 
     def close(self) -> None:
         for sock in self.sockets.values():
             sock.close()
+        if self.pzq_sockets is not None:
+            self.pzq_sockets.close()
         if isinstance(self.storage, DiskStorage):
             self.storage.close()
 
@@ -179,17 +189,40 @@ def prepare(config: Config) -> Prepared:
     """Binds every listener, then opens the store; on failure closes what it made and raises StartupError."""
     ssl_context = _ssl_context(config)
     sockets: dict[str, socket.socket] = {}
+    pzq_sockets: PZQSockets | None = None
+    pzq_addresses: dict[str, str] = {}
     try:
         for name in LISTENERS:
             port = config.port(name)
             if port is not None:
                 sockets[name] = listening_socket(name, config.host(name), port)
+        pzq_ports = {name: config.port(name) for name in ZMQ_LISTENERS}
+        if any(port is not None for port in pzq_ports.values()):
+            pzq_sockets, pzq_addresses = zmq_sockets(config.bind, pzq_ports, config.pzq.max_message)
         storage, committer = open_storage(config)
     except BaseException:
         for sock in sockets.values():
             sock.close()
+        if pzq_sockets is not None:
+            pzq_sockets.close()
         raise
-    return Prepared(config, sockets, storage, committer, ssl_context)
+    return Prepared(config, sockets, storage, committer, ssl_context, pzq_sockets, pzq_addresses)
+
+
+def zmq_sockets(host: str, ports: dict[str, int | None], max_message: int) -> tuple[PZQSockets, dict[str, str]]:
+    try:
+        return PZQSockets.bind(host, ports, max_message)
+    except zmq.ZMQError as error:
+        name = getattr(error, "listener", "pzq")
+        port = ports.get(name)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        flag = ZMQ_LISTENERS.get(name, "--pzq-receive-port")
+        why = os.strerror(error.errno).lower() if error.errno else str(error)
+        if error.errno == errno.EADDRINUSE:
+            hint = f"stop the process using it, or choose another port with {flag} (-1 turns {name} off)"
+        else:
+            hint = f"check --bind and {flag}"
+        raise StartupError(f"cannot listen for {name} on {address}: {why}; {hint}") from error
 
 
 def _in_flight(engine: Engine) -> int:
@@ -223,6 +256,7 @@ async def run_gateway(
     mqks = MQKSServer(engine, config.mqks.limits())
     phpmq = PHPMQServer(engine, config.phpmq.limits())
     console = ConsoleServer(engine, destructive=config.phpmq.console_destructive)
+    pzq = PZQServer(engine, prepared.pzq_sockets, config.pzq.limits()) if prepared.pzq_sockets is not None else None
     sockets = prepared.sockets
     in_flight = 0
     # Installed before any listener serves, so a signal at any moment after start-up is a clean stop.
@@ -247,6 +281,10 @@ async def run_gateway(
                     await nursery.start(serve_tcp, phpmq.handle_connection, sock)
                 else:
                     await nursery.start(serve_tcp, console.handle_connection, sock)
+            if pzq is not None:
+                for name, address in prepared.pzq_addresses.items():
+                    log.info("listening %s %s", name, address)
+                nursery.start_soon(pzq.run)
             log.info("ready")
             task_status.started(engine)
             async for signum in signals:
@@ -260,6 +298,8 @@ async def run_gateway(
                 await mqks.shutdown()
                 await phpmq.shutdown()
                 await console.shutdown()
+                if pzq is not None:
+                    pzq.shutdown()  # its in-flight deliveries go back to the queue; its sockets close
                 nursery.cancel_scope.cancel()
                 break
     # Sessions are closed and their in-flight messages returned: write and fdatasync it all.

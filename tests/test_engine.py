@@ -1454,3 +1454,20 @@ def test_an_nsq_channel_dead_letters_to_a_topic_nsq_can_subscribe_to() -> None:
     assert queue is not None and queue.dead_letter(key, "bad order") is Outcome.OK
     _, letters = sub(engine, "orders.billing.dead", "ops", credit=5)
     assert letters.bodies == [b"x"] and letters.messages[0].headers["dead_letter_reason"] == "bad order"
+
+
+def test_retry_first_puts_timed_out_and_requeued_messages_back_ahead_of_the_rest() -> None:
+    """PZQ's order: a message whose ACK did not come (or came as 0) is the next one sent."""
+    engine, clock = make()
+    engine.ensure_queue("pzq")
+    engine.bind("pzq", "pzq")
+    consumer, got = attach(engine, "pzq", credit=2, msg_timeout=5.0, retry_first=True)
+    pub(engine, "pzq", b"1", b"2", b"3", b"4")
+    assert got.bodies == [b"1", b"2"]
+    advance(engine, clock, 6)  # both timed out: back at the front, in order
+    assert got.bodies == [b"1", b"2", b"1", b"2"]
+    assert consumer.requeue(got.id_of(b"2")) is Outcome.OK  # a NACK: again at once, before 3 and 4
+    assert got.log[-1] == (b"2", 3)
+    consumer.finish(got.id_of(b"1"))
+    consumer.finish(got.id_of(b"2"))
+    assert got.bodies[-2:] == [b"3", b"4"]

@@ -91,6 +91,7 @@ def _gateway_command(data_dir: Path, fsync: str) -> list[str]:
         "--mqks-port", "-1",
         "--phpmq-port", "-1",
         "--phpmq-console-port", "-1",
+        "--no-pzq",
         "--data-dir", str(data_dir),
         f"--fsync={fsync}",
     ]

@@ -89,6 +89,9 @@ def running_gateway(*extra_args: str, data_dir: Path | None = None) -> Iterator[
         "--mqks-port", "0",
         "--phpmq-port", "0",
         "--phpmq-console-port", "0",
+        "--pzq-receive-port", "0",
+        "--pzq-send-port", "0",
+        "--pzq-monitor-port", "0",
     ]
     args += ["--data-dir", str(data_dir)]
     args += list(extra_args)

@@ -1,0 +1,287 @@
+"""PZQ over ZeroMQ: the receive ROUTER (producers), the send DEALER (consumers), the monitor ROUTER.
+
+Model (docs/architecture.md): producers publish to the topic of the configured queue name
+(`pzq` by default), whose queue `pzq` is bound to it; PZQ consumers read that queue, so they
+compete with PHPMQ consumers of the same name, and NSQ channels and MQKS queues of the topic get
+copies. Several body frames travel as one engine body (`codecs.pzq.join_frames`) and come back to
+PZQ consumers frame for frame.
+
+What polymq keeps of the original and what it fixes (docs/protocols/pzq.md):
+- A producer gets `1` only once its message is stored under `--fsync` (group commit across
+  producers), and every ACK is sent: the receive socket is ROUTER_MANDATORY, so a full pipe makes
+  the ACK wait in the pump instead of being dropped.
+- Consumers are served through one DEALER (it picks the peer, round robin) by one engine consumer
+  whose window is `window` times the connected consumers: the ACK timeout only runs for messages a
+  consumer can hold, so a slow consumer causes no redelivery storm.
+- A message whose ACK timed out, or came as anything but `1`, is sent again first (the original's
+  order). The delivery key names the delivery: a late `1` of an earlier one is ignored.
+- The monitor answers `MONITOR` with the six keys and real values, and anything else with an
+  error text instead of silence.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import attrs
+import trio
+import zmq
+import zmq.utils.monitor
+
+from polymq.adapters.zmq_pump import Frames, ZmqPump
+from polymq.codecs import pzq
+from polymq.core.engine import Consumer, Engine, Message, Outcome, Queue
+
+log = logging.getLogger("polymq.pzq")
+
+# The original's ack timeout (its --ack-timeout, 5,000,000 µs).
+DEFAULT_ACK_TIMEOUT_S = 5.0
+# Deliveries each connected consumer may hold unacknowledged (the original has no bound; see the module doc).
+DEFAULT_WINDOW = 100
+# The largest producer message (all its frames) accepted; libzmq drops a larger one as it arrives.
+DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
+# Sent to a monitor request that is not `MONITOR` (the original sends nothing and the REQ hangs).
+UNKNOWN_REQUEST = b"ERROR: unknown request, send MONITOR"
+# ZeroMQ socket monitor events of the send socket that change the number of connected consumers.
+_CONNECTED = zmq.EVENT_ACCEPTED
+_GONE = zmq.EVENT_DISCONNECTED
+
+
+@attrs.frozen
+class PZQLimits:
+    queue: str = "pzq"
+    ack_timeout: float = DEFAULT_ACK_TIMEOUT_S
+    window: int = DEFAULT_WINDOW
+    max_message: int = DEFAULT_MAX_MESSAGE
+
+
+@attrs.define
+class PZQSockets:
+    """The three bound sockets (bound before the store opens, so a start-up failure leaves nothing)."""
+
+    context: zmq.Context
+    receive: zmq.Socket | None
+    send: zmq.Socket | None
+    monitor: zmq.Socket | None
+
+    @classmethod
+    def bind(cls, host: str, ports: dict[str, int | None], max_message: int) -> tuple[PZQSockets, dict[str, str]]:
+        """Sockets for the listeners whose port is not None; their `host:port`. Raises zmq.ZMQError
+        naming nothing: the caller says which listener failed (`name` attribute on the error)."""
+        context = zmq.Context()
+        made: dict[str, zmq.Socket] = {}
+        addresses: dict[str, str] = {}
+        kinds = {"pzq-receive": zmq.ROUTER, "pzq-send": zmq.DEALER, "pzq-monitor": zmq.ROUTER}
+        try:
+            for name, kind in kinds.items():
+                port = ports.get(name)
+                if port is None:
+                    continue
+                sock = context.socket(kind)
+                made[name] = sock
+                sock.setsockopt(zmq.LINGER, 1000)  # the original's linger
+                if name == "pzq-receive":
+                    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an ACK waits at a full pipe, never dropped
+                    sock.setsockopt(zmq.MAXMSGSIZE, max_message)
+                elif name == "pzq-monitor":
+                    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                    sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024)
+                else:
+                    sock.setsockopt(zmq.MAXMSGSIZE, max_message)
+                endpoint = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+                try:
+                    if ":" in host:
+                        sock.setsockopt(zmq.IPV6, 1)
+                    sock.bind(endpoint if port else endpoint.rsplit(":", 1)[0] + ":*")
+                except zmq.ZMQError as error:
+                    error.listener = name  # type: ignore[attr-defined]
+                    raise
+                bound = sock.getsockopt(zmq.LAST_ENDPOINT).decode().removeprefix("tcp://")
+                addresses[name] = bound.replace("[", "").replace("]", "") if bound.count(":") > 1 else bound
+        except BaseException:
+            for sock in made.values():
+                sock.close(linger=0)
+            context.term()
+            raise
+        return cls(context, made.get("pzq-receive"), made.get("pzq-send"), made.get("pzq-monitor")), addresses
+
+    def close(self) -> None:
+        for sock in (self.receive, self.send, self.monitor):
+            if sock is not None and not sock.closed:
+                sock.close(linger=0)
+        if not self.context.closed:
+            self.context.term()
+
+
+class PZQServer:
+    def __init__(self, engine: Engine, sockets: PZQSockets, limits: PZQLimits | None = None) -> None:
+        self.engine = engine
+        self.sockets = sockets
+        self.limits = limits or PZQLimits()
+        self.consumers_connected = 0
+        self.stale_acks = 0  # ACKs of an earlier delivery, or of no delivery at all
+        self.consumer: Consumer | None = None
+        self._pumps: list[ZmqPump] = []
+        self.receive_pump = ZmqPump(sockets.receive, self._produced) if sockets.receive is not None else None
+        self.send_pump = ZmqPump(sockets.send, self._answered) if sockets.send is not None else None
+        self.monitor_pump = ZmqPump(sockets.monitor, self._monitor) if sockets.monitor is not None else None
+        self._events_pump: ZmqPump | None = None
+
+    @property
+    def queue(self) -> Queue:
+        engine, name = self.engine, self.limits.queue
+        queue = engine.queue(name)
+        if queue is None or name not in queue.topics:
+            queue = queue or engine.ensure_queue(name)
+            engine.bind(name, name)
+        return queue
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for pump in (self.receive_pump, self.send_pump, self.monitor_pump):
+                if pump is not None:
+                    self._pumps.append(pump)
+                    nursery.start_soon(pump.run)
+            if self.send_pump is not None:
+                queue = self.queue
+                self.consumer = self.engine.attach(queue.name, self._deliver, credit=0,
+                                                   msg_timeout=self.limits.ack_timeout, retry_first=True,
+                                                   on_close=self._queue_gone, tag=self)
+                events = self.sockets.send.get_monitor_socket(_CONNECTED | _GONE)  # type: ignore[union-attr]
+                self._events_pump = ZmqPump(events, self._peer_events)
+                self._pumps.append(self._events_pump)
+                nursery.start_soon(self._events_pump.run)
+
+    def _queue_gone(self, reason: str) -> None:
+        """The queue was deleted (another protocol's admin): a new one takes its place at once."""
+        self.consumer = None
+        if self.send_pump is not None:
+            queue = self.queue
+            self.consumer = self.engine.attach(queue.name, self._deliver, credit=self._credit(),
+                                               msg_timeout=self.limits.ack_timeout, retry_first=True,
+                                               on_close=self._queue_gone, tag=self)
+
+    def shutdown(self) -> None:
+        if self.consumer is not None:
+            self.consumer.detach()
+            self.consumer = None
+        if self.sockets.send is not None and self._events_pump is not None:
+            self.sockets.send.disable_monitor()
+        for pump in self._pumps:
+            pump.close()
+        self.sockets.close()
+
+    # -- producers -----------------------------------------------------------------------------
+
+    def _produced(self, batch: list[Frames]) -> None:
+        engine = self.engine
+        storage = engine.storage
+        pump = self.receive_pump
+        assert pump is not None
+        topic = self.queue.name  # the queue of that name exists and is bound to its topic
+        replies: list[list[bytes]] = []
+        storage.hold_work()  # one write (and one fdatasync) for the whole burst
+        try:
+            for frames in batch:
+                peer, rest = frames[0], frames[1:]
+                parsed = pzq.parse_produce(rest)
+                if isinstance(parsed, pzq.Ignored):
+                    log.info("receive socket: %s", parsed.reason)
+                    continue
+                if isinstance(parsed, pzq.ProduceRefused):
+                    replies.append([peer, *pzq.producer_refusal(parsed.producer_id, parsed.reason)])
+                    continue
+                if storage.failure is not None:
+                    replies.append([peer, *pzq.producer_refusal(parsed.producer_id, storage.failure.encode())])
+                    continue
+                engine.publish(topic, pzq.join_frames(parsed.bodies))
+                replies.append([peer, *pzq.producer_ack(parsed.producer_id)])
+            if replies:
+
+                def stored(error: OSError | None) -> None:
+                    for reply in replies:
+                        if error is not None and reply[2] == pzq.ACK_OK:
+                            reply = [reply[0], *pzq.producer_refusal(reply[1], str(error).encode())]
+                        pump.send(reply)
+
+                storage.sync(stored)  # answered in order, once every publish of the burst is stored
+        finally:
+            storage.release_work()
+
+    # -- consumers -----------------------------------------------------------------------------
+
+    def _credit(self) -> int:
+        return self.limits.window * self.consumers_connected
+
+    def _peer_events(self, batch: list[Frames]) -> None:
+        for frames in batch:
+            event = zmq.utils.monitor.parse_monitor_message(frames)["event"]
+            if event == _CONNECTED:
+                self.consumers_connected += 1
+            elif event == _GONE:
+                self.consumers_connected = max(0, self.consumers_connected - 1)
+        if self.consumer is not None:
+            self.consumer.set_credit(self._credit())
+
+    def _deliver(self, message: Message) -> None:
+        pump = self.send_pump
+        assert pump is not None
+        pump.send(pzq.delivery(pzq.delivery_key(message.id, message.attempts), time.time_ns() // 1000,
+                               int(self.limits.ack_timeout * 1_000_000), pzq.split_frames(message.body)))
+
+    def _answered(self, batch: list[Frames]) -> None:
+        consumer = self.consumer
+        storage = self.engine.storage
+        storage.hold_work()
+        try:
+            refill = False
+            for frames in batch:
+                answer = pzq.parse_consumer_ack(frames)
+                if isinstance(answer, pzq.Ignored):
+                    log.info("send socket: %s", answer.reason)
+                    continue
+                parsed = pzq.parse_key(answer.key)
+                message = consumer.in_flight.get(parsed[0]) if consumer is not None and parsed else None
+                if message is None or parsed is None or message.attempts != parsed[1]:
+                    self.stale_acks += 1  # an earlier delivery's ACK (it timed out), or no delivery of ours
+                    continue
+                assert consumer is not None
+                if answer.done:
+                    refill = consumer.finish(message.id, refill=False) is Outcome.OK or refill
+                else:
+                    consumer.requeue(message.id)  # sent again first (retry_first)
+            if refill and consumer is not None:
+                consumer.refill()
+        finally:
+            storage.release_work()
+
+    # -- the monitor ---------------------------------------------------------------------------
+
+    def monitor_values(self) -> dict[str, int]:
+        queue = self.engine.queue(self.limits.queue)
+        if queue is None:
+            return dict.fromkeys(pzq.MONITOR_KEYS, 0) | {"syncs": self.engine.storage.syncs}
+        in_flight = queue.in_flight.values()
+        return {
+            "messages": queue.depth + len(queue.in_flight) + queue.deferred_count,
+            "messages_inflight": len(queue.in_flight),
+            "db_size": queue.log.bytes_on_disk() if queue.log is not None else 0,
+            "inflight_db_size": sum(len(message.body) for message in in_flight),
+            "syncs": self.engine.storage.syncs,
+            "expired_messages": queue.timeout_count,
+        }
+
+    def _monitor(self, batch: list[Frames]) -> None:
+        pump = self.monitor_pump
+        assert pump is not None
+        for frames in batch:
+            peer, rest = frames[0], frames[1:]
+            # A REQ's envelope (its empty frame) comes back with the answer; a DEALER gets one too.
+            envelope: Sequence[bytes] = rest[:-1] if len(rest) > 1 else [pzq.DELIMITER]
+            if pzq.is_monitor_request(rest):
+                pump.send([peer, *envelope, pzq.monitor_text(self.monitor_values())])
+            else:
+                log.info("monitor: unknown request %r", rest[-1:] if rest else rest)
+                pump.send([peer, *envelope, UNKNOWN_REQUEST])

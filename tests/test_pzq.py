@@ -1,0 +1,165 @@
+"""PZQ against a real gateway with pyzmq clients: producer answers after storing, deliveries and
+consumer answers, timeouts, stale ACKs, the window, multi-frame bodies, the monitor, pipelined
+producers, restarts (docs/protocols/pzq.md)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from polymq.codecs import pzq
+
+from support.gateway import GatewayProcess, running_gateway
+from support.pzq_wire import Consumer, Monitor, Producer, endpoint
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.term()
+
+
+def drain(consumer: Consumer, count: int) -> list[list[bytes]]:
+    got = []
+    for _ in range(count):
+        delivery = consumer.receive()
+        consumer.ack(delivery)
+        got.append(delivery)
+    return got
+
+
+def wait_stats(monitor: Monitor, **expected: int) -> dict[str, int]:
+    deadline = time.monotonic() + 5
+    while True:
+        stats = monitor.stats()
+        if all(stats[key] == value for key, value in expected.items()) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
+    with running_gateway("--pzq-ack-timeout", "300", "--pzq-window", "5", data_dir=tmp_path) as process:
+        yield process
+
+
+def test_producer_answers_as_the_original(gateway: GatewayProcess, context: zmq.Context) -> None:
+    with Producer(context, gateway.addresses["pzq-receive"]) as producer:
+        assert producer.produce(b"body", producer_id=b"m1") == [b"m1", b"1", b""]
+        producer.sock.send_multipart([b"m2", b"header", b"", b"b1", b"b2"])
+        assert producer.sock.recv_multipart() == [b"m2", b"1", b""]
+        producer.sock.send_multipart([b"m3", b"no delimiter"])
+        assert producer.sock.recv_multipart() == [b"m3", b"0", b"", pzq.MALFORMED]
+        producer.sock.send_multipart([b"m4", b""])
+        assert producer.sock.recv_multipart() == [b"m4", b"0", b"", pzq.EMPTY]
+        producer.sock.send_multipart([b"m5"])  # the original answers nothing; polymq says why
+        assert producer.sock.recv_multipart() == [b"m5", b"0", b"", pzq.MALFORMED]
+    with Consumer(context, gateway.addresses["pzq-send"]) as consumer:
+        first, second = drain(consumer, 2)
+        assert first[2:3] != [b""] and first[3:] == [b"300000", b"", b"body"]
+        assert second[4:] == [b"", b"b1", b"b2"], "header frames are dropped, body frames kept"
+        assert pzq.parse_key(first[1]) is not None and first[1].endswith(b"|1")
+        assert abs(int(first[2]) - time.time_ns() // 1000) < 5_000_000
+
+
+def test_ack_zero_sends_it_again_at_once_and_no_ack_after_the_timeout(gateway: GatewayProcess,
+                                                                      context: zmq.Context) -> None:
+    with Producer(context, gateway.addresses["pzq-receive"]) as producer, \
+            Consumer(context, gateway.addresses["pzq-send"]) as consumer:
+        producer.produce(b"a")
+        producer.produce(b"b")
+        first = consumer.receive()
+        second = consumer.receive()
+        assert [first[-1], second[-1]] == [b"a", b"b"]
+        consumer.ack(first, b"0")
+        again = consumer.receive()
+        assert (again[-1], again[1]) == (b"a", first[1][:-1] + b"2"), "same message, its second delivery"
+        consumer.ack(again)
+        # No answer for b: after the ack timeout (300 ms here) it comes again.
+        late = consumer.receive()
+        assert (late[-1], late[1].endswith(b"|2")) == (b"b", True)
+        consumer.ack(second)  # the first delivery's ACK: stale, ignored
+        assert not consumer.nothing_within(1000), "still in flight: sent again after the timeout"
+        redelivered = consumer.receive()
+        assert redelivered[-1] == b"b" and redelivered[1].endswith(b"|3")
+        consumer.ack(redelivered)
+        assert consumer.nothing_within(600)
+
+
+def test_a_consumer_holds_at_most_its_window(gateway: GatewayProcess, context: zmq.Context) -> None:
+    with Producer(context, gateway.addresses["pzq-receive"]) as producer, \
+            Monitor(context, gateway.addresses["pzq-monitor"]) as monitor:
+        for number in range(20):
+            producer.produce(b"%d" % number)
+        with Consumer(context, gateway.addresses["pzq-send"]) as slow:
+            held = [slow.receive() for _ in range(5)]
+            assert slow.nothing_within(200), "a window of 5"
+            stats = wait_stats(monitor, messages_inflight=5)
+            assert (stats["messages"], stats["messages_inflight"]) == (20, 5)
+            for delivery in held:
+                slow.ack(delivery)
+            rest = drain(slow, 15)
+        assert [d[-1] for d in held + rest] == [b"%d" % n for n in range(20)], "in order"
+        stats = wait_stats(monitor, messages=0)
+        assert (stats["messages"], stats["messages_inflight"], stats["expired_messages"]) == (0, 0, 0)
+
+
+def test_the_monitor_answers_real_values_and_says_what_it_does_not_know(gateway: GatewayProcess,
+                                                                       context: zmq.Context) -> None:
+    with Monitor(context, gateway.addresses["pzq-monitor"]) as monitor, \
+            Producer(context, gateway.addresses["pzq-receive"]) as producer:
+        before = monitor.stats()
+        assert list(before) == list(pzq.MONITOR_KEYS)
+        producer.produce(b"x" * 1000)
+        after = wait_stats(monitor, messages=before["messages"] + 1)
+        assert after["db_size"] > before["db_size"] and after["syncs"] > before["syncs"]
+        monitor.sock.send(b"STATUS")
+        assert monitor.sock.recv() == b"ERROR: unknown request, send MONITOR"
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.RCVTIMEO, 3000)
+    dealer.connect(endpoint(gateway.addresses["pzq-monitor"]))
+    dealer.send(pzq.MONITOR)
+    reply = dealer.recv_multipart()
+    assert reply[0] == b"" and reply[1].startswith(b"messages: ")
+    dealer.close(linger=0)
+
+
+def test_pipelined_producers_get_every_ack(gateway: GatewayProcess, context: zmq.Context) -> None:
+    """The original loses a few ACKs with 64 messages in flight; polymq answers every one."""
+    with Producer(context, gateway.addresses["pzq-receive"]) as producer, \
+            Monitor(context, gateway.addresses["pzq-monitor"]) as monitor:
+        sent, answered, in_flight = 0, set(), 64
+        total = 3000
+        while len(answered) < total:
+            while sent < total and sent - len(answered) < in_flight:
+                producer.sock.send_multipart([b"%d" % sent, b"", b"payload %d" % sent])
+                sent += 1
+            frames = producer.sock.recv_multipart()
+            assert frames[1:] == [b"1", b""], frames
+            answered.add(frames[0])
+        assert answered == {b"%d" % n for n in range(total)}
+        assert wait_stats(monitor, messages=total)["messages"] == total
+
+
+def test_stored_messages_survive_kill_9_and_are_all_sent_again(tmp_path: Path, context: zmq.Context) -> None:
+    with running_gateway(data_dir=tmp_path) as gateway:
+        with Producer(context, gateway.addresses["pzq-receive"]) as producer:
+            for body in (b"one", b"two", b"three"):
+                assert producer.produce(body)[1] == b"1"
+        with Consumer(context, gateway.addresses["pzq-send"]) as consumer:
+            first = consumer.receive()
+            consumer.ack(first)
+            consumer.receive()  # in flight when the gateway dies: sent again after the restart
+            with Monitor(context, gateway.addresses["pzq-monitor"]) as monitor:
+                wait_stats(monitor, messages=2)
+            gateway.stop(signal.SIGKILL)
+    with running_gateway(data_dir=tmp_path) as gateway, Consumer(context, gateway.addresses["pzq-send"]) as consumer:
+        got = drain(consumer, 2)
+        assert [d[-1] for d in got] == [b"two", b"three"]
+        assert consumer.nothing_within(300)
