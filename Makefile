@@ -58,3 +58,4 @@ conformance: install
 	$(BIN)/polymq conformance nsq --tcp 127.0.0.1:4150 --http 127.0.0.1:4151
 	$(BIN)/polymq conformance mqks --addr 127.0.0.1:25000
 	$(BIN)/polymq conformance phpmq --addr 127.0.0.1:9100
+	$(BIN)/polymq conformance pzq --receive 127.0.0.1:11131 --send 127.0.0.1:11132 --monitor 127.0.0.1:11133

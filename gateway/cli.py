@@ -8,6 +8,7 @@ from polymq import __version__
 from polymq.conformance.mqks import command as conformance_mqks
 from polymq.conformance.nsq import command as conformance_nsq
 from polymq.conformance.phpmq import command as conformance_phpmq
+from polymq.conformance.pzq import command as conformance_pzq
 from polymq.gateway.bench_mqks import command as bench_mqks
 from polymq.gateway.bench_nsq import command as bench_nsq
 from polymq.gateway.bench_phpmq import command as bench_phpmq
@@ -51,3 +52,4 @@ bench.add_command(bench_versus, "versus-nsqd")
 conformance.add_command(conformance_nsq, "nsq")
 conformance.add_command(conformance_mqks, "mqks")
 conformance.add_command(conformance_phpmq, "phpmq")
+conformance.add_command(conformance_pzq, "pzq")

@@ -1,0 +1,356 @@
+"""`polymq conformance pzq`: black-box checks of any PZQ server (its receive, send and monitor sockets).
+
+Written from how the original PZQ server behaves on the wire (docs/protocols/pzq.md). Groups, by
+the first word of a check's name:
+
+- `core …`: what the original does; a conformant server passes them all. `core no-ack` waits out
+  the server's ACK timeout (`--ack-timeout`, 5 s like the original's default; the original may
+  take half as long again, for its reaper).
+- `restart …`: only with `--restart-command`: stored messages are all sent again after a restart.
+- `robustness …`: what the original gets wrong (lost ACKs under pipelining, silence for a
+  one-frame message or an unknown monitor request).
+
+The suite must have the server to itself: a PZQ server has one queue, and every check starts by
+taking (and acknowledging) whatever is left in it. "Stored" and "removed" are read from the
+monitor's `messages`. Only `polymq.codecs` and the shared runner are imported (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+import click
+import zmq
+
+from polymq.codecs import pzq
+from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
+
+DEFAULT_RECEIVE = "127.0.0.1:11131"
+DEFAULT_SEND = "127.0.0.1:11132"
+DEFAULT_MONITOR = "127.0.0.1:11133"
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_ACK_TIMEOUT_S = 5.0  # the original's --ack-timeout
+# The original's reaper notices a missed ACK up to this long after the timeout (its --reaper-frequency).
+REAPER_S = 2.5
+# Pipelined producing: the original loses ACKs with 64 in flight (docs/protocols/pzq.md).
+PIPELINED = 2000
+PIPELINE_DEPTH = 64
+# How long a check watches for something that must not come.
+QUIET_S = 0.5
+
+
+class Target:
+    def __init__(self, receive: str, send: str, monitor: str, timeout: float, ack_timeout: float,
+                 restart: str | None, run_id: str) -> None:
+        self.receive, self.send, self.monitor_address = receive, send, monitor
+        self.timeout, self.ack_timeout, self.restart_command = timeout, ack_timeout, restart
+        self.run_id = run_id
+        self.context = zmq.Context()
+        self._sockets: list[zmq.Socket] = []
+        self._ids = 0
+
+    def socket(self, kind: int, address: str) -> zmq.Socket:
+        sock = self.context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, int(self.timeout * 1000))
+        sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
+        sock.connect(f"tcp://{address}")
+        self._sockets.append(sock)
+        return sock
+
+    def producer(self) -> zmq.Socket:
+        return self.socket(zmq.DEALER, self.receive)
+
+    def consumer(self) -> zmq.Socket:
+        return self.socket(zmq.ROUTER, self.send)
+
+    def producer_id(self) -> bytes:
+        self._ids += 1
+        return f"{self.run_id}-{self._ids}".encode()
+
+    def body(self, text: str) -> bytes:
+        return f"conformance {self.run_id} {text}".encode()
+
+    def recv(self, sock: zmq.Socket, what: str, timeout: float | None = None) -> list[bytes]:
+        wait = self.timeout if timeout is None else timeout
+        if not sock.poll(int(wait * 1000)):
+            raise CheckFailed(f"{what}: nothing came", got=f"nothing within {wait} s")
+        return sock.recv_multipart()
+
+    def produce(self, producer: zmq.Socket, *bodies: bytes) -> list[bytes]:
+        producer_id = self.producer_id()
+        producer.send_multipart([producer_id, pzq.DELIMITER, *bodies])
+        answer = self.recv(producer, "producer ACK")
+        if answer[:2] != [producer_id, pzq.ACK_OK]:
+            raise CheckFailed("producer ACK", [producer_id, b"1", b""], answer)
+        return answer
+
+    def stats(self) -> dict[str, int]:
+        monitor = self.socket(zmq.REQ, self.monitor_address)
+        monitor.send(pzq.MONITOR)
+        text = self.recv(monitor, "MONITOR")[-1]
+        monitor.close(linger=0)
+        try:
+            return pzq.parse_monitor_text(text)
+        except ValueError as error:
+            raise CheckFailed("monitor text", "key: value lines", text[:200]) from error
+
+    def wait_messages(self, count: int, what: str) -> None:
+        deadline = time.monotonic() + self.timeout
+        while (stats := self.stats())["messages"] != count:
+            if time.monotonic() > deadline:
+                raise CheckFailed(f"{what}: stored messages", count, stats["messages"])
+            time.sleep(0.02)
+
+    def empty_queue(self) -> None:
+        """Take and acknowledge whatever is left (the suite has the server to itself)."""
+        stored = self.stats()["messages"]
+        if not stored:
+            return
+        consumer = self.consumer()
+        deadline = time.monotonic() + self.timeout + self.ack_timeout + REAPER_S
+        while self.stats()["messages"] and time.monotonic() < deadline:
+            if consumer.poll(100):
+                frames = consumer.recv_multipart()
+                consumer.send_multipart([frames[0], frames[1], pzq.ACK_OK])
+        consumer.close(linger=0)
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close(linger=0)
+        self.context.term()
+
+
+checks: Registry[Target] = Registry()
+
+
+def expect(what: str, expected: object, got: object) -> None:
+    if expected != got:
+        raise CheckFailed(what, expected, got)
+
+
+def _delivery(t: Target, consumer: zmq.Socket, what: str, timeout: float | None = None) -> list[bytes]:
+    frames = t.recv(consumer, what, timeout)
+    if len(frames) < 6 or frames[4] != pzq.DELIMITER:
+        raise CheckFailed(f"{what}: frames", "[pzq, key, sent_us, timeout_us, '', body…]", frames[:6])
+    return frames
+
+
+# -- core -----------------------------------------------------------------------------------------
+
+
+@checks.check("core a stored message is answered 1 and delivered frame for frame")
+def _produce_consume(t: Target) -> None:
+    t.empty_queue()
+    producer, consumer = t.producer(), t.consumer()
+    body = [t.body("first"), b"", t.body("third frame")]
+    answer = t.produce(producer, *body)
+    expect("producer ACK", [answer[0], b"1", b""], answer)
+    delivery = _delivery(t, consumer, "delivery")
+    expect("body frames", body, delivery[5:])
+    expect("sent_us and ack timeout are decimal", True, delivery[2].isdigit() and delivery[3].isdigit())
+    expect("sent_us is about now", True, abs(int(delivery[2]) - time.time_ns() // 1000) < 60_000_000)
+    consumer.send_multipart([delivery[0], delivery[1], pzq.ACK_OK])
+    t.wait_messages(0, "after the ACK")
+
+
+@checks.check("core header frames are dropped")
+def _headers(t: Target) -> None:
+    t.empty_queue()
+    producer, consumer = t.producer(), t.consumer()
+    producer.send_multipart([t.producer_id(), b"header", pzq.DELIMITER, t.body("body")])
+    expect("producer ACK status", pzq.ACK_OK, t.recv(producer, "producer ACK")[1])
+    delivery = _delivery(t, consumer, "delivery")
+    expect("delivered", [t.body("body")], delivery[5:])
+    consumer.send_multipart([delivery[0], delivery[1], pzq.ACK_OK])
+    t.wait_messages(0, "after the ACK")
+
+
+@checks.check("core a message without a delimiter or without a body is refused with the original's text")
+def _refused(t: Target) -> None:
+    producer = t.producer()
+    for frames, reason in (([b"x", b"no delimiter"], pzq.MALFORMED), ([b"y", pzq.DELIMITER], pzq.EMPTY)):
+        producer.send_multipart(frames)
+        expect(f"answer to {frames!r}", [frames[0], pzq.ACK_FAILED, pzq.DELIMITER, reason],
+               t.recv(producer, "refusal"))
+
+
+@checks.check("core oldest first")
+def _order(t: Target) -> None:
+    t.empty_queue()
+    producer, consumer = t.producer(), t.consumer()
+    bodies = [t.body(f"order {number}") for number in range(5)]
+    for body in bodies:
+        t.produce(producer, body)
+    got = []
+    for _ in bodies:
+        delivery = _delivery(t, consumer, "delivery")
+        got.append(delivery[5])
+        consumer.send_multipart([delivery[0], delivery[1], pzq.ACK_OK])
+    expect("order", bodies, got)
+    t.wait_messages(0, "after the ACKs")
+
+
+@checks.check("core an ACK other than 1 sends the message again at once")
+def _nack(t: Target) -> None:
+    t.empty_queue()
+    producer, consumer = t.producer(), t.consumer()
+    t.produce(producer, t.body("nack"))
+    first = _delivery(t, consumer, "delivery")
+    consumer.send_multipart([first[0], first[1], pzq.ACK_FAILED])
+    again = _delivery(t, consumer, "sent again", timeout=1.0)
+    expect("the same body", first[5:], again[5:])
+    consumer.send_multipart([again[0], again[1], pzq.ACK_OK])
+    t.wait_messages(0, "after the ACK")
+
+
+@checks.check("core no-ack: without an ACK the message is sent again after the ACK timeout")
+def _no_ack(t: Target) -> None:
+    t.empty_queue()
+    producer, consumer = t.producer(), t.consumer()
+    t.produce(producer, t.body("no ack"))
+    first = _delivery(t, consumer, "delivery")
+    started = time.monotonic()
+    again = _delivery(t, consumer, "sent again", timeout=t.ack_timeout + REAPER_S + t.timeout)
+    waited = time.monotonic() - started
+    expect("the same body", first[5:], again[5:])
+    expect("not before the ACK timeout", True, waited >= t.ack_timeout * 0.9)
+    consumer.send_multipart([again[0], again[1], pzq.ACK_OK])
+    t.wait_messages(0, "after the ACK")
+
+
+@checks.check("core the monitor answers MONITOR with six lines in order")
+def _monitor(t: Target) -> None:
+    monitor = t.socket(zmq.REQ, t.monitor_address)
+    monitor.send(pzq.MONITOR)
+    text = t.recv(monitor, "MONITOR")[-1]
+    keys = [line.split(": ", 1)[0] for line in text.decode(errors="replace").splitlines()]
+    expect("keys", list(pzq.MONITOR_KEYS), keys)
+    t.empty_queue()
+    producer = t.producer()
+    t.produce(producer, t.body("counted"))
+    t.wait_messages(1, "after one produce")
+    t.empty_queue()
+
+
+# -- restart --------------------------------------------------------------------------------------
+
+
+@checks.check("restart stored messages are all sent again after a restart")
+def _restart(t: Target) -> None:
+    if not t.restart_command:
+        raise CheckFailed("needs --restart-command (a command that restarts the server and returns once it is up)")
+    t.empty_queue()
+    producer, consumer = t.producer(), t.consumer()
+    bodies = [t.body(f"kept {number}") for number in range(3)]
+    for body in bodies:
+        t.produce(producer, body)
+    first = _delivery(t, consumer, "before the restart")
+    consumer.send_multipart([first[0], first[1], pzq.ACK_OK])
+    _delivery(t, consumer, "in flight at the restart")
+    t.wait_messages(2, "before the restart")
+    done = subprocess.run(shlex.split(t.restart_command), capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise CheckFailed("the restart command failed", got=(done.stderr or done.stdout).strip()[-200:])
+    after = t.consumer()
+    got = []
+    for _ in range(2):
+        delivery = _delivery(t, after, "after the restart")
+        got.append(delivery[5])
+        after.send_multipart([delivery[0], delivery[1], pzq.ACK_OK])
+    expect("sent again", sorted(bodies[1:]), sorted(got))
+    t.wait_messages(0, "after the ACKs")
+
+
+# -- robustness -----------------------------------------------------------------------------------
+
+
+@checks.check("robustness a one-frame producer message gets an answer")
+def _one_frame(t: Target) -> None:
+    producer = t.producer()
+    producer.send_multipart([b"alone"])
+    expect("answer", [b"alone", pzq.ACK_FAILED, pzq.DELIMITER, pzq.MALFORMED], t.recv(producer, "answer"))
+
+
+@checks.check("robustness every ACK of a pipelined producer comes")
+def _pipelined(t: Target) -> None:
+    t.empty_queue()
+    producer = t.producer()
+    sent, answered = 0, set()
+    while len(answered) < PIPELINED:
+        while sent < PIPELINED and sent - len(answered) < PIPELINE_DEPTH:
+            producer.send_multipart([b"%s-%d" % (t.run_id.encode(), sent), pzq.DELIMITER, t.body(f"p{sent}")])
+            sent += 1
+        frames = t.recv(producer, f"ACK {len(answered) + 1} of {PIPELINED}")
+        answered.add(frames[0])
+    expect("answered", PIPELINED, len(answered))
+    t.empty_queue()
+
+
+@checks.check("robustness the monitor answers an unknown request")
+def _unknown_monitor_request(t: Target) -> None:
+    monitor = t.socket(zmq.REQ, t.monitor_address)
+    monitor.send(b"STATUS")
+    answer = t.recv(monitor, "an answer", timeout=1.0)
+    expect("an answer that is not the stats", False, answer[-1].startswith(b"messages: "))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def make_context_factory(receive: str, send: str, monitor: str, timeout: float, ack_timeout: float,
+                         restart: str | None) -> Callable[[str], AbstractContextManager[Target]]:
+    run_id = secrets.token_hex(4)
+
+    @contextmanager
+    def make(name: str) -> Iterator[Target]:
+        target = Target(receive, send, monitor, timeout, ack_timeout, restart, run_id)
+        try:
+            yield target
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                target.close()
+
+    return make
+
+
+def _address(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    host, port = parse_address(value)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@click.command()
+@click.option("--receive", default=DEFAULT_RECEIVE, show_default=True, callback=_address,
+              help="The receive socket (producers), HOST:PORT.")
+@click.option("--send", default=DEFAULT_SEND, show_default=True, callback=_address,
+              help="The send socket (consumers), HOST:PORT.")
+@click.option("--monitor", default=DEFAULT_MONITOR, show_default=True, callback=_address,
+              help="The monitor socket, HOST:PORT.")
+@click.option("--only", default=None, help="run only checks whose name contains this substring (e.g. core)")
+@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=float,
+              help="seconds to wait for any one expected answer")
+@click.option("--ack-timeout", default=DEFAULT_ACK_TIMEOUT_S, show_default=True, type=float,
+              help="the server's ACK timeout in seconds (the no-ack check waits it out)")
+@click.option("--restart-command", default=None,
+              help="a command that restarts the server and returns once it serves again: runs the restart check")
+def command(receive: str, send: str, monitor: str, only: str | None, timeout: float, ack_timeout: float,
+            restart_command: str | None) -> None:
+    """Check that a PZQ server behaves like the original PZQ.
+
+    Groups: `core` (the original's behaviour), `restart` (needs --restart-command) and `robustness`
+    (what the original gets wrong). It needs the server to itself. Prints `PASS name` or
+    `FAIL name: reason` per check, then `N passed, M failed`; exits 0 only if every check passed.
+    """
+    selected = [check for check in checks.select(only)
+                if restart_command or not check.name.startswith("restart ")]
+    if not selected:
+        raise click.UsageError(f"no check name contains {only!r}" if only else "no check to run")
+    summary = run_checks(selected, make_context_factory(receive, send, monitor, timeout, ack_timeout, restart_command),
+                         lambda line: click.echo(line))
+    raise SystemExit(0 if summary.failed == 0 else 1)
