@@ -65,6 +65,9 @@ class PZQSockets:
     receive: zmq.Socket | None
     send: zmq.Socket | None
     monitor: zmq.Socket | None
+    # The send socket's connection events (consumers coming and going), watched from before it is
+    # bound, so that no consumer connects unseen.
+    send_events: zmq.Socket | None = None
 
     @classmethod
     def bind(cls, host: str, ports: dict[str, int | None], max_message: int) -> tuple[PZQSockets, dict[str, str]]:
@@ -90,6 +93,7 @@ class PZQSockets:
                     sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024)
                 else:
                     sock.setsockopt(zmq.MAXMSGSIZE, max_message)
+                    made["pzq-send-events"] = sock.get_monitor_socket(_CONNECTED | _GONE)
                 endpoint = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
                 try:
                     if ":" in host:
@@ -105,10 +109,13 @@ class PZQSockets:
                 sock.close(linger=0)
             context.term()
             raise
-        return cls(context, made.get("pzq-receive"), made.get("pzq-send"), made.get("pzq-monitor")), addresses
+        return cls(context, made.get("pzq-receive"), made.get("pzq-send"), made.get("pzq-monitor"),
+                   made.get("pzq-send-events")), addresses
 
     def close(self) -> None:
-        for sock in (self.receive, self.send, self.monitor):
+        if self.send is not None and self.send_events is not None and not self.send.closed:
+            self.send.disable_monitor()
+        for sock in (self.receive, self.send, self.monitor, self.send_events):
             if sock is not None and not sock.closed:
                 sock.close(linger=0)
         if not self.context.closed:
@@ -149,8 +156,8 @@ class PZQServer:
                 self.consumer = self.engine.attach(queue.name, self._deliver, credit=0,
                                                    msg_timeout=self.limits.ack_timeout, retry_first=True,
                                                    on_close=self._queue_gone, tag=self)
-                events = self.sockets.send.get_monitor_socket(_CONNECTED | _GONE)  # type: ignore[union-attr]
-                self._events_pump = ZmqPump(events, self._peer_events)
+                assert self.sockets.send_events is not None
+                self._events_pump = ZmqPump(self.sockets.send_events, self._peer_events)
                 self._pumps.append(self._events_pump)
                 nursery.start_soon(self._events_pump.run)
 
@@ -167,8 +174,6 @@ class PZQServer:
         if self.consumer is not None:
             self.consumer.detach()
             self.consumer = None
-        if self.sockets.send is not None and self._events_pump is not None:
-            self.sockets.send.disable_monitor()
         for pump in self._pumps:
             pump.close()
         self.sockets.close()

@@ -1,10 +1,10 @@
 """ZeroMQ sockets inside trio, without threads: one pump task per socket, driven by its `zmq.FD`.
 
 `zmq.FD` is edge-triggered: it becomes readable when the socket's state *changed*, not while a
-message waits. So the pump never waits on it without first reading `zmq.EVENTS`: it receives
-while `EVENTS & POLLIN`, sends queued messages while `EVENTS & POLLOUT`, and reads `EVENTS` again
-after every send (a send can consume the edge that announced incoming messages). Only when
-neither direction can progress does it wait for the descriptor, or for `send` to queue more.
+message waits. So the pump reads `zmq.EVENTS` before it receives or sends, takes what is ready
+until the socket says `Again`, and reads `EVENTS` again (a send can consume the edge that announced
+incoming messages). Only when `EVENTS` shows neither direction can progress does it wait for the
+descriptor, or for `send` to queue more.
 
 Incoming messages go to the `on_messages` callback as a list (all that were waiting), on the
 loop, synchronously, so a protocol adapter handles a burst as one batch. What the pump does not
@@ -21,6 +21,14 @@ import zmq
 
 Frames = list[bytes]
 
+# Plain ints: pyzmq's enum constants cost an enum operation at every use on the hot path.
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
+# EVENTS saying ready while nothing moves: after this many turns, pause this long between tries.
+SPIN_TURNS = 3
+SPIN_PAUSE_S = 0.001
 # Messages taken off the socket before the pump lets other tasks run (one client must not own
 # the loop) and hands them to `on_messages` as one batch.
 RECEIVE_BATCH = 1024
@@ -46,10 +54,17 @@ class ZmqPump:
     def _receive(self) -> bool:
         sock = self.sock
         batch: list[Frames] = []
-        while len(batch) < RECEIVE_BATCH and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                batch.append(sock.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
+        # EVENTS first, then every message waiting until Again (not EVENTS per message: each pyzmq
+        # call costs a getpid), then EVENTS again; EVENTS saying POLLIN with nothing to take is no reason
+        # to spin.
+        while len(batch) < RECEIVE_BATCH and sock.getsockopt(_EVENTS) & _POLLIN:
+            taken = len(batch)
+            while len(batch) < RECEIVE_BATCH:
+                try:
+                    batch.append(sock.recv_multipart(_NOBLOCK))
+                except zmq.Again:
+                    break
+            if len(batch) == taken:
                 break
         if batch:
             self.received += len(batch)
@@ -59,31 +74,46 @@ class ZmqPump:
     def _send(self) -> bool:
         sock = self.sock
         outgoing = self.outgoing
-        sent = False
-        while outgoing and sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
-            try:
-                sock.send_multipart(outgoing[0], zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            except zmq.ZMQError as error:
-                if error.errno != zmq.EHOSTUNREACH:
-                    raise
-                self.unroutable += 1  # a ROUTER_MANDATORY socket's peer is gone: nobody to tell
-            outgoing.popleft()
-            self.sent += 1
-            sent = True
-        return sent
+        sent = 0
+        while outgoing and sock.getsockopt(_EVENTS) & _POLLOUT:
+            before = sent
+            while outgoing:
+                try:
+                    sock.send_multipart(outgoing[0], _NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError as error:
+                    if error.errno != zmq.EHOSTUNREACH:
+                        raise
+                    self.unroutable += 1  # a ROUTER_MANDATORY socket's peer is gone: nobody to tell
+                else:
+                    self.sent += 1
+                outgoing.popleft()
+                sent += 1
+            if sent == before:
+                break  # POLLOUT, yet Again: wait for the descriptor rather than spin
+        return bool(sent)
 
     async def run(self) -> None:
-        """Forever (until cancelled): receive, send, and wait only when neither can progress."""
+        """Forever (until closed): receive, send, and wait only when neither can progress."""
+        sock = self.sock
+        idle_turns = 0
         while True:
-            received = self._receive()
-            sent = self._send()
-            if received or sent:
+            if self._receive() | self._send():
+                idle_turns = 0
                 await trio.lowlevel.checkpoint()  # let the rest of the loop run between bursts
                 continue
+            # The last word before waiting is EVENTS: a receive or send that just said Again may
+            # itself have consumed the edge that announced what is now ready.
+            events = sock.getsockopt(_EVENTS)
+            if events & _POLLIN or (self.outgoing and events & _POLLOUT):
+                # Ready, yet nothing moved this turn: try again after the others ran (a moment later
+                # if it keeps happening, rather than spin).
+                idle_turns += 1
+                await (trio.sleep(SPIN_PAUSE_S) if idle_turns > SPIN_TURNS else trio.lowlevel.checkpoint())
+                continue
+            idle_turns = 0
             with trio.CancelScope() as self._waiting:
-                # EVENTS was read after the last send above: whatever changes from here signals the fd.
                 try:
                     await trio.lowlevel.wait_readable(self.fd)
                 except trio.ClosedResourceError:

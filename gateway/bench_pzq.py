@@ -1,0 +1,299 @@
+"""`polymq bench pzq`: produce with ACKs, consume with ACKs, both at once, and latency, against any PZQ server.
+
+Each producer and consumer is a process of its own (bench_common's workers) with a blocking pyzmq
+socket. Producers keep `--in-flight` messages waiting for their ACK (1 = one per round trip, as
+the reference client); consumers acknowledge every delivery. Every body starts with the wall-clock
+nanoseconds it was sent at, so consumers measure produce-to-deliver latency.
+
+Scenarios: `produce` (producers alone: stored messages per second), `consume` (a backlog
+drained), `both` (producers and consumers at once) and `latency` (one message every `--interval`
+per producer). A PZQ server has one queue: run against a server nobody else uses.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import attrs
+import click
+import zmq
+
+from polymq.codecs import pzq
+from polymq.gateway import bench_common as common
+
+SCENARIOS = ("produce", "consume", "both", "latency")
+DEFAULT_PRODUCERS = 2
+DEFAULT_CONSUMERS = 2
+DEFAULT_MESSAGES = 20_000  # per producer
+DEFAULT_LATENCY_MESSAGES = 2_000  # per producer
+DEFAULT_INTERVAL_S = 0.001  # light load: one message every ms per producer
+DEFAULT_IN_FLIGHT = 64  # messages a producer keeps waiting for their ACK
+DEFAULT_SIZE = 100  # the original's measurements used 100-byte bodies
+STAMP_DIGITS = 19
+POLL_MS = 50
+STALL_S = 15.0
+# A run that saw no ACK and no delivery at all after this long has no server to talk to.
+NO_ANSWER_S = 5.0
+# The original on a 2-core machine (docs/protocols/pzq.md), and what polymq aims at.
+ORIGINAL_PRODUCE_MSGS_PER_S = 5_000
+ORIGINAL_CONSUME_MSGS_PER_S = 1_500
+TARGET_PRODUCE_MSGS_PER_S = 50_000
+TARGET_CONSUME_MSGS_PER_S = 20_000
+TARGET_P99_US = 2_000
+
+
+@attrs.frozen
+class Plan:
+    role: str
+    endpoint: str
+    slot: int
+    messages: int
+    size: int
+    in_flight: int
+    interval_s: float
+
+
+def _body(size: int) -> bytes:
+    return b"%019d" % time.time_ns() + b"x" * max(0, size - STAMP_DIGITS)
+
+
+def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(plan.endpoint)
+    common.report_ready(shared, index)
+    shared.start.wait()
+    sent = acked = refused = 0
+    started = time.monotonic()
+    next_at = started
+    while acked + refused < plan.messages and not shared.stop.value:
+        while sent < plan.messages and sent - acked - refused < plan.in_flight:
+            if plan.interval_s:
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    break
+                next_at += plan.interval_s
+            sock.send_multipart([b"%d" % sent, pzq.DELIMITER, _body(plan.size)])
+            sent += 1
+        if sock.poll(POLL_MS if not plan.interval_s else 1):
+            while True:
+                try:
+                    answer = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if answer[1] == pzq.ACK_OK:
+                    acked += 1
+                else:
+                    refused += 1
+            shared.counters[plan.slot] = acked
+    seconds = time.monotonic() - started
+    shared.done[plan.slot] = 1
+    sock.close()
+    context.term()
+    return {"sent": sent, "acked": acked, "refused": refused, "seconds": seconds}
+
+
+def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
+    context = zmq.Context()
+    sock = context.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(plan.endpoint)
+    histogram = common.new_histogram()
+    bucket_of = common.bucket_of
+    common.report_ready(shared, index)
+    shared.start.wait()
+    got = 0
+    last_ns = 0
+    while not shared.stop.value:  # the parent stops everyone once all were consumed
+        if not sock.poll(POLL_MS):
+            continue
+        now = time.time_ns()
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            histogram[bucket_of((now - int(frames[5][:STAMP_DIGITS])) // 1000)] += 1
+            sock.send_multipart([frames[0], frames[1], pzq.ACK_OK])
+            got += 1
+        last_ns = now
+        shared.counters[plan.slot] = got
+    shared.done[plan.slot] = 1
+    sock.close()
+    context.term()
+    return {"received": got, "last_ns": last_ns, "histogram": common.sparse(histogram)}
+
+
+def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
+    return (producer_main if plan.role == "producer" else consumer_main)(plan, shared, index)
+
+
+@attrs.define
+class ScenarioResult:
+    name: str
+    producers: int
+    consumers: int
+    produced: int
+    consumed: int
+    produce_seconds: float
+    consume_seconds: float
+    latency: common.LatencySummary | None
+    server_cpu: tuple[float, float, float] | None = None
+
+    def produce_rate(self) -> float:
+        return self.produced / self.produce_seconds if self.produce_seconds else 0.0
+
+    def consume_rate(self) -> float:
+        return self.consumed / self.consume_seconds if self.consume_seconds else 0.0
+
+
+@attrs.frozen
+class Options:
+    receive: str
+    send: str
+    scenarios: tuple[str, ...]
+    producers: int
+    consumers: int
+    messages: int
+    latency_messages: int
+    interval_s: float
+    in_flight: int
+    size: int
+    server_pid: int | None
+    progress: bool
+
+
+def _run(name: str, opts: Options, producers: int, consumers: int, per_producer: int, interval: float,
+         expect_consumed: int) -> tuple[list[Any], list[Any], int, common.RunWatch]:
+    plans = [Plan("consumer", f"tcp://{opts.send}", slot, 0, opts.size, 0, 0.0) for slot in range(consumers)]
+    plans += [Plan("producer", f"tcp://{opts.receive}", consumers + number, per_producer, opts.size,
+                   1 if interval else opts.in_flight, interval) for number in range(producers)]
+    progress = common.Progress(opts.progress)
+    watch = common.RunWatch(opts.server_pid)
+    produce_total = producers * per_producer
+
+    def tick(shared: common.SharedState) -> None:
+        consumed = sum(shared.counters[s] for s in range(consumers))
+        produced = sum(shared.counters[s] for s in range(consumers, consumers + producers))
+        elapsed, still = watch.tick(consumed + produced)
+        total = expect_consumed if consumers else produce_total
+        done = consumed if consumers else produced
+        progress.update(name, done / max(1, total), f"{produced:,} produced, {consumed:,} consumed")
+        # ZeroMQ connects to nothing without an error: no answer at all is the sign of no server.
+        if done >= total or still > STALL_S or (consumed + produced == 0 and elapsed > NO_ANSWER_S):
+            shared.stop.value = 1
+
+    start_ns, results = common.WorkerGroup(worker_main, plans, len(plans)).run(tick)
+    progress.done()
+    return results[:consumers], results[consumers:], start_ns, watch
+
+
+def run_scenario(name: str, opts: Options, backlog: int) -> ScenarioResult:
+    """One scenario; `backlog`: the messages earlier scenarios left in the queue (consume drains them)."""
+    latency = name == "latency"
+    per_producer = opts.latency_messages if latency else opts.messages
+    producers = 0 if name == "consume" else opts.producers
+    consumers = 0 if name == "produce" else opts.consumers
+    if name == "consume" and not backlog:
+        _, filled, _, _ = _run("fill", opts, opts.producers, 0, opts.messages, 0.0, 0)  # not measured
+        backlog = sum(r["acked"] for r in filled)
+    expected = backlog + producers * per_producer
+    received, produced, start_ns, watch = _run(name, opts, producers, consumers, per_producer,
+                                               opts.interval_s if latency else 0.0, expected)
+    wall = watch.elapsed()
+    if not any(r["acked"] + r["refused"] for r in produced) and not any(r["received"] for r in received):
+        raise common.WorkerFailed(f"no answer from {opts.receive} / {opts.send} in {NO_ANSWER_S:.0f} s: "
+                                  "is a PZQ server there?")
+    consumed = sum(r["received"] for r in received)
+    last_ns = max((r["last_ns"] for r in received), default=start_ns)
+    histogram = common.merge(r["histogram"] for r in received)
+    return ScenarioResult(
+        name, producers, consumers, sum(r["acked"] for r in produced), consumed,
+        max((r["seconds"] for r in produced), default=0.0), max(0.0, (last_ns - start_ns) / 1e9),
+        common.summarize(histogram) if received else None, watch.cpu_share(wall),
+    )
+
+
+def run_bench(opts: Options) -> list[ScenarioResult]:
+    results = []
+    backlog = 0
+    for name in opts.scenarios:
+        result = run_scenario(name, opts, backlog)
+        backlog = max(0, backlog + result.produced - result.consumed)
+        results.append(result)
+    return results
+
+
+def verdicts(r: ScenarioResult) -> list[str]:
+    lines = []
+    if r.produced and r.name in ("produce", "both"):
+        met = "met" if r.produce_rate() >= TARGET_PRODUCE_MSGS_PER_S else "NOT met"
+        lines.append(f"{r.name}: {r.produce_rate():,.0f} msgs/s produced with ACKs (the original: "
+                     f"~{ORIGINAL_PRODUCE_MSGS_PER_S:,}; target >= {TARGET_PRODUCE_MSGS_PER_S:,}: {met})")
+    if r.consumed and r.name in ("consume", "both"):
+        met = "met" if r.consume_rate() >= TARGET_CONSUME_MSGS_PER_S else "NOT met"
+        lines.append(f"{r.name}: {r.consume_rate():,.0f} msgs/s consumed with ACKs (the original: "
+                     f"~{ORIGINAL_CONSUME_MSGS_PER_S:,}; target >= {TARGET_CONSUME_MSGS_PER_S:,}: {met})")
+    if r.name == "latency" and r.latency is not None:
+        met = "met" if r.latency.p99_us < TARGET_P99_US else "NOT met"
+        lines.append(f"latency: p50 {r.latency.p50_us / 1000:.2f} ms, p99 {r.latency.p99_us / 1000:.2f} ms "
+                     f"(target p99 < {TARGET_P99_US / 1000:.0f} ms: {met})")
+    return lines
+
+
+def render(results: list[ScenarioResult], with_cpu: bool) -> str:
+    headers = ["scenario", "conns", "produced", "produce msgs/s", "consumed", "consume msgs/s",
+               "latency p50 / p99 / max"]
+    if with_cpu:
+        headers.append("server CPU (usr+sys) + run-queue wait")
+    rows = []
+    for r in results:
+        row = [r.name, f"{r.producers} prod + {r.consumers} cons", common.format_count(r.produced),
+               common.format_count(r.produce_rate()), common.format_count(r.consumed),
+               common.format_count(r.consume_rate()), common.format_latency(r.latency)]
+        if with_cpu:
+            cpu = r.server_cpu
+            row.append("-" if cpu is None else f"{(cpu[0] + cpu[1]) * 100:.0f}% ({cpu[0] * 100:.0f}+{cpu[1] * 100:.0f})"
+                       f" +{cpu[2] * 100:.0f}% wait")
+        rows.append(row)
+    return "\n".join([common.render_table(headers, rows), "", *(line for r in results for line in verdicts(r))])
+
+
+@click.command()
+@click.option("--receive", default="127.0.0.1:11131", show_default=True, help="The receive socket HOST:PORT.")
+@click.option("--send", default="127.0.0.1:11132", show_default=True, help="The send socket HOST:PORT.")
+@click.option("--scenario", "scenarios", multiple=True, type=click.Choice([*SCENARIOS, "all"]),
+              help="Scenario to run (repeatable; default all).")
+@click.option("--producers", type=click.IntRange(min=1), default=DEFAULT_PRODUCERS, show_default=True)
+@click.option("--consumers", type=click.IntRange(min=1), default=DEFAULT_CONSUMERS, show_default=True)
+@click.option("--messages", type=click.IntRange(min=1), default=DEFAULT_MESSAGES, show_default=True,
+              help="Messages per producer (produce, consume's backlog, both).")
+@click.option("--latency-messages", type=click.IntRange(min=1), default=DEFAULT_LATENCY_MESSAGES, show_default=True,
+              help="Messages per producer in the latency scenario.")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0.00001), default=DEFAULT_INTERVAL_S,
+              show_default=True, help="Seconds between two messages of a producer in the latency scenario.")
+@click.option("--in-flight", type=click.IntRange(min=1), default=DEFAULT_IN_FLIGHT, show_default=True,
+              help="Messages a producer keeps waiting for their ACK (1: one per round trip).")
+@click.option("--size", type=click.IntRange(min=STAMP_DIGITS), default=DEFAULT_SIZE, show_default=True,
+              help="Body bytes.")
+@click.option("--server-pid", type=int, default=None, help="The server's PID: report its CPU (Linux /proc).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress line on stderr.")
+def command(receive: str, send: str, scenarios: tuple[str, ...], producers: int, consumers: int, messages: int,
+            latency_messages: int, interval_s: float, in_flight: int, size: int, server_pid: int | None,
+            as_json: bool, progress: bool) -> None:
+    """Measure a PZQ server: produce and consume with ACKs, both at once, and latency at light load."""
+    chosen = SCENARIOS if not scenarios or "all" in scenarios else tuple(dict.fromkeys(scenarios))
+    opts = Options(receive, send, chosen, producers, consumers, messages, latency_messages, interval_s,
+                   in_flight, size, server_pid, progress)
+    try:
+        results = run_bench(opts)
+    except (OSError, zmq.ZMQError, common.WorkerFailed) as error:
+        raise click.ClickException(f"the benchmark failed against {receive} / {send}: {error}") from None
+    if as_json:
+        click.echo(json.dumps([attrs.asdict(r) for r in results], default=str, indent=2))
+    else:
+        click.echo(render(results, server_pid is not None))
