@@ -26,6 +26,8 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
+_SNDMORE = int(zmq.SNDMORE)
+_RCVMORE = int(zmq.RCVMORE)
 # EVENTS saying ready while nothing moves: after this many turns, pause this long between tries.
 SPIN_TURNS = 3
 SPIN_PAUSE_S = 0.001
@@ -59,11 +61,15 @@ class ZmqPump:
         # to spin.
         while len(batch) < RECEIVE_BATCH and sock.getsockopt(_EVENTS) & _POLLIN:
             taken = len(batch)
+            recv, getsockopt = sock.recv, sock.getsockopt
             while len(batch) < RECEIVE_BATCH:
                 try:
-                    batch.append(sock.recv_multipart(_NOBLOCK))
+                    frames = [recv(_NOBLOCK)]
                 except zmq.Again:
                     break
+                while getsockopt(_RCVMORE):  # the rest of a multipart message is there already
+                    frames.append(recv(_NOBLOCK))
+                batch.append(frames)
             if len(batch) == taken:
                 break
         if batch:
@@ -77,9 +83,13 @@ class ZmqPump:
         sent = 0
         while outgoing and sock.getsockopt(_EVENTS) & _POLLOUT:
             before = sent
+            send = sock.send
             while outgoing:
+                frames = outgoing[0]
                 try:
-                    sock.send_multipart(outgoing[0], _NOBLOCK)
+                    # Frame by frame with int flags (pyzmq's send_multipart pays enum operations per frame);
+                    # only the first can say Again: the rest of a message always follows it.
+                    send(frames[0], _NOBLOCK | _SNDMORE if len(frames) > 1 else _NOBLOCK)
                 except zmq.Again:
                     break
                 except zmq.ZMQError as error:
@@ -87,6 +97,9 @@ class ZmqPump:
                         raise
                     self.unroutable += 1  # a ROUTER_MANDATORY socket's peer is gone: nobody to tell
                 else:
+                    last = len(frames) - 1
+                    for index in range(1, last + 1):
+                        send(frames[index], _NOBLOCK | _SNDMORE if index < last else _NOBLOCK)
                     self.sent += 1
                 outgoing.popleft()
                 sent += 1
