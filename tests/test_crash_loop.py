@@ -89,8 +89,9 @@ def test_checker_reports_a_redelivery_whose_attempts_did_not_grow() -> None:
 # -- the real loop ----------------------------------------------------------------------------------
 
 
-def _run_and_report(config: CrashLoopConfig, capsys: pytest.CaptureFixture[str]) -> CrashLoopResult:
-    result = run_crash_loop(config)
+def _run_and_report(config: CrashLoopConfig, capsys: pytest.CaptureFixture[str],
+                    protocol: str = "nsq") -> CrashLoopResult:
+    result = run_crash_loop(config, protocol)
     # On the real terminal, so CI output shows the counts whether the test passes or not.
     with capsys.disabled():
         print(f"\n{result.line()}", file=sys.stderr)
@@ -110,3 +111,10 @@ def test_crash_loop_kill9_loses_no_acknowledged_publish(capsys: pytest.CaptureFi
 def test_crash_loop_kill9_with_messages_on_disk_only(capsys: pytest.CaptureFixture[str]) -> None:
     # A memory queue of 10: nearly every message lives only in the on-disk store when the kill comes.
     _run_and_report(CrashLoopConfig(rounds=3, seed=SEED + 1, gateway_args=("--mem-queue-size", "10")), capsys)
+
+
+@pytest.mark.slow
+def test_crash_loop_kill9_loses_no_acknowledged_pzq_message(capsys: pytest.CaptureFixture[str]) -> None:
+    """PZQ producers waiting for `1`, consumers answering `1`, kill -9 at random moments, drain."""
+    _run_and_report(CrashLoopConfig(rounds=4, seed=SEED + 2), capsys, protocol="pzq")
+

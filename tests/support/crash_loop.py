@@ -305,6 +305,12 @@ class CrashLoop:
 
     # -- client threads ----------------------------------------------------------------------
 
+    def publish_address(self, gateway: GatewayProcess) -> str:
+        return gateway.nsq_tcp
+
+    def consume_address(self, gateway: GatewayProcess) -> str:
+        return gateway.nsq_tcp
+
     def _thread(self, name: str, target: Callable[..., None], *args: object) -> threading.Thread:
         def guarded() -> None:
             try:
@@ -409,8 +415,8 @@ class CrashLoop:
         for index in range(self.config.consumers):
             subscribed = threading.Event()
             events.append(subscribed)
-            threads.append(self._thread(f"consumer-{epoch}-{index}", self._consumer, gateway.nsq_tcp, epoch, index,
-                                        subscribed, stop))
+            threads.append(self._thread(f"consumer-{epoch}-{index}", self._consumer, self.consume_address(gateway),
+                                        epoch, index, subscribed, stop))
         # Subscribed before anything is published, so the channel exists from the first message on.
         for subscribed in events:
             subscribed.wait(self.config.io_timeout_s * 3)
@@ -441,8 +447,8 @@ class CrashLoop:
                 threads += self._start_consumers(gateway, epoch, stop)
                 for index in range(self.config.publishers):
                     rng = random.Random(self.rng.getrandbits(64))
-                    threads.append(self._thread(f"publisher-{epoch}-{index}", self._publisher, gateway.nsq_tcp,
-                                                epoch, rng, stop))
+                    threads.append(self._thread(f"publisher-{epoch}-{index}", self._publisher,
+                                                self.publish_address(gateway), epoch, rng, stop))
                 time.sleep(run_s)  # the random moment of the kill
                 self._check_alive(gateway, epoch)
                 gateway.stop(signal.SIGKILL)  # our own child, by its PID
@@ -497,7 +503,85 @@ class CrashLoop:
         return CrashLoopResult(self.config, report, errors, time.monotonic() - started)
 
 
-def run_crash_loop(config: CrashLoopConfig) -> CrashLoopResult:
+class PZQCrashLoop(CrashLoop):
+    """The same loop over PZQ: DEALER producers waiting for `1`, ROUTER consumers answering `1`.
+
+    ZeroMQ reports no dead peer: a client thread ends when the loop's `stop` is set after the kill,
+    taking whatever answers were already buffered. The gateway's ACK timeout is long
+    (`PZQ_ACK_TIMEOUT_MS`), so within one process life nothing is sent twice.
+    """
+
+    def publish_address(self, gateway: GatewayProcess) -> str:
+        return gateway.addresses["pzq-receive"]
+
+    def consume_address(self, gateway: GatewayProcess) -> str:
+        return gateway.addresses["pzq-send"]
+
+    def _publisher(self, address: str, epoch: int, rng: random.Random, stop: threading.Event) -> None:
+        import zmq
+
+        config, ledger = self.config, self.ledger
+        context = zmq.Context()
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://{address}")
+        pending: dict[bytes, bytes] = {}  # producer id -> body
+        try:
+            while not stop.is_set() or pending:
+                throttled = ledger.backlog() > config.max_backlog
+                if not stop.is_set() and not throttled and len(pending) < config.window:
+                    [body] = self._bodies(rng, 1)
+                    producer_id = body.split(b".", 1)[0]
+                    ledger.record_sent([body], epoch)  # before the send: a kill may come mid-write
+                    pending[producer_id] = body
+                    sock.send_multipart([producer_id, b"", body])
+                    continue
+                if not sock.poll(50):
+                    if stop.is_set():
+                        break  # the process is gone: what is pending stays unacknowledged
+                    continue
+                answer = sock.recv_multipart()
+                body = pending.pop(answer[0], None)
+                if body is None or answer[1:3] != [b"1", b""]:
+                    ledger.record_error(f"publisher epoch {epoch}: unexpected answer {answer!r}")
+                    continue
+                ledger.record_acked([body])
+        finally:
+            sock.close(linger=0)
+            context.term()
+
+    def _consumer(self, address: str, epoch: int, index: int, subscribed: threading.Event,
+                  stop: threading.Event) -> None:
+        import zmq
+
+        ledger = self.ledger
+        context = zmq.Context()
+        sock = context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://{address}")
+        subscribed.set()
+        try:
+            while not stop.is_set():
+                if not sock.poll(200):
+                    continue
+                frames = sock.recv_multipart()
+                attempt = int(frames[1].rsplit(b"|", 1)[1])
+                # Recorded before the answer: a kill between the two makes a redelivery legal.
+                ledger.record_delivery(Delivery(frames[5], attempt, epoch, frames[1], index))
+                sock.send_multipart([frames[0], frames[1], b"1"])
+        finally:
+            sock.close(linger=0)
+            context.term()
+
+
+# The PZQ loop's ACK timeout: nothing comes twice within one process life.
+PZQ_ACK_TIMEOUT_MS = 60_000
+
+
+def run_crash_loop(config: CrashLoopConfig, protocol: str = "nsq") -> CrashLoopResult:
+    if protocol == "pzq":
+        config = attrs.evolve(config, gateway_args=(*config.gateway_args, "--pzq-ack-timeout", str(PZQ_ACK_TIMEOUT_MS)))
+        return PZQCrashLoop(config).run()
     return CrashLoop(config).run()
 
 
@@ -513,6 +597,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--min-run", type=float, default=0.2, help="shortest process life before a kill (s)")
     parser.add_argument("--max-run", type=float, default=1.5, help="longest process life before a kill (s)")
     parser.add_argument("--drain-timeout", type=float, default=30.0)
+    parser.add_argument("--protocol", choices=("nsq", "pzq"), default="nsq",
+                        help="nsq: PUB/MPUB and FIN; pzq: DEALER producers and ROUTER consumers")
     args = parser.parse_args(argv)
     gateway_args: list[str] = []
     if args.fsync is not None:
@@ -530,7 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_run_s=args.max_run,
         drain_timeout_s=args.drain_timeout,
     )
-    result = run_crash_loop(config)
+    result = run_crash_loop(config, args.protocol)
     print(result.line())
     if result.harness_errors:
         print("harness errors:\n" + "\n".join(result.harness_errors), file=sys.stderr)
