@@ -80,3 +80,23 @@ def test_splitting_a_joined_body_gives_the_frames_back(frames: list[bytes]) -> N
 def test_any_body_splits_without_raising(body: bytes) -> None:
     frames = pzq.split_frames(body)
     assert frames and (frames == [body] or body.startswith(pzq.FRAMES_PREFIX))
+
+
+@given(st.lists(st.binary(max_size=30), max_size=8))
+def test_any_producer_frames_parse_without_raising(frames: list[bytes]) -> None:
+    parsed = pzq.parse_produce(frames)
+    if isinstance(parsed, Produce):
+        assert parsed.producer_id == frames[0] and parsed.bodies and b"" in frames[1:]
+    elif isinstance(parsed, ProduceRefused):
+        assert parsed.reason in (pzq.MALFORMED, pzq.EMPTY) and parsed.producer_id == frames[0]
+    else:
+        assert frames == []
+
+
+@given(st.lists(st.binary(max_size=30), max_size=5))
+def test_any_consumer_answer_parses_without_raising(frames: list[bytes]) -> None:
+    answer = pzq.parse_consumer_ack(frames)
+    assert isinstance(answer, ConsumerAck) == (len(frames) >= 2)
+    if isinstance(answer, ConsumerAck):
+        assert answer.done == (frames[1] == b"1")
+        pzq.parse_key(answer.key)  # any key: a delivery of ours or None, never an exception
