@@ -48,7 +48,7 @@ def test_pzq_producers_reach_nsq_channels_and_mqks_queues_of_the_topic(module_ga
     assert [d[5:] for d in got] == [[b"single"], [b"two", b"frames"]], "frame for frame again"
 
 
-def test_nsq_and_phpmq_publishes_reach_pzq_consumers(module_gateway: GatewayProcess, context: zmq.Context) -> None:
+def test_nsq_mqks_and_phpmq_publishes_reach_pzq_consumers(module_gateway: GatewayProcess, context: zmq.Context) -> None:
     with Consumer(context, module_gateway.addresses["pzq-send"]) as pzq_consumer:
         with RawClient(module_gateway.nsq_tcp) as nsq:
             nsq.send(nsq_client.pub("pzq", b"from nsq"))
@@ -57,10 +57,13 @@ def test_nsq_and_phpmq_publishes_reach_pzq_consumers(module_gateway: GatewayProc
             nsq.expect_response(b"OK")
         with PHPMQWire(module_gateway.host_port("phpmq")) as php:
             php.publish("pzq", b"from php")
-        got = [pzq_consumer.receive() for _ in range(3)]
+        with MQKSWire(module_gateway.host_port("mqks")) as mqks:  # the queue pzq is bound: not dropped
+            mqks.send(b"p1 publish --confirm pzq from mqks")
+            assert mqks.line() == b"p1 ok "
+        got = [pzq_consumer.receive() for _ in range(4)]
         for delivery in got:
             pzq_consumer.ack(delivery)
-    assert sorted(tuple(d[5:]) for d in got) == [(b"a", b"b"), (b"from nsq",), (b"from php",)]
+    assert sorted(tuple(d[5:]) for d in got) == [(b"a", b"b"), (b"from mqks",), (b"from nsq",), (b"from php",)]
 
 
 def test_pzq_and_phpmq_consumers_compete_on_one_queue(module_gateway: GatewayProcess, context: zmq.Context) -> None:
