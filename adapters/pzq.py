@@ -152,23 +152,24 @@ class PZQServer:
                     self._pumps.append(pump)
                     nursery.start_soon(pump.run)
             if self.send_pump is not None:
-                queue = self.queue
-                self.consumer = self.engine.attach(queue.name, self._deliver, credit=0,
-                                                   msg_timeout=self.limits.ack_timeout, retry_first=True,
-                                                   on_close=self._queue_gone, tag=self)
+                # The queue and its consumer come with the first consumer to connect (or the first
+                # message): a gateway whose PZQ sockets nobody uses holds no PZQ queue.
                 assert self.sockets.send_events is not None
                 self._events_pump = ZmqPump(self.sockets.send_events, self._peer_events)
                 self._pumps.append(self._events_pump)
                 nursery.start_soon(self._events_pump.run)
 
+    def _attach(self) -> None:
+        """The engine consumer that serves the send socket's consumers (the queue made if missing)."""
+        self.consumer = self.engine.attach(self.queue.name, self._deliver, credit=self._credit(),
+                                           msg_timeout=self.limits.ack_timeout, retry_first=True,
+                                           on_close=self._queue_gone, tag=self)
+
     def _queue_gone(self, reason: str) -> None:
-        """The queue was deleted (another protocol's admin): a new one takes its place at once."""
+        """The queue was deleted (another protocol's admin): a new one when consumers are there."""
         self.consumer = None
-        if self.send_pump is not None:
-            queue = self.queue
-            self.consumer = self.engine.attach(queue.name, self._deliver, credit=self._credit(),
-                                               msg_timeout=self.limits.ack_timeout, retry_first=True,
-                                               on_close=self._queue_gone, tag=self)
+        if self.consumers_connected:
+            self._attach()
 
     def shutdown(self) -> None:
         if self.consumer is not None:
@@ -229,6 +230,8 @@ class PZQServer:
                 self.consumers_connected = max(0, self.consumers_connected - 1)
         if self.consumer is not None:
             self.consumer.set_credit(self._credit())
+        elif self.consumers_connected:
+            self._attach()
 
     def _deliver(self, message: Message) -> None:
         pump = self.send_pump

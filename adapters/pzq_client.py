@@ -31,6 +31,8 @@ from polymq.codecs import pzq
 
 # How long `produce` waits for the server's answer (the reference client's default).
 DEFAULT_PRODUCE_TIMEOUT_S = 5.0
+# At the end of an `async with`, how long what is still queued (a consumer's last ACKs) may take to go out.
+CLOSE_FLUSH_S = 1.0
 
 
 class PZQRefused(Exception):
@@ -73,11 +75,14 @@ class _Client:
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
                         traceback: TracebackType | None) -> bool | None:
         assert self._nursery is not None
+        with trio.move_on_after(CLOSE_FLUSH_S):  # answers (a consumer's last ACKs) still queued go out first
+            while self.pump.outgoing:
+                await trio.sleep(0.005)
         self._nursery.cancel_scope.cancel()  # the pump, the consumer's handler task
         try:
             return await self._nursery_manager.__aexit__(kind, error, traceback)
         finally:
-            self.pump.close()
+            self.pump.close(linger_ms=int(CLOSE_FLUSH_S * 1000))
 
 
 class PZQProducer(_Client):

@@ -133,6 +133,7 @@ class ZmqPump:
                     return  # `close`
             self._waiting = None
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket (the pump ends); ZeroMQ keeps trying to send what it holds for `linger_ms`."""
         trio.lowlevel.notify_closing(self.fd)
-        self.sock.close(linger=0)
+        self.sock.close(linger=linger_ms)

@@ -206,7 +206,7 @@ def test_bad_input_closes_that_connection_only(module_gateway: GatewayProcess, d
         assert (before.content, after.content) == (b"before", b"after")
     reason = {"over-the-limit": "over the limit", "client-sent-003": "003 is not sent by this side"}
     expected = reason.get(next(k for k, v in BAD_INPUT.items() if v == data), "closing the connection")
-    assert any("closing the connection" in line and expected in line for line in module_gateway.log_lines)
+    module_gateway.wait_for_log(lambda line: "closing the connection" in line and expected in line)
 
 
 def test_a_message_cut_by_the_end_of_the_connection_is_logged_and_dropped(module_gateway: GatewayProcess) -> None:

@@ -91,7 +91,7 @@ def test_flush_asks_first_then_deletes(module_gateway: GatewayProcess) -> None:
         assert "flush needs a queue name" in shell.command("flush")
     finally:
         shell.close()
-    assert any("console flushed 3 messages" in line for line in module_gateway.log_lines)
+    module_gateway.wait_for_log(lambda line: "console flushed 3 messages" in line)
 
 
 def test_flushing_can_be_turned_off_and_flushall_asks_too(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,6 +42,18 @@ class GatewayProcess:
     def host_port(self, name: str) -> tuple[str, int]:
         host, port = self.addresses[name].rsplit(":", 1)
         return host, int(port)
+
+    def wait_for_log(self, wanted: Callable[[str], bool], timeout: float = 3.0) -> str:
+        """The first output line for which `wanted` holds, waiting for it (a thread reads the output)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in list(self.log_lines):
+                if wanted(line):
+                    return line
+            if time.monotonic() > deadline:
+                raise AssertionError("no such line in the gateway's output; the last ones:\n"
+                                     + "\n".join(self.log_lines[-10:]))
+            time.sleep(0.01)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         if self.process.poll() is None:
