@@ -446,10 +446,7 @@ class ScenarioResult:
         return self.consumed / self.e2e_seconds if self.e2e_seconds > 0 else 0.0
 
     def server_cpu_text(self) -> str:
-        if self.server_cpu is None:
-            return "-"
-        user, system, wait = self.server_cpu
-        return f"{(user + system) * 100:.0f}% ({user * 100:.0f}+{system * 100:.0f}) +{wait * 100:.0f}% wait"
+        return common.cpu_text(self.server_cpu)
 
     def as_dict(self) -> dict[str, Any]:
         latency = self.latency.as_dict() if self.latency else None

@@ -490,10 +490,7 @@ class ScenarioResult:
     server_cpu: tuple[float, float, float] | None = None
 
     def server_cpu_text(self) -> str:
-        if self.server_cpu is None:
-            return "-"
-        user, system, wait = self.server_cpu
-        return f"{(user + system) * 100:.0f}% ({user * 100:.0f}+{system * 100:.0f}) +{wait * 100:.0f}% wait"
+        return common.cpu_text(self.server_cpu)
 
     def pub_rate(self) -> float:
         return self.published / self.pub_seconds if self.pub_seconds > 0 else 0.0

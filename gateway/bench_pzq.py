@@ -131,25 +131,6 @@ def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str,
     return (producer_main if plan.role == "producer" else consumer_main)(plan, shared, index)
 
 
-@attrs.define
-class ScenarioResult:
-    name: str
-    producers: int
-    consumers: int
-    produced: int
-    consumed: int
-    produce_seconds: float
-    consume_seconds: float
-    latency: common.LatencySummary | None
-    server_cpu: tuple[float, float, float] | None = None
-
-    def produce_rate(self) -> float:
-        return self.produced / self.produce_seconds if self.produce_seconds else 0.0
-
-    def consume_rate(self) -> float:
-        return self.consumed / self.consume_seconds if self.consume_seconds else 0.0
-
-
 @attrs.frozen
 class Options:
     receive: str
@@ -191,7 +172,7 @@ def _run(name: str, opts: Options, producers: int, consumers: int, per_producer:
     return results[:consumers], results[consumers:], start_ns, watch
 
 
-def run_scenario(name: str, opts: Options, backlog: int) -> ScenarioResult:
+def run_scenario(name: str, opts: Options, backlog: int) -> common.FlowResult:
     """One scenario; `backlog`: the messages earlier scenarios left in the queue (consume drains them)."""
     latency = name == "latency"
     per_producer = opts.latency_messages if latency else opts.messages
@@ -210,14 +191,14 @@ def run_scenario(name: str, opts: Options, backlog: int) -> ScenarioResult:
     consumed = sum(r["received"] for r in received)
     last_ns = max((r["last_ns"] for r in received), default=start_ns)
     histogram = common.merge(r["histogram"] for r in received)
-    return ScenarioResult(
+    return common.FlowResult(
         name, producers, consumers, sum(r["acked"] for r in produced), consumed,
         max((r["seconds"] for r in produced), default=0.0), max(0.0, (last_ns - start_ns) / 1e9),
         common.summarize(histogram) if received else None, watch.cpu_share(wall),
     )
 
 
-def run_bench(opts: Options) -> list[ScenarioResult]:
+def run_bench(opts: Options) -> list[common.FlowResult]:
     results = []
     backlog = 0
     for name in opts.scenarios:
@@ -227,7 +208,7 @@ def run_bench(opts: Options) -> list[ScenarioResult]:
     return results
 
 
-def verdicts(r: ScenarioResult) -> list[str]:
+def verdicts(r: common.FlowResult) -> list[str]:
     lines = []
     if r.produced and r.name in ("produce", "both"):
         met = "met" if r.produce_rate() >= TARGET_PRODUCE_MSGS_PER_S else "NOT met"
@@ -244,22 +225,8 @@ def verdicts(r: ScenarioResult) -> list[str]:
     return lines
 
 
-def render(results: list[ScenarioResult], with_cpu: bool) -> str:
-    headers = ["scenario", "conns", "produced", "produce msgs/s", "consumed", "consume msgs/s",
-               "latency p50 / p99 / max"]
-    if with_cpu:
-        headers.append("server CPU (usr+sys) + run-queue wait")
-    rows = []
-    for r in results:
-        row = [r.name, f"{r.producers} prod + {r.consumers} cons", common.format_count(r.produced),
-               common.format_count(r.produce_rate()), common.format_count(r.consumed),
-               common.format_count(r.consume_rate()), common.format_latency(r.latency)]
-        if with_cpu:
-            cpu = r.server_cpu
-            row.append("-" if cpu is None else f"{(cpu[0] + cpu[1]) * 100:.0f}% ({cpu[0] * 100:.0f}+{cpu[1] * 100:.0f})"
-                       f" +{cpu[2] * 100:.0f}% wait")
-        rows.append(row)
-    return "\n".join([common.render_table(headers, rows), "", *(line for r in results for line in verdicts(r))])
+def render(results: list[common.FlowResult], with_cpu: bool) -> str:
+    return common.render_flows(results, with_cpu, [line for r in results for line in verdicts(r)])
 
 
 @click.command()

@@ -29,7 +29,7 @@ def test_both_scenarios_consume_what_they_published(module_gateway: GatewayProce
     assert list(results) == ["throughput", "latency"]
     for name, expected in (("throughput", 1400), ("latency", 200)):
         r = results[name]
-        assert (r["published"], r["consumed"], r["producers"], r["consumers"]) == (expected, expected, 2, 2)
+        assert (r["produced"], r["consumed"], r["producers"], r["consumers"]) == (expected, expected, 2, 2)
         assert r["latency"]["count"] == expected
         assert 0 <= r["latency"]["p50_us"] <= r["latency"]["p99_us"] <= r["latency"]["max_us"]
         assert r["server_cpu"] is not None
@@ -41,8 +41,8 @@ def test_the_table_says_what_the_targets_are(module_gateway: GatewayProcess) -> 
                      "--latency-messages", "50")
     assert done.returncode == 0, done.stderr + done.stdout
     lines = done.stdout.splitlines()
-    assert lines[0].split()[:3] == ["scenario", "conns", "published"]
-    assert lines[2].startswith("latency") and "1 pub + 1 sub" in lines[2]
+    assert lines[0].split()[:3] == ["scenario", "conns", "produced"]
+    assert lines[2].startswith("latency") and "1 prod + 1 cons" in lines[2]
     assert lines[-1].startswith("latency: p50 ") and "target p99 < 2 ms" in lines[-1]
 
 
