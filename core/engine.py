@@ -64,12 +64,33 @@ REFILL_BATCH = 1024
 PUMP_BATCH = 1024
 
 
+class CreditPool:
+    """Tokens several consumers share: an eMQP worker's free slots serve every queue it works on.
+
+    A delivery to any of them spends one. When tokens come, the consumers are offered them in the
+    order they joined (the worker's own order of its queues): the first whose queue holds a message
+    takes it."""
+
+    __slots__ = ("consumers", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.consumers: list[Consumer] = []
+
+    def add(self, count: int = 1) -> None:
+        self.tokens += count
+        for consumer in list(self.consumers):
+            if self.tokens <= 0:
+                break
+            consumer.queue._consumer_changed(consumer)
+
+
 class Consumer:
     """A session attached to one queue."""
 
     __slots__ = ("auto_ack", "closed", "credit", "deliver", "finish_count", "in_flight", "in_ring",
-                 "max_msg_timeout", "message_count", "mode", "msg_timeout", "on_close", "outstanding",
-                 "queue", "requeue_count", "retry_first", "sample_rate", "tag", "timeout_count", "timer")
+                 "max_msg_timeout", "message_count", "mode", "msg_timeout", "on_close", "outstanding", "pool",
+                 "priority", "queue", "requeue_count", "retry_first", "sample_rate", "tag", "timeout_count", "timer")
 
     def __init__(
         self,
@@ -85,8 +106,17 @@ class Consumer:
         on_close: Callable[[str], None] | None,
         tag: Any,
         retry_first: bool = False,
+        pool: CreditPool | None = None,
+        priority: int = 0,
     ) -> None:
         self.queue = queue
+        # Tokens shared with other consumers (their deliveries spend them too); replaces `credit`.
+        self.pool = pool
+        if pool is not None:
+            pool.consumers.append(self)
+        # Among the consumers with credit, the higher priority is served first (eMQP's weights);
+        # equal priorities take turns.
+        self.priority = priority
         # Its timed-out and requeued messages go back to the front of the queue, to be tried
         # first (PZQ's order), instead of the tail (nsqd's).
         self.retry_first = retry_first
@@ -112,6 +142,8 @@ class Consumer:
     # -- credit ------------------------------------------------------------------------------
 
     def available(self) -> int:
+        if self.pool is not None:
+            return self.pool.tokens
         if self.mode is CreditMode.TOKENS:
             return self.credit
         used = self.outstanding if self.auto_ack else len(self.in_flight)
@@ -189,6 +221,7 @@ class Queue:
         self._deferred_timer: Timer | None = None
         self._delete_timer: Timer | None = None
         self._dispatching = False  # a deliver callback that acks or releases must not recurse
+        self._prioritized = False  # some consumer has a priority: the ring keeps their order
         self._deferred_seq = itertools.count()
         self.message_count = 0
         self.requeue_count = 0
@@ -307,6 +340,11 @@ class Queue:
         log = self.log
         while ring and not self.paused and (ready or (log is not None and log.spilled and self._refill())):
             consumer = ring[0]
+            pool = consumer.pool
+            if pool is not None and pool.tokens <= 0:
+                ring.popleft()  # its pool was spent in another queue
+                consumer.in_ring = False
+                continue
             message = ready.popleft()
             if message.expires_at is not None and message.expires_at <= now:
                 engine.expired_count += 1
@@ -322,7 +360,9 @@ class Queue:
                 continue
             message.attempts += 1
             consumer.message_count += 1
-            if consumer.mode is CreditMode.TOKENS:
+            if pool is not None:
+                pool.tokens -= 1
+            elif consumer.mode is CreditMode.TOKENS:
                 consumer.credit -= 1
             if consumer.auto_ack:
                 if consumer.mode is CreditMode.WINDOW:
@@ -345,7 +385,11 @@ class Queue:
                 ring.popleft()
                 consumer.in_ring = False
             elif len(ring) > 1:
-                ring.rotate(-1)
+                if self._prioritized:
+                    ring.popleft()
+                    self._enter_ring(consumer)  # the end of its priority's turn
+                else:
+                    ring.rotate(-1)
             consumer.deliver(message)
 
     def _consumer_changed(self, consumer: Consumer) -> None:
@@ -354,12 +398,23 @@ class Queue:
         if consumer.available() > 0:
             if not consumer.in_ring:
                 consumer.in_ring = True
-                self.ring.append(consumer)
+                self._enter_ring(consumer)
             if (self.ready or self.spilled) and not self.paused:
                 self._dispatch()
         elif consumer.in_ring:
             consumer.in_ring = False
             self.ring.remove(consumer)
+
+    def _enter_ring(self, consumer: Consumer) -> None:
+        """Behind every consumer of its priority or a higher one, ahead of the lower ones."""
+        ring = self.ring
+        if not self._prioritized or not ring or ring[-1].priority >= consumer.priority:
+            ring.append(consumer)
+            return
+        for index, other in enumerate(ring):
+            if other.priority < consumer.priority:
+                ring.insert(index, consumer)
+                return
 
     # -- acknowledgements ----------------------------------------------------------------------
 
@@ -543,6 +598,8 @@ class Queue:
     # -- consumers coming and going ----------------------------------------------------------
 
     def _attach(self, consumer: Consumer) -> None:
+        if consumer.priority:
+            self._prioritized = True
         if self._delete_timer is not None:
             self._delete_timer.cancel()
             self._delete_timer = None
@@ -561,6 +618,8 @@ class Queue:
             self.ring.remove(consumer)
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        if consumer.pool is not None and consumer in consumer.pool.consumers:
+            consumer.pool.consumers.remove(consumer)
         returned = list(consumer.in_flight.values())
         consumer.in_flight.clear()
         for message in returned:
@@ -928,11 +987,14 @@ class Engine:
         on_close: Callable[[str], None] | None = None,
         tag: Any = None,
         retry_first: bool = False,
+        pool: CreditPool | None = None,
+        priority: int = 0,
     ) -> Consumer:
         queue = self.queues[queue_name]
         consumer = Consumer(queue, deliver, credit=credit, mode=mode, auto_ack=auto_ack,
                             msg_timeout=msg_timeout, max_msg_timeout=max_msg_timeout,
-                            sample_rate=sample_rate, on_close=on_close, tag=tag, retry_first=retry_first)
+                            sample_rate=sample_rate, on_close=on_close, tag=tag, retry_first=retry_first,
+                            pool=pool, priority=priority)
         queue._attach(consumer)
         return consumer
 

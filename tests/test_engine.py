@@ -17,7 +17,7 @@ from polymq.core import records
 from polymq.core.clock import ManualClock
 from polymq.core.disk_io import FileWriter
 from polymq.core.disk_storage import DiskStorage
-from polymq.core.engine import Consumer, CreditMode, Engine, Message, Outcome
+from polymq.core.engine import Consumer, CreditMode, CreditPool, Engine, Message, Outcome
 
 
 class Recorder:
@@ -1258,6 +1258,93 @@ def test_emqp_ready_tokens_shared_by_competing_workers() -> None:
     assert got2.bodies == [b"j2", b"j3"]
     queue = engine.queue("email")
     assert queue is not None and queue.depth == 0 and queue.in_flight == {}
+
+
+def pooled_worker(engine: Engine, queues: list[str], priority: int = 0) -> tuple[CreditPool, Recorder]:
+    """An eMQP-style worker: one consumer per queue, all spending one pool, one recorder."""
+    pool = CreditPool()
+    recorder = Recorder()
+    for name in queues:
+        engine.ensure_queue(name)
+        engine.bind(name, name)
+        engine.attach(name, recorder, mode=CreditMode.TOKENS, pool=pool, priority=priority)
+    return pool, recorder
+
+
+def test_a_credit_pool_serves_the_queues_in_the_order_the_worker_joined_them() -> None:
+    engine, _ = make()
+    pool, got = pooled_worker(engine, ["first", "second"])
+    pub(engine, "second", b"s1", b"s2")
+    pub(engine, "first", b"f1")
+    assert got.bodies == []  # no tokens yet
+    pool.add(1)
+    assert got.bodies == [b"f1"] and pool.tokens == 0
+    pool.add(1)
+    assert got.bodies == [b"f1", b"s1"]
+    pool.add(5)
+    assert got.bodies == [b"f1", b"s1", b"s2"] and pool.tokens == 4
+    pub(engine, "second", b"s3")
+    pub(engine, "first", b"f2")
+    assert got.bodies[3:] == [b"s3", b"f2"] and pool.tokens == 2
+    # In flight in both queues, each under the worker's own consumer there.
+    for name, count in (("first", 2), ("second", 3)):
+        queue = engine.queue(name)
+        assert queue is not None and len(queue.in_flight) == count and queue.depth == 0
+
+
+def test_a_spent_pool_leaves_the_message_for_a_worker_with_tokens() -> None:
+    engine, _ = make()
+    pool_a, got_a = pooled_worker(engine, ["jobs", "other"])
+    pool_b, got_b = pooled_worker(engine, ["jobs"])
+    pool_a.add(1)
+    pub(engine, "other", b"o1")  # spends a's only token
+    pool_b.add(1)
+    pub(engine, "jobs", b"j1", b"j2")
+    assert got_a.bodies == [b"o1"] and got_b.bodies == [b"j1"]
+    pool_a.add(1)
+    assert got_a.bodies == [b"o1", b"j2"]
+    assert pool_a.tokens == 0 and pool_b.tokens == 0
+
+
+def test_higher_priority_is_served_first_and_equal_priorities_take_turns() -> None:
+    engine, _ = make()
+    heavy1, got_h1 = pooled_worker(engine, ["q"], priority=30)
+    light, got_l = pooled_worker(engine, ["q"], priority=10)
+    heavy2, got_h2 = pooled_worker(engine, ["q"], priority=30)
+    for pool in (light, heavy1, heavy2):
+        pool.add(2)
+    pub(engine, "q", *bodies("m", 6))
+    assert got_h1.bodies == [b"m0", b"m2"]
+    assert got_h2.bodies == [b"m1", b"m3"]
+    assert got_l.bodies == [b"m4", b"m5"]
+
+
+def test_a_lower_priority_worker_gets_work_while_the_higher_one_has_no_tokens() -> None:
+    engine, _ = make()
+    heavy, got_h = pooled_worker(engine, ["q"], priority=50)
+    light, got_l = pooled_worker(engine, ["q"], priority=1)
+    light.add(1)
+    pub(engine, "q", b"a")
+    heavy.add(1)
+    pub(engine, "q", b"b")
+    light.add(1)
+    heavy.add(1)  # both have a token now: the heavier one takes the next
+    pub(engine, "q", b"c")
+    assert got_l.bodies == [b"a"] and got_h.bodies == [b"b", b"c"]
+
+
+def test_detaching_a_pooled_consumer_returns_its_messages_and_leaves_the_pool() -> None:
+    engine, _ = make()
+    pool, got = pooled_worker(engine, ["q"])
+    other_pool, got_other = pooled_worker(engine, ["q"])
+    pool.add(2)
+    pub(engine, "q", b"x", b"y")
+    assert got.bodies == [b"x", b"y"]
+    [consumer] = pool.consumers
+    consumer.detach()
+    assert pool.consumers == []
+    other_pool.add(2)
+    assert got_other.log == [(b"x", 2), (b"y", 2)]
 
 
 def test_deliver_callback_publishing_to_its_own_queue_is_delivered_after() -> None:
