@@ -31,6 +31,7 @@ import zmq
 import zmq.utils.monitor
 
 from polymq.adapters.zmq_pump import Frames, ZmqPump
+from polymq.adapters.zmq_sockets import PEER_CONNECTED, PEER_GONE, SocketSpec, ZmqSockets
 from polymq.codecs import pzq
 from polymq.core.engine import Consumer, Engine, Message, Outcome, Queue
 
@@ -44,9 +45,8 @@ DEFAULT_WINDOW = 100
 DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
 # Sent to a monitor request that is not `MONITOR` (the original sends nothing and the REQ hangs).
 UNKNOWN_REQUEST = b"ERROR: unknown request, send MONITOR"
-# ZeroMQ socket monitor events of the send socket that change the number of connected consumers.
-_CONNECTED = zmq.EVENT_ACCEPTED
-_GONE = zmq.EVENT_DISCONNECTED
+# A monitor request is one short word.
+MONITOR_MAX_MESSAGE = 64 * 1024
 
 
 @attrs.frozen
@@ -57,83 +57,30 @@ class PZQLimits:
     max_message: int = DEFAULT_MAX_MESSAGE
 
 
-@attrs.define
-class PZQSockets:
-    """The three bound sockets (bound before the store opens, so a start-up failure leaves nothing)."""
-
-    context: zmq.Context
-    receive: zmq.Socket | None
-    send: zmq.Socket | None
-    monitor: zmq.Socket | None
-    # The send socket's connection events (consumers coming and going), watched from before it is
-    # bound, so that no consumer connects unseen.
-    send_events: zmq.Socket | None = None
-
-    @classmethod
-    def bind(cls, host: str, ports: dict[str, int | None], max_message: int) -> tuple[PZQSockets, dict[str, str]]:
-        """Sockets for the listeners whose port is not None; their `host:port`. Raises zmq.ZMQError
-        naming nothing: the caller says which listener failed (`name` attribute on the error)."""
-        context = zmq.Context()
-        made: dict[str, zmq.Socket] = {}
-        addresses: dict[str, str] = {}
-        kinds = {"pzq-receive": zmq.ROUTER, "pzq-send": zmq.DEALER, "pzq-monitor": zmq.ROUTER}
-        try:
-            for name, kind in kinds.items():
-                port = ports.get(name)
-                if port is None:
-                    continue
-                sock = context.socket(kind)
-                made[name] = sock
-                sock.setsockopt(zmq.LINGER, 1000)  # the original's linger
-                if name == "pzq-receive":
-                    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an ACK waits at a full pipe, never dropped
-                    sock.setsockopt(zmq.MAXMSGSIZE, max_message)
-                elif name == "pzq-monitor":
-                    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-                    sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024)
-                else:
-                    sock.setsockopt(zmq.MAXMSGSIZE, max_message)
-                    made["pzq-send-events"] = sock.get_monitor_socket(_CONNECTED | _GONE)
-                endpoint = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-                try:
-                    if ":" in host:
-                        sock.setsockopt(zmq.IPV6, 1)
-                    sock.bind(endpoint if port else endpoint.rsplit(":", 1)[0] + ":*")
-                except zmq.ZMQError as error:
-                    error.listener = name  # type: ignore[attr-defined]
-                    raise
-                bound = sock.getsockopt(zmq.LAST_ENDPOINT).decode().removeprefix("tcp://")
-                addresses[name] = bound.replace("[", "").replace("]", "") if bound.count(":") > 1 else bound
-        except BaseException:
-            for sock in made.values():
-                sock.close(linger=0)
-            context.term()
-            raise
-        return cls(context, made.get("pzq-receive"), made.get("pzq-send"), made.get("pzq-monitor"),
-                   made.get("pzq-send-events")), addresses
-
-    def close(self) -> None:
-        if self.send is not None and self.send_events is not None and not self.send.closed:
-            self.send.disable_monitor()
-        for sock in (self.receive, self.send, self.monitor, self.send_events):
-            if sock is not None and not sock.closed:
-                sock.close(linger=0)
-        if not self.context.closed:
-            self.context.term()
+def socket_specs(ports: dict[str, int | None], max_message: int) -> dict[str, SocketSpec]:
+    """The three PZQ sockets (`pzq-receive`, `pzq-send`, `pzq-monitor`) at these ports."""
+    return {
+        # ROUTER_MANDATORY: an ACK waits at a full pipe, never dropped.
+        "pzq-receive": SocketSpec(zmq.ROUTER, ports.get("pzq-receive"), max_message, mandatory=True),
+        # Its connection events count the consumers.
+        "pzq-send": SocketSpec(zmq.DEALER, ports.get("pzq-send"), max_message, watch_peers=True),
+        "pzq-monitor": SocketSpec(zmq.ROUTER, ports.get("pzq-monitor"), MONITOR_MAX_MESSAGE, mandatory=True),
+    }
 
 
 class PZQServer:
-    def __init__(self, engine: Engine, sockets: PZQSockets, limits: PZQLimits | None = None) -> None:
+    def __init__(self, engine: Engine, sockets: ZmqSockets, limits: PZQLimits | None = None) -> None:
         self.engine = engine
-        self.sockets = sockets
         self.limits = limits or PZQLimits()
         self.consumers_connected = 0
         self.stale_acks = 0  # ACKs of an earlier delivery, or of no delivery at all
         self.consumer: Consumer | None = None
         self._pumps: list[ZmqPump] = []
-        self.receive_pump = ZmqPump(sockets.receive, self._produced) if sockets.receive is not None else None
-        self.send_pump = ZmqPump(sockets.send, self._answered) if sockets.send is not None else None
-        self.monitor_pump = ZmqPump(sockets.monitor, self._monitor) if sockets.monitor is not None else None
+        receive, send, monitor = sockets.get("pzq-receive"), sockets.get("pzq-send"), sockets.get("pzq-monitor")
+        self.receive_pump = ZmqPump(receive, self._produced) if receive is not None else None
+        self.send_pump = ZmqPump(send, self._answered) if send is not None else None
+        self.monitor_pump = ZmqPump(monitor, self._monitor) if monitor is not None else None
+        self._send_events = sockets.peer_events.get("pzq-send")
         self._events_pump: ZmqPump | None = None
 
     @property
@@ -154,8 +101,8 @@ class PZQServer:
             if self.send_pump is not None:
                 # The queue and its consumer come with the first consumer to connect (or the first
                 # message): a gateway whose PZQ sockets nobody uses holds no PZQ queue.
-                assert self.sockets.send_events is not None
-                self._events_pump = ZmqPump(self.sockets.send_events, self._peer_events)
+                assert self._send_events is not None
+                self._events_pump = ZmqPump(self._send_events, self._peer_events)
                 self._pumps.append(self._events_pump)
                 nursery.start_soon(self._events_pump.run)
 
@@ -175,9 +122,10 @@ class PZQServer:
         if self.consumer is not None:
             self.consumer.detach()
             self.consumer = None
+        if self.send_pump is not None and self._send_events is not None:
+            self.send_pump.sock.disable_monitor()
         for pump in self._pumps:
             pump.close()
-        self.sockets.close()
 
     # -- producers -----------------------------------------------------------------------------
 
@@ -224,9 +172,9 @@ class PZQServer:
     def _peer_events(self, batch: list[Frames]) -> None:
         for frames in batch:
             event = zmq.utils.monitor.parse_monitor_message(frames)["event"]
-            if event == _CONNECTED:
+            if event == PEER_CONNECTED:
                 self.consumers_connected += 1
-            elif event == _GONE:
+            elif event == PEER_GONE:
                 self.consumers_connected = max(0, self.consumers_connected - 1)
         if self.consumer is not None:
             self.consumer.set_credit(self._credit())

@@ -29,12 +29,14 @@ import trio
 import zmq
 
 import polymq
+from polymq.adapters import pzq as pzq_adapter
 from polymq.adapters.mqks import MQKSServer
 from polymq.adapters.nsq import NSQServer
 from polymq.adapters.phpmq import PHPMQServer
 from polymq.adapters.phpmq_console import ConsoleServer
-from polymq.adapters.pzq import PZQServer, PZQSockets
+from polymq.adapters.pzq import PZQServer
 from polymq.adapters.transport import serve_tcp, stop_listening
+from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
 from polymq.core.clock import SystemClock
 from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import Engine
@@ -69,14 +71,13 @@ class Prepared:
     storage: DiskStorage | MemoryStorage
     committer: Committer | None
     ssl_context: ssl.SSLContext | None
-    pzq_sockets: PZQSockets | None = None
-    pzq_addresses: dict[str, str] = attrs.Factory(dict)
+    zmq: ZmqSockets | None = None
 
     def close(self) -> None:
         for sock in self.sockets.values():
             sock.close()
-        if self.pzq_sockets is not None:
-            self.pzq_sockets.close()
+        if self.zmq is not None:
+            self.zmq.close()
         if isinstance(self.storage, DiskStorage):
             self.storage.close()
 
@@ -189,32 +190,37 @@ def prepare(config: Config) -> Prepared:
     """Binds every listener, then opens the store; on failure closes what it made and raises StartupError."""
     ssl_context = _ssl_context(config)
     sockets: dict[str, socket.socket] = {}
-    pzq_sockets: PZQSockets | None = None
-    pzq_addresses: dict[str, str] = {}
+    zmq_made: ZmqSockets | None = None
     try:
         for name in LISTENERS:
             port = config.port(name)
             if port is not None:
                 sockets[name] = listening_socket(name, config.host(name), port)
-        pzq_ports = {name: config.port(name) for name in ZMQ_LISTENERS}
-        if any(port is not None for port in pzq_ports.values()):
-            pzq_sockets, pzq_addresses = zmq_sockets(config.bind, pzq_ports, config.pzq.max_message)
+        specs = zmq_specs(config)
+        if any(spec.port is not None for spec in specs.values()):
+            zmq_made = zmq_sockets(config.bind, specs)
         storage, committer = open_storage(config)
     except BaseException:
         for sock in sockets.values():
             sock.close()
-        if pzq_sockets is not None:
-            pzq_sockets.close()
+        if zmq_made is not None:
+            zmq_made.close()
         raise
-    return Prepared(config, sockets, storage, committer, ssl_context, pzq_sockets, pzq_addresses)
+    return Prepared(config, sockets, storage, committer, ssl_context, zmq_made)
 
 
-def zmq_sockets(host: str, ports: dict[str, int | None], max_message: int) -> tuple[PZQSockets, dict[str, str]]:
+def zmq_specs(config: Config) -> dict[str, SocketSpec]:
+    """The ZeroMQ sockets of every ZeroMQ protocol, each at its configured port (None: off)."""
+    ports = {name: config.port(name) for name in ZMQ_LISTENERS}
+    return pzq_adapter.socket_specs(ports, config.pzq.max_message)
+
+
+def zmq_sockets(host: str, specs: dict[str, SocketSpec]) -> ZmqSockets:
     try:
-        return PZQSockets.bind(host, ports, max_message)
+        return ZmqSockets.bind(host, specs)
     except zmq.ZMQError as error:
         name = getattr(error, "listener", "pzq")
-        port = ports.get(name)
+        port = specs[name].port if name in specs else None
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         flag = ZMQ_LISTENERS.get(name, "--pzq-receive-port")
         why = os.strerror(error.errno).lower() if error.errno else str(error)
@@ -256,7 +262,9 @@ async def run_gateway(
     mqks = MQKSServer(engine, config.mqks.limits())
     phpmq = PHPMQServer(engine, config.phpmq.limits())
     console = ConsoleServer(engine, destructive=config.phpmq.console_destructive)
-    pzq = PZQServer(engine, prepared.pzq_sockets, config.pzq.limits()) if prepared.pzq_sockets is not None else None
+    zmq_made = prepared.zmq
+    pzq = (PZQServer(engine, zmq_made, config.pzq.limits())
+           if zmq_made is not None and any(name.startswith("pzq-") for name in zmq_made.sockets) else None)
     sockets = prepared.sockets
     in_flight = 0
     # Installed before any listener serves, so a signal at any moment after start-up is a clean stop.
@@ -281,9 +289,10 @@ async def run_gateway(
                     await nursery.start(serve_tcp, phpmq.handle_connection, sock)
                 else:
                     await nursery.start(serve_tcp, console.handle_connection, sock)
-            if pzq is not None:
-                for name, address in prepared.pzq_addresses.items():
+            if zmq_made is not None:
+                for name, address in zmq_made.addresses.items():
                     log.info("listening %s %s", name, address)
+            if pzq is not None:
                 nursery.start_soon(pzq.run)
             log.info("ready")
             task_status.started(engine)
@@ -302,6 +311,8 @@ async def run_gateway(
                     pzq.shutdown()  # its in-flight deliveries go back to the queue; its sockets close
                 nursery.cancel_scope.cancel()
                 break
+    if zmq_made is not None:
+        zmq_made.close()  # what the adapters left open, and the ZeroMQ context
     # Sessions are closed and their in-flight messages returned: write and fdatasync it all.
     if committer is not None and isinstance(storage, DiskStorage):
         await committer.flush()
