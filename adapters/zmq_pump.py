@@ -13,6 +13,7 @@ do: interpret frames (that is the codec's job) or decide what to send (the adapt
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -134,6 +135,10 @@ class ZmqPump:
             self._waiting = None
 
     def close(self, linger_ms: int = 0) -> None:
-        """Close the socket (the pump ends); ZeroMQ keeps trying to send what it holds for `linger_ms`."""
+        """Close the socket (the pump ends). What is queued goes to ZeroMQ first, as far as it takes
+        it without waiting; ZeroMQ keeps trying to send what it holds for `linger_ms`."""
+        if linger_ms and self.outgoing:
+            with contextlib.suppress(zmq.ZMQError):  # closing anyway
+                self._send()
         trio.lowlevel.notify_closing(self.fd)
         self.sock.close(linger=linger_ms)

@@ -23,6 +23,7 @@ class SocketSpec:
     max_message: int  # libzmq drops (and disconnects) a larger incoming message as it arrives
     mandatory: bool = False  # ROUTER_MANDATORY: a message waits at a full pipe, never silently dropped
     watch_peers: bool = False  # a monitor socket reports peers connecting and going
+    host: str | None = None  # its own address instead of the gateway's --bind
 
 
 @attrs.define
@@ -42,7 +43,7 @@ class ZmqSockets:
         try:
             for name, spec in specs.items():
                 if spec.port is not None:
-                    made._bind_one(name, host, spec)
+                    made._bind_one(name, spec.host or host, spec)
         except BaseException:
             made.close()
             raise

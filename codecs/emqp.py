@@ -46,6 +46,11 @@ REPLY_REQUESTED = "reply-requested"
 NOHASTE = "nohaste"
 RUN_COUNT = "run_count"
 TIMEOUT = "timeout"
+# The longest queue or topic name taken. The original has no limit; polymq's names stay within
+# this in every protocol (PHPMQ's bound).
+MAX_QUEUE_NAME = 1024
+# What a refusal's text starts with (a REPLY the original never sends: it drops silently).
+ERROR_PREFIX = b"ERROR: "
 
 
 @attrs.define(slots=True)
@@ -102,11 +107,26 @@ class Publish:
 def parse(frames: list[bytes]) -> Message | Invalid:
     """A message as a ROUTER reads it: `[identity, '', version, COMMAND, msgid, *body]`.
 
-    The original ignores the empty frame and the version; so does this. Fewer than four frames after
-    the identity is no message."""
+    Fewer than four frames after the identity is no message. The original never looks at the empty
+    frame or the version; every real peer sends them right, so anything else is refused here
+    rather than guessed at."""
     if len(frames) < 5:
         return Invalid(f"{len(frames)} frames: an eMQP message has an identity and at least 4 more")
+    if frames[1]:
+        return Invalid("the frame after the identity is not the empty delimiter")
+    if frames[2] != VERSION:
+        return Invalid(f"protocol version {frames[2][:40]!r}; this broker speaks eMQP/1.0")
     return Message(frames[0], frames[3], frames[4], frames[5:])
+
+
+def queue_name(raw: bytes) -> str | Invalid:
+    """A queue (or topic) name as the engine names it: UTF-8 text of 1 to MAX_QUEUE_NAME bytes."""
+    if not raw or len(raw) > MAX_QUEUE_NAME:
+        return Invalid(f"a queue name of {len(raw)} bytes (1 to {MAX_QUEUE_NAME})")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return Invalid("a queue name that is not UTF-8")
 
 
 def parse_inform(body: list[bytes]) -> Inform | Invalid:
@@ -183,6 +203,17 @@ def ack(identity: bytes, msgid: bytes, acked_msgid: bytes) -> list[bytes]:
 def reply(identity: bytes, msgid: bytes, *body: bytes) -> list[bytes]:
     """The router's REPLY: "dispatched" (`body` = the client's msgid) or an admin answer (JSON)."""
     return envelope(identity, REPLY, msgid, *body)
+
+
+def refusal(identity: bytes, msgid: bytes, refused_msgid: bytes, reason: str) -> list[bytes]:
+    """A REPLY naming the refused message and why: `[refused_msgid, 'ERROR: <reason>']`."""
+    return envelope(identity, REPLY, msgid, refused_msgid, ERROR_PREFIX + reason.encode())
+
+
+def disconnect(identity: bytes, msgid: bytes, reason: str) -> list[bytes]:
+    """DISCONNECT with the reason as a body frame: the one answer besides ACK a peer waiting for
+    its ACK acts on (it stops instead of waiting forever)."""
+    return envelope(identity, DISCONNECT, msgid, reason.encode())
 
 
 def heartbeat(identity: bytes, msgid: bytes, unix_time: float) -> list[bytes]:

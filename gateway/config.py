@@ -23,6 +23,8 @@ import click
 import tomli_w
 from click.core import ParameterSource
 
+from polymq.adapters import emqp as emqp_adapter
+from polymq.adapters.emqp import EMQPLimits
 from polymq.adapters.mqks import MQKSLimits
 from polymq.adapters.phpmq import PHPMQLimits
 from polymq.adapters.pzq import DEFAULT_ACK_TIMEOUT_S, DEFAULT_MAX_MESSAGE, DEFAULT_WINDOW, PZQLimits
@@ -45,6 +47,10 @@ DEFAULT_PHPMQ_CONSOLE_PORT = 9101
 DEFAULT_PZQ_RECEIVE_PORT = 11131
 DEFAULT_PZQ_SEND_PORT = 11132
 DEFAULT_PZQ_MONITOR_PORT = 11133
+# EventMQ's ports (its conf.py): jobmanagers, clients and schedulers, emq-cli.
+DEFAULT_EMQP_BACKEND_PORT = 47290
+DEFAULT_EMQP_FRONTEND_PORT = 47291
+DEFAULT_EMQP_ADMIN_PORT = 47293
 # A listener's port: 0 lets the OS choose a free one, -1 turns the listener off.
 PORT = click.IntRange(min=-1, max=65535)
 ENV_PREFIX = "POLYMQ_"
@@ -214,6 +220,32 @@ OPTIONS: tuple[Option, ...] = (
            "Deliveries each connected PZQ consumer may hold unacknowledged."),
     Option("pzq.max_message", "--pzq-max-message", click.IntRange(min=1), DEFAULT_MAX_MESSAGE,
            "Largest producer message (all its frames) in bytes; ZeroMQ drops a larger one as it arrives."),
+    # eMQP
+    Option("emqp.enabled", "--emqp/--no-emqp", click.BOOL, True, "Serve eMQP (EventMQ, ZeroMQ)."),
+    Option("emqp.backend_port", "--emqp-backend-port", PORT, DEFAULT_EMQP_BACKEND_PORT,
+           "eMQP backend socket (jobmanagers connect) TCP port (0 = any free, -1 = off)."),
+    Option("emqp.frontend_port", "--emqp-frontend-port", PORT, DEFAULT_EMQP_FRONTEND_PORT,
+           "eMQP frontend socket (clients and schedulers connect) TCP port (0 = any free, -1 = off)."),
+    Option("emqp.admin_port", "--emqp-admin-port", PORT, DEFAULT_EMQP_ADMIN_PORT,
+           "eMQP admin socket (emq-cli connects) TCP port (0 = any free, -1 = off)."),
+    Option("emqp.admin_bind", "--emqp-admin-bind", click.STRING, DEFAULT_BIND,
+           "Address the eMQP admin socket binds to, whatever --bind says (loopback by default)."),
+    Option("emqp.admin_disconnect", "--emqp-admin-disconnect/--no-emqp-admin-disconnect", click.BOOL, False,
+           "Let DISCONNECT on the admin socket stop the gateway (no other peer's DISCONNECT ever does)."),
+    Option("emqp.heartbeat_interval_ms", "--emqp-heartbeat-interval", click.IntRange(min=1),
+           int(emqp_adapter.HEARTBEAT_INTERVAL_S * 1000),
+           "Time between the broker's HEARTBEATs to each worker and scheduler, in ms (the original's 3 s)."),
+    Option("emqp.heartbeat_timeout_ms", "--emqp-heartbeat-timeout", click.IntRange(min=1),
+           int(emqp_adapter.HEARTBEAT_TIMEOUT_S * 1000),
+           "Silence after which a worker or scheduler is gone and its jobs go to other workers, in ms "
+           "(the original's 5 s)."),
+    Option("emqp.max_depth", "--emqp-max-depth", click.IntRange(min=0), 0,
+           "Requests a queue may hold waiting for a worker; more are refused with a REPLY (0 = no limit)."),
+    Option("emqp.reroute_unknown", "--emqp-reroute-unknown/--no-emqp-reroute-unknown", click.BOOL, False,
+           "Send a request for a queue nobody consumes to 'default' (the original's rule) instead of "
+           "keeping it in its own queue."),
+    Option("emqp.max_message", "--emqp-max-message", click.IntRange(min=1), emqp_adapter.DEFAULT_MAX_MESSAGE,
+           "Largest eMQP message (all its frames) in bytes; ZeroMQ drops a larger one as it arrives."),
     # logs
     Option("log.level", "--log-level", click.Choice(["debug", "info", "warning", "error"]), "info",
            "Least severe log lines written."),
@@ -221,7 +253,7 @@ OPTIONS: tuple[Option, ...] = (
            "text: one line per record for people; json: one JSON object per line for machines."),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
-SECTIONS = ("", "storage", "nsq", "mqks", "phpmq", "pzq", "log")
+SECTIONS = ("", "storage", "nsq", "mqks", "phpmq", "pzq", "emqp", "log")
 
 
 @attrs.frozen
@@ -319,6 +351,27 @@ class PZQConfig:
 
 
 @attrs.frozen
+class EMQPConfig:
+    enabled: bool = True
+    backend_port: int = DEFAULT_EMQP_BACKEND_PORT
+    frontend_port: int = DEFAULT_EMQP_FRONTEND_PORT
+    admin_port: int = DEFAULT_EMQP_ADMIN_PORT
+    admin_bind: str = DEFAULT_BIND
+    admin_disconnect: bool = False
+    heartbeat_interval_ms: int = int(emqp_adapter.HEARTBEAT_INTERVAL_S * 1000)
+    heartbeat_timeout_ms: int = int(emqp_adapter.HEARTBEAT_TIMEOUT_S * 1000)
+    max_depth: int = 0
+    reroute_unknown: bool = False
+    max_message: int = emqp_adapter.DEFAULT_MAX_MESSAGE
+
+    def limits(self) -> EMQPLimits:
+        return EMQPLimits(heartbeat_interval=self.heartbeat_interval_ms / 1000,
+                          heartbeat_timeout=self.heartbeat_timeout_ms / 1000, max_message=self.max_message,
+                          max_depth=self.max_depth, reroute_unknown=self.reroute_unknown,
+                          admin_disconnect=self.admin_disconnect)
+
+
+@attrs.frozen
 class LogConfig:
     level: str = "info"
     format: str = "text"
@@ -332,6 +385,7 @@ class Config:
     mqks: MQKSConfig = attrs.field(factory=MQKSConfig)
     phpmq: PHPMQConfig = attrs.field(factory=PHPMQConfig)
     pzq: PZQConfig = attrs.field(factory=PZQConfig)
+    emqp: EMQPConfig = attrs.field(factory=EMQPConfig)
     log: LogConfig = attrs.field(factory=LogConfig)
 
     def port(self, listener: str) -> int | None:
@@ -345,12 +399,15 @@ class Config:
             "pzq-receive": (self.pzq.receive_port, self.pzq.enabled),
             "pzq-send": (self.pzq.send_port, self.pzq.enabled),
             "pzq-monitor": (self.pzq.monitor_port, self.pzq.enabled),
+            "emqp-backend": (self.emqp.backend_port, self.emqp.enabled),
+            "emqp-frontend": (self.emqp.frontend_port, self.emqp.enabled),
+            "emqp-admin": (self.emqp.admin_port, self.emqp.enabled),
         }[listener]
         return port if enabled and port >= 0 else None
 
     def host(self, listener: str) -> str:
-        """The address a listener binds to: `bind`, but the console's own for the console."""
-        return self.phpmq.console_bind if listener == "phpmq-console" else self.bind
+        """The address a listener binds to: `bind`, but the admin consoles' own for them."""
+        return {"phpmq-console": self.phpmq.console_bind, "emqp-admin": self.emqp.admin_bind}.get(listener, self.bind)
 
 
 converter = cattrs.Converter()

@@ -29,7 +29,9 @@ import trio
 import zmq
 
 import polymq
+from polymq.adapters import emqp as emqp_adapter
 from polymq.adapters import pzq as pzq_adapter
+from polymq.adapters.emqp import EMQPBroker
 from polymq.adapters.mqks import MQKSServer
 from polymq.adapters.nsq import NSQServer
 from polymq.adapters.phpmq import PHPMQServer
@@ -55,7 +57,8 @@ LISTENERS = {"nsq-tcp": "--nsq-tcp-port", "nsq-http": "--nsq-http-port", "mqks":
              "phpmq": "--phpmq-port", "phpmq-console": "--phpmq-console-port"}
 # PZQ's ZeroMQ sockets: bound by ZeroMQ, not as TCP listeners of ours.
 ZMQ_LISTENERS = {"pzq-receive": "--pzq-receive-port", "pzq-send": "--pzq-send-port",
-                 "pzq-monitor": "--pzq-monitor-port"}
+                 "pzq-monitor": "--pzq-monitor-port", "emqp-backend": "--emqp-backend-port",
+                 "emqp-frontend": "--emqp-frontend-port", "emqp-admin": "--emqp-admin-port"}
 
 
 class StartupError(Exception):
@@ -212,7 +215,8 @@ def prepare(config: Config) -> Prepared:
 def zmq_specs(config: Config) -> dict[str, SocketSpec]:
     """The ZeroMQ sockets of every ZeroMQ protocol, each at its configured port (None: off)."""
     ports = {name: config.port(name) for name in ZMQ_LISTENERS}
-    return pzq_adapter.socket_specs(ports, config.pzq.max_message)
+    return (pzq_adapter.socket_specs(ports, config.pzq.max_message)
+            | emqp_adapter.socket_specs(ports, config.emqp.max_message, config.host("emqp-admin")))
 
 
 def zmq_sockets(host: str, specs: dict[str, SocketSpec]) -> ZmqSockets:
@@ -221,6 +225,7 @@ def zmq_sockets(host: str, specs: dict[str, SocketSpec]) -> ZmqSockets:
     except zmq.ZMQError as error:
         name = getattr(error, "listener", "pzq")
         port = specs[name].port if name in specs else None
+        host = (specs[name].host if name in specs else None) or host
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         flag = ZMQ_LISTENERS.get(name, "--pzq-receive-port")
         why = os.strerror(error.errno).lower() if error.errno else str(error)
@@ -229,6 +234,11 @@ def zmq_sockets(host: str, specs: dict[str, SocketSpec]) -> ZmqSockets:
         else:
             hint = f"check --bind and {flag}"
         raise StartupError(f"cannot listen for {name} on {address}: {why}; {hint}") from error
+
+
+def _stop_self() -> None:
+    """A clean stop asked for through a protocol (eMQP's admin DISCONNECT): as a SIGTERM would."""
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _in_flight(engine: Engine) -> int:
@@ -265,6 +275,8 @@ async def run_gateway(
     zmq_made = prepared.zmq
     pzq = (PZQServer(engine, zmq_made, config.pzq.limits())
            if zmq_made is not None and any(name.startswith("pzq-") for name in zmq_made.sockets) else None)
+    emqp = (EMQPBroker(engine, zmq_made, config.emqp.limits(), stop_gateway=_stop_self)
+            if zmq_made is not None and any(name.startswith("emqp-") for name in zmq_made.sockets) else None)
     sockets = prepared.sockets
     in_flight = 0
     # Installed before any listener serves, so a signal at any moment after start-up is a clean stop.
@@ -294,6 +306,8 @@ async def run_gateway(
                     log.info("listening %s %s", name, address)
             if pzq is not None:
                 nursery.start_soon(pzq.run)
+            if emqp is not None:
+                nursery.start_soon(emqp.run)
             log.info("ready")
             task_status.started(engine)
             async for signum in signals:
@@ -309,6 +323,8 @@ async def run_gateway(
                 await console.shutdown()
                 if pzq is not None:
                     pzq.shutdown()  # its in-flight deliveries go back to the queue; its sockets close
+                if emqp is not None:
+                    emqp.shutdown()  # KBYE to its peers; the jobs its workers held go back to their queues
                 nursery.cancel_scope.cancel()
                 break
     if zmq_made is not None:

@@ -106,6 +106,7 @@ def test_a_protocol_is_turned_off_and_another_moved_by_the_config_file(tmp_path:
         free_port = probe.getsockname()[1]
     config = tmp_path / "polymq.toml"
     config.write_text("[mqks]\nenabled = false\n[phpmq]\nenabled = false\n[pzq]\nenabled = false\n"
+                      "[emqp]\nenabled = false\n"
                       f"[nsq]\nhttp_port = {free_port}\n")
     # running_gateway passes every port as a flag; only the file's switches and unset ports count.
     with running_gateway("--config", str(config), "--nsq-http-port", str(free_port)) as gateway:
@@ -121,7 +122,7 @@ def _serve_and_stop(tmp_path: Path, *args: str) -> list[str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "polymq", "serve", "--data-dir", str(tmp_path / "data"), "--nsq-tcp-port", "0",
          "--nsq-http-port", "0", "--mqks-port", "0", "--phpmq-port", "0",
-         "--phpmq-console-port", "0", "--no-pzq", *args],
+         "--phpmq-console-port", "0", "--no-pzq", "--no-emqp", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CLEAN_ENV)
     assert process.stdout is not None
     lines: list[str] = []

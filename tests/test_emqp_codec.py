@@ -24,6 +24,21 @@ def test_a_routed_message_and_its_body() -> None:
         "4 frames: an eMQP message has an identity and at least 4 more")
     binary = [b"\x00\xff\x80ab", b"", b"eMQP/1.0", b"READY", b"\xfe\xff"]  # a libzmq-made identity, any msgid
     assert emqp.parse(binary) == Message(b"\x00\xff\x80ab", b"READY", b"\xfe\xff", [])
+    assert emqp.parse([ID, b"x", b"eMQP/1.0", b"READY", MSGID]) == Invalid(
+        "the frame after the identity is not the empty delimiter")
+    assert emqp.parse([ID, b"", b"eMQP/2.0", b"READY", MSGID]) == Invalid(
+        "protocol version b'eMQP/2.0'; this broker speaks eMQP/1.0")
+
+
+@pytest.mark.parametrize(("raw", "name"), [
+    (b"email", "email"),
+    ("caf\u00e9".encode(), "caf\u00e9"),
+    (b"", Invalid("a queue name of 0 bytes (1 to 1024)")),
+    (b"q" * 1025, Invalid("a queue name of 1025 bytes (1 to 1024)")),
+    (b"\xff\xfe", Invalid("a queue name that is not UTF-8")),
+])
+def test_queue_name(raw: bytes, name: object) -> None:
+    assert emqp.queue_name(raw) == name
 
 
 @pytest.mark.parametrize(("body", "parsed"), [
@@ -69,6 +84,9 @@ def test_the_router_s_frames() -> None:
     assert emqp.forward(ID, request) == [ID, b"", b"eMQP/1.0", b"REQUEST", MSGID, b"email", b"", b"[]"]
     assert emqp.published(b"t", b"body") == [b"t", b"body"]
     assert emqp.client_message(b"READY", b"m5") == [b"", b"eMQP/1.0", b"READY", b"m5"]
+    assert emqp.refusal(ID, b"m6", MSGID, "queue full") == [ID, b"", b"eMQP/1.0", b"REPLY", b"m6", MSGID,
+                                                            b"ERROR: queue full"]
+    assert emqp.disconnect(ID, b"m7", "bad INFORM") == [ID, b"", b"eMQP/1.0", b"DISCONNECT", b"m7", b"bad INFORM"]
     assert json.loads(b'[[10, "default"]]') == [[10, "default"]]
 
 
@@ -80,5 +98,13 @@ def test_any_frames_parse_without_raising(frames: list[bytes]) -> None:
                            emqp.parse_publish):
             parse_body(message.body)
         emqp.parse_headers(frames[-1])
+        emqp.queue_name(frames[-1])
     else:
-        assert len(frames) < 5
+        assert len(frames) < 5 or frames[1] != b"" or frames[2] != b"eMQP/1.0"
+
+
+@given(st.binary(max_size=24), st.sampled_from([b"READY", b"REQUEST", b"INFORM", b"REPLY"]), st.binary(max_size=24),
+       st.lists(st.binary(max_size=24), max_size=6))
+def test_what_a_peer_sends_parses_back(identity: bytes, command: bytes, msgid: bytes, body: list[bytes]) -> None:
+    assert emqp.parse([identity, *emqp.client_message(command, msgid, *body)]) == Message(identity, command, msgid,
+                                                                                          body)

@@ -92,6 +92,7 @@ def _gateway_command(data_dir: Path, fsync: str) -> list[str]:
         "--phpmq-port", "-1",
         "--phpmq-console-port", "-1",
         "--no-pzq",
+        "--no-emqp",
         "--data-dir", str(data_dir),
         f"--fsync={fsync}",
     ]

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support.gateway import running_gateway
 
 # Every listener on a free port: only the case under test may fail.
-FREE_PORTS = ("--nsq-tcp-port", "0", "--nsq-http-port", "0", "--mqks-port", "0", "--phpmq-port", "0",
-              "--phpmq-console-port", "0", "--no-pzq")
+TCP_FREE_PORTS = ("--nsq-tcp-port", "0", "--nsq-http-port", "0", "--mqks-port", "0", "--phpmq-port", "0",
+                  "--phpmq-console-port", "0")
+FREE_PORTS = (*TCP_FREE_PORTS, "--no-pzq", "--no-emqp")
 
 
 def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -45,19 +48,23 @@ def test_a_port_in_use_names_the_listener_and_address_and_creates_no_data_dir(tm
     assert not (tmp_path / "fresh").exists()
 
 
-def test_a_zeromq_port_in_use_names_the_pzq_socket_and_leaves_nothing_bound(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("listener", "flag", "others"), [
+    ("pzq-send", "--pzq-send-port", ("--pzq-receive-port", "0", "--pzq-monitor-port", "0", "--no-emqp")),
+    ("emqp-backend", "--emqp-backend-port", ("--no-pzq", "--emqp-frontend-port", "0", "--emqp-admin-port", "0")),
+])
+def test_a_zeromq_port_in_use_names_the_socket_and_leaves_nothing_bound(
+        tmp_path: Path, listener: str, flag: str, others: tuple[str, ...]) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = _serve("--data-dir", str(tmp_path / "data"), *FREE_PORTS[:-1], "--pzq-receive-port", "0",
-                        "--pzq-send-port", str(port), "--pzq-monitor-port", "0")
+        result = _serve("--data-dir", str(tmp_path / "data"), *TCP_FREE_PORTS, *others, flag, str(port))
     assert result.returncode == 1
     _no_traceback(result)
     [line] = _error_lines(result)
-    assert line.endswith(f"gateway  cannot listen for pzq-send on 127.0.0.1:{port}: address already in use; "
-                         "stop the process using it, or choose another port with --pzq-send-port "
-                         "(-1 turns pzq-send off)")
+    assert line.endswith(f"gateway  cannot listen for {listener} on 127.0.0.1:{port}: address already in use; "
+                         f"stop the process using it, or choose another port with {flag} "
+                         f"(-1 turns {listener} off)")
     assert not (tmp_path / "data").exists()
 
 

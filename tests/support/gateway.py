@@ -105,6 +105,9 @@ def running_gateway(*extra_args: str, data_dir: Path | None = None) -> Iterator[
         "--pzq-receive-port", "0",
         "--pzq-send-port", "0",
         "--pzq-monitor-port", "0",
+        "--emqp-backend-port", "0",
+        "--emqp-frontend-port", "0",
+        "--emqp-admin-port", "0",
     ]
     args += ["--data-dir", str(data_dir)]
     args += list(extra_args)

@@ -1,0 +1,551 @@
+"""The eMQP (EventMQ) broker over ZeroMQ: backend ROUTER (jobmanagers), frontend ROUTER (clients and
+schedulers), admin ROUTER.
+
+Model (docs/architecture.md): a REQUEST for queue `q` publishes to topic `q`, whose queue `q` is
+bound to it (as PHPMQ and PZQ name theirs), so eMQP workers, PHPMQ consumers and PZQ consumers of one
+name compete on one queue, and NSQ channels and MQKS queues of the topic get copies. The client's
+msgid and headers travel in the message's headers and come back in the REQUEST a worker gets; a
+message another protocol published gets a msgid made from its id.
+
+A worker (a jobmanager) is one engine consumer per queue it INFORMed, all spending one credit pool:
+its slots. The pool offers a slot to the worker's queues in the order it listed them, and among
+the workers of one queue the highest weight is served first, equal weights in turn (the original's
+rules, docs/protocols/emqp.md). A READY adds a slot; since it is sent after each job, it also ends
+the worker's oldest job, unless that job's REPLY (with `reply-requested`) ended one already. A job
+whose worker goes (KBYE, silence past the heartbeat timeout, a new INFORM from the same identity)
+goes back to its queue and to the next worker, its attempts counted: the original loses it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+import zmq
+
+from polymq.adapters.zmq_pump import Frames, ZmqPump
+from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
+from polymq.codecs import emqp
+from polymq.core.engine import Consumer, CreditMode, CreditPool, Engine, Message, Queue
+from polymq.core.timers import Timer
+
+log = logging.getLogger("polymq.emqp")
+
+# The original's defaults (eventmq/conf.py).
+HEARTBEAT_INTERVAL_S = 3.0  # HEARTBEAT_INTERVAL: the broker heartbeats every worker and scheduler
+HEARTBEAT_TIMEOUT_S = 5.0  # HEARTBEAT_TIMEOUT: a peer silent this long is gone
+# The original looks for silent peers every 10 s (gone 5 to 15 s after their last word); polymq
+# looks every second, or more often with a shorter timeout.
+SWEEP_INTERVAL_S = 1.0
+# The largest message (all its frames) taken; libzmq drops a larger one as it arrives. The
+# original has no bound.
+DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
+# Admin commands are a word and a msgid.
+ADMIN_MAX_MESSAGE = 64 * 1024
+# Where a message's eMQP fields travel in the engine (any protocol's consumer sees them as headers).
+MSGID_HEADER = "emqp-msgid"
+HEADERS_HEADER = "emqp-headers"
+# The admin command emq-cli sends on connecting, expecting no answer.
+HELLO = b"HELLO"
+
+
+@attrs.frozen
+class EMQPLimits:
+    heartbeat_interval: float = HEARTBEAT_INTERVAL_S
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
+    max_message: int = DEFAULT_MAX_MESSAGE
+    # Requests a queue may hold waiting for a worker before more are refused (with a REPLY); 0: no
+    # limit. The original drops silently past 10,000.
+    max_depth: int = 0
+    # A request for a queue nobody consumes goes to `default` (the original's behaviour) instead of
+    # waiting in its own queue.
+    reroute_unknown: bool = False
+    # DISCONNECT on the admin socket stops the gateway (the original: any peer's DISCONNECT stops it).
+    admin_disconnect: bool = False
+
+
+def socket_specs(ports: dict[str, int | None], max_message: int, admin_host: str) -> dict[str, SocketSpec]:
+    """The broker's three ROUTERs (`emqp-backend`, `emqp-frontend`, `emqp-admin` on `admin_host`).
+    ROUTER_MANDATORY as the original: a message for a peer that is gone is counted, never queued
+    for nobody."""
+    return {
+        "emqp-backend": SocketSpec(zmq.ROUTER, ports.get("emqp-backend"), max_message, mandatory=True),
+        "emqp-frontend": SocketSpec(zmq.ROUTER, ports.get("emqp-frontend"), max_message, mandatory=True),
+        "emqp-admin": SocketSpec(zmq.ROUTER, ports.get("emqp-admin"), ADMIN_MAX_MESSAGE, mandatory=True,
+                                 host=admin_host),
+    }
+
+
+def _text(raw: bytes) -> str:
+    """Identities as JSON keys and log text (any bytes: the original's are uuid text)."""
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _msgid() -> bytes:
+    return str(uuid.uuid4()).encode()
+
+
+@attrs.define(eq=False)
+class Worker:
+    """A jobmanager known by its identity: its queues, its slots and the jobs it holds."""
+
+    identity: bytes
+    queues: list[tuple[int, str]]  # (weight, queue) in the order it listed them
+    pool: CreditPool
+    last_seen: float
+    consumers: list[Consumer] = attrs.Factory(list)
+    jobs: dict[Message, bytes] = attrs.Factory(dict)  # the deliveries it holds → their msgid, oldest first
+    by_msgid: dict[bytes, Message] = attrs.Factory(dict)
+    ended_by_reply: int = 0  # jobs its REPLY ended whose READY has not come yet
+
+    def take(self, message: Message) -> None:
+        msgid = self.jobs.pop(message, None)
+        if msgid is not None and self.by_msgid.get(msgid) is message:
+            del self.by_msgid[msgid]
+
+
+@attrs.define
+class Counters:
+    invalid: int = 0  # messages that were not eMQP, or bodies their command cannot carry
+    unknown_peer: int = 0  # backend messages from an identity that is not a worker (the original drops them too)
+    refused: int = 0  # requests refused with a REPLY (queue full, bad name, store failure)
+    redelivered: int = 0  # jobs handed to another worker after theirs went
+    ignored_disconnects: int = 0  # DISCONNECTs that stopped nothing
+
+
+class EMQPBroker:
+    def __init__(self, engine: Engine, sockets: ZmqSockets, limits: EMQPLimits | None = None,
+                 *, stop_gateway: Callable[[], None] | None = None) -> None:
+        self.engine = engine
+        self.limits = limits or EMQPLimits()
+        self.stop_gateway = stop_gateway
+        self.workers: dict[bytes, Worker] = {}
+        self.schedulers: dict[bytes, float] = {}  # identity → last seen, the newest last
+        self.counters = Counters()
+        self.processed_by_queue: Counter[str] = Counter()
+        self.processed_by_worker: Counter[bytes] = Counter()
+        self.known_queues: set[str] = set()  # the queues eMQP requests or workers named
+        self._delivered_now: list[int] | None = None  # ids delivered while a REQUEST is published
+        self._timers: list[Timer] = []
+        self._pumps: list[ZmqPump] = []
+        self.backend = self._pump(sockets, "emqp-backend", self._backend)
+        self.frontend = self._pump(sockets, "emqp-frontend", self._frontend)
+        self.admin = self._pump(sockets, "emqp-admin", self._admin)
+
+    def _pump(self, sockets: ZmqSockets, name: str, handler: Callable[[list[Frames]], None]) -> ZmqPump | None:
+        sock = sockets.get(name)
+        if sock is None:
+            return None
+        pump = ZmqPump(sock, handler)
+        self._pumps.append(pump)
+        return pump
+
+    async def run(self) -> None:
+        self._schedule_heartbeat()
+        self._schedule_sweep()
+        async with trio.open_nursery() as nursery:
+            for pump in self._pumps:
+                nursery.start_soon(pump.run)
+
+    def shutdown(self) -> None:
+        """KBYE to every worker and scheduler; their jobs go back to the queues; the sockets close."""
+        for timer in self._timers:
+            timer.cancel()
+        for identity in list(self.workers):
+            self._send_backend(emqp.kbye(identity, _msgid()))
+            self._remove_worker(identity, "the gateway stops")
+        for identity in self.schedulers:
+            self._send_frontend(emqp.kbye(identity, _msgid()))
+        self.schedulers.clear()
+        for pump in self._pumps:
+            pump.close(linger_ms=200)  # the KBYEs go out if the peers are there
+
+    def _send_backend(self, frames: list[bytes]) -> None:
+        if self.backend is not None:
+            self.backend.send(frames)
+
+    def _send_frontend(self, frames: list[bytes]) -> None:
+        if self.frontend is not None:
+            self.frontend.send(frames)
+
+    # -- heartbeats ----------------------------------------------------------------------------
+
+    def _schedule_heartbeat(self) -> None:
+        now = self.engine.clock.now()
+        self._timers.append(self.engine.timers.schedule(now + self.limits.heartbeat_interval, self._heartbeat))
+
+    def _heartbeat(self) -> None:
+        now = time.time()
+        for identity in self.workers:
+            self._send_backend(emqp.heartbeat(identity, _msgid(), now))
+        for identity in self.schedulers:
+            self._send_frontend(emqp.heartbeat(identity, _msgid(), now))
+        self._timers = [timer for timer in self._timers if not timer.cancelled]
+        self._schedule_heartbeat()
+
+    def _schedule_sweep(self) -> None:
+        interval = min(SWEEP_INTERVAL_S, self.limits.heartbeat_timeout / 5)
+        self._timers.append(self.engine.timers.schedule(self.engine.clock.now() + interval, self._sweep))
+
+    def _sweep(self) -> None:
+        """Peers silent for the heartbeat timeout are gone; a worker's jobs go to other workers."""
+        limit = self.engine.clock.now() - self.limits.heartbeat_timeout
+        for identity in [identity for identity, worker in self.workers.items() if worker.last_seen <= limit]:
+            self._remove_worker(identity, f"silent for {self.limits.heartbeat_timeout:g} s")
+        for identity in [identity for identity, seen in self.schedulers.items() if seen <= limit]:
+            log.info("scheduler %s gone: silent for %g s", _text(identity), self.limits.heartbeat_timeout)
+            del self.schedulers[identity]
+        self._timers = [timer for timer in self._timers if not timer.cancelled]
+        self._schedule_sweep()
+
+    # -- workers (the backend) -----------------------------------------------------------------
+
+    def _backend(self, batch: list[Frames]) -> None:
+        storage = self.engine.storage
+        storage.hold_work()  # the finishes of a burst: one write
+        try:
+            for frames in batch:
+                self._backend_message(frames)
+        finally:
+            storage.release_work()
+
+    def _backend_message(self, frames: Frames) -> None:
+        message = emqp.parse(frames)
+        if isinstance(message, emqp.Invalid):
+            self.counters.invalid += 1
+            log.info("backend: %s", message.reason)
+            return
+        command = message.command
+        worker = self.workers.get(message.identity)
+        if command == emqp.INFORM:
+            self._inform_worker(message)
+            return
+        if worker is None:
+            # Unknown: reaped after a silence, or never INFORMed (the original drops these as well).
+            self.counters.unknown_peer += 1
+            log.info("backend: %s from %s, which is not a worker (INFORM first)", command[:20], _text(message.identity))
+            return
+        worker.last_seen = self.engine.clock.now()
+        if command == emqp.READY:
+            self._ready(worker)
+        elif command == emqp.REPLY:
+            self._worker_reply(worker, message)
+        elif command in (emqp.KBYE, emqp.KBAI):
+            self._remove_worker(message.identity, "it said KBYE")
+        elif command == emqp.DISCONNECT:
+            self.counters.ignored_disconnects += 1  # the original crashes here
+            log.info("backend: DISCONNECT from worker %s ignored", _text(message.identity))
+        elif command != emqp.HEARTBEAT:
+            self.counters.invalid += 1
+            log.info("backend: unknown command %r from %s", command[:20], _text(message.identity))
+
+    def _inform_worker(self, message: emqp.Message) -> None:
+        inform = emqp.parse_inform(message.body)
+        problem = inform.reason if isinstance(inform, emqp.Invalid) else None
+        if isinstance(inform, emqp.Inform) and inform.peer_type != emqp.WORKER:
+            problem = f"INFORM of a {inform.peer_type[:20]!r} on the worker socket (workers say 'worker')"
+        names: list[tuple[int, str]] = []
+        if isinstance(inform, emqp.Inform) and problem is None:
+            for weight, raw in inform.queues:
+                name = emqp.queue_name(raw)
+                if isinstance(name, emqp.Invalid):
+                    problem = f"INFORM queue: {name.reason}"
+                    break
+                names.append((weight, name))
+        if problem is not None:
+            # The original leaves the jobmanager waiting for its ACK forever: it is told instead.
+            self.counters.invalid += 1
+            log.info("backend: %s from %s; answered DISCONNECT", problem, _text(message.identity))
+            self._send_backend(emqp.disconnect(message.identity, _msgid(), problem))
+            return
+        if message.identity in self.workers:
+            self._remove_worker(message.identity, "it INFORMed again")  # the original resets its slots
+        worker = Worker(message.identity, names, CreditPool(), self.engine.clock.now())
+        self.workers[message.identity] = worker
+        for weight, name in dict((name, (weight, name)) for weight, name in names).values():
+            queue = self._queue(name)
+            worker.consumers.append(self.engine.attach(
+                queue.name, self._deliver, mode=CreditMode.TOKENS, pool=worker.pool, priority=weight,
+                tag=worker, on_close=lambda reason, worker=worker: self._consumer_closed(worker)))
+        log.info("worker %s joined %s", _text(message.identity),
+                 ", ".join(f"{name} ({weight})" for weight, name in names))
+        self._send_backend(emqp.ack(message.identity, _msgid(), message.msgid))
+        # The jobmanager starts its worker processes at the broker's first heartbeat: send it now.
+        self._send_backend(emqp.heartbeat(message.identity, _msgid(), time.time()))
+
+    def _consumer_closed(self, worker: Worker) -> None:
+        """A queue of the worker was deleted (another protocol's admin): its jobs there are gone."""
+        closed = [consumer for consumer in worker.consumers if consumer.closed]
+        worker.consumers = [consumer for consumer in worker.consumers if not consumer.closed]
+        for message in [message for message in worker.jobs if message.owner in closed]:
+            worker.take(message)
+
+    def _ready(self, worker: Worker) -> None:
+        if worker.ended_by_reply:
+            worker.ended_by_reply -= 1
+        elif worker.jobs:
+            self._end_job(worker, next(iter(worker.jobs)))
+        worker.pool.add(1)
+
+    def _worker_reply(self, worker: Worker, message: emqp.Message) -> None:
+        reply = emqp.parse_worker_reply(message.body)
+        if isinstance(reply, emqp.Invalid):
+            self.counters.invalid += 1
+            log.info("backend: %s from %s", reply.reason, _text(worker.identity))
+            return
+        job = worker.by_msgid.get(reply.original_msgid)
+        if job is None:
+            log.info("backend: REPLY from %s for %r, a job it does not hold", _text(worker.identity),
+                     reply.original_msgid[:60])
+            return
+        self._end_job(worker, job)
+        worker.ended_by_reply += 1
+
+    def _end_job(self, worker: Worker, message: Message) -> None:
+        worker.take(message)
+        owner = message.owner
+        if isinstance(owner, Consumer) and message.id in owner.in_flight:
+            owner.finish(message.id, refill=False)
+
+    def _remove_worker(self, identity: bytes, why: str) -> None:
+        worker = self.workers.pop(identity, None)
+        if worker is None:
+            return
+        returned = len(worker.jobs)
+        self.counters.redelivered += returned
+        worker.jobs.clear()
+        worker.by_msgid.clear()
+        for consumer in worker.consumers:
+            consumer.detach()  # its jobs go back ahead of newer requests
+        log.info("worker %s gone (%s): %d jobs back to their queues", _text(identity), why, returned)
+
+    def _deliver(self, message: Message) -> None:
+        consumer = message.owner
+        assert isinstance(consumer, Consumer)
+        worker: Worker = consumer.tag
+        name = consumer.queue.name
+        msgid, headers = _emqp_fields(message)
+        worker.jobs[message] = msgid
+        worker.by_msgid[msgid] = message
+        self.processed_by_queue[name] += 1
+        self.processed_by_worker[worker.identity] += 1
+        if self._delivered_now is not None:
+            self._delivered_now.append(message.id)
+        self._send_backend(emqp.request(worker.identity, msgid, name.encode(), headers, message.body))
+
+    # -- clients and schedulers (the frontend) -------------------------------------------------
+
+    def _queue(self, name: str) -> Queue:
+        """Queue `name`, bound to topic `name` (made if missing)."""
+        engine = self.engine
+        self.known_queues.add(name)
+        queue = engine.queue(name)
+        if queue is None or name not in queue.topics:
+            queue = queue or engine.ensure_queue(name)
+            engine.bind(name, name)
+        return queue
+
+    def _frontend(self, batch: list[Frames]) -> None:
+        storage = self.engine.storage
+        replies: list[list[bytes]] = []
+        storage.hold_work()  # one write (and one fdatasync) for the burst
+        try:
+            for frames in batch:
+                self._frontend_message(frames, replies)
+            if replies:
+
+                def stored(error: OSError | None) -> None:
+                    for reply in replies:
+                        if error is not None and len(reply) == 6:  # "dispatched", yet not stored
+                            reply = emqp.refusal(reply[0], reply[4], reply[5], f"not stored: {error}")
+                        self._send_frontend(reply)
+
+                storage.sync(stored)  # "dispatched" only once the request is stored
+        finally:
+            storage.release_work()
+
+    def _frontend_message(self, frames: Frames, replies: list[list[bytes]]) -> None:
+        message = emqp.parse(frames)
+        if isinstance(message, emqp.Invalid):
+            self.counters.invalid += 1
+            log.info("frontend: %s", message.reason)
+            return
+        command, identity = message.command, message.identity
+        if identity in self.schedulers:
+            self.schedulers[identity] = self.engine.clock.now()
+        if command == emqp.REQUEST:
+            self._request(message, replies)
+        elif command == emqp.INFORM:
+            self._inform_scheduler(message)
+        elif command in (emqp.SCHEDULE, emqp.UNSCHEDULE):
+            self._forward_schedule(message)
+        elif command in (emqp.KBYE, emqp.KBAI):
+            if self.schedulers.pop(identity, None) is not None:
+                log.info("scheduler %s gone (it said KBYE)", _text(identity))
+        elif command == emqp.DISCONNECT:
+            self.counters.ignored_disconnects += 1  # the original stops for anyone who asks
+            log.info("frontend: DISCONNECT from %s ignored (the admin socket stops the gateway, if enabled)",
+                     _text(identity))
+        elif command != emqp.HEARTBEAT:
+            self.counters.invalid += 1
+            log.info("frontend: unknown command %r from %s", command[:20], _text(identity))
+
+    def _refuse(self, message: emqp.Message, reason: str, replies: list[list[bytes]]) -> None:
+        self.counters.refused += 1
+        log.info("frontend: request %r from %s refused: %s", message.msgid[:60], _text(message.identity), reason)
+        replies.append(emqp.refusal(message.identity, _msgid(), message.msgid, reason))
+
+    def _request(self, message: emqp.Message, replies: list[list[bytes]]) -> None:
+        request = emqp.parse_request(message.body)
+        if isinstance(request, emqp.Invalid):
+            self.counters.invalid += 1
+            self._refuse(message, request.reason, replies)
+            return
+        name = emqp.queue_name(request.queue)
+        if isinstance(name, emqp.Invalid):
+            self._refuse(message, name.reason, replies)
+            return
+        engine = self.engine
+        if self.limits.reroute_unknown and name != emqp.DEFAULT_QUEUE.decode():
+            existing = engine.queue(name)
+            if existing is None or not existing.consumers:
+                name = emqp.DEFAULT_QUEUE.decode()
+        queue = self._queue(name)
+        if engine.storage.failure is not None:
+            self._refuse(message, f"the store failed: {engine.storage.failure}", replies)
+            return
+        if self.limits.max_depth and queue.depth >= self.limits.max_depth:
+            self._refuse(message, f"queue {name} holds {queue.depth} requests (the limit)", replies)
+            return
+        self._delivered_now = delivered = []
+        try:
+            message_id = engine.publish(name, request.payload, headers={
+                MSGID_HEADER: message.msgid.decode("latin-1"), HEADERS_HEADER: request.headers.decode("latin-1")})
+        finally:
+            self._delivered_now = None
+        if message_id in delivered:
+            # Handed to a worker at once: the original's "dispatched" REPLY (never for a buffered one).
+            replies.append(emqp.reply(message.identity, _msgid(), message.msgid))
+
+    def _inform_scheduler(self, message: emqp.Message) -> None:
+        inform = emqp.parse_inform(message.body)
+        if isinstance(inform, emqp.Invalid) or inform.peer_type != emqp.SCHEDULER:
+            self.counters.invalid += 1
+            problem = inform.reason if isinstance(inform, emqp.Invalid) else "workers INFORM on the worker socket"
+            log.info("frontend: INFORM from %s refused: %s", _text(message.identity), problem)
+            self._send_frontend(emqp.disconnect(message.identity, _msgid(), problem))
+            return
+        self.schedulers.pop(message.identity, None)
+        self.schedulers[message.identity] = self.engine.clock.now()  # the newest gets the next SCHEDULE
+        log.info("scheduler %s joined", _text(message.identity))
+        self._send_frontend(emqp.ack(message.identity, _msgid(), message.msgid))
+        self._send_frontend(emqp.heartbeat(message.identity, _msgid(), time.time()))
+
+    def _forward_schedule(self, message: emqp.Message) -> None:
+        """To a connected scheduler as the original: SCHEDULE to the newest, UNSCHEDULE to all."""
+        if not self.schedulers:
+            log.info("frontend: %s from %s: no scheduler connected", message.command.decode(), _text(message.identity))
+            return
+        targets = list(self.schedulers)[-1:] if message.command == emqp.SCHEDULE else list(self.schedulers)
+        for identity in targets:
+            self._send_frontend(emqp.forward(identity, message))
+
+    # -- the admin socket ----------------------------------------------------------------------
+
+    def _admin(self, batch: list[Frames]) -> None:
+        for frames in batch:
+            message = emqp.parse(frames)
+            if isinstance(message, emqp.Invalid):
+                self.counters.invalid += 1
+                log.info("admin: %s", message.reason)
+                continue
+            answer = self._admin_answer(message)
+            if answer is not None:
+                assert self.admin is not None
+                self.admin.send(answer)
+
+    def _admin_answer(self, message: emqp.Message) -> list[bytes] | None:
+        command, identity = message.command, message.identity
+        if command == emqp.STATUS:
+            return emqp.reply(identity, _msgid(), json.dumps(self.status()).encode())
+        if command == emqp.ROUTER_SHOW_WORKERS:
+            return emqp.reply(identity, _msgid(), json.dumps(self.show_workers()).encode())
+        if command == emqp.ROUTER_SHOW_SCHEDULERS:
+            return emqp.reply(identity, _msgid(), json.dumps(self.show_schedulers()).encode())
+        if command == emqp.DISCONNECT:
+            if not self.limits.admin_disconnect or self.stop_gateway is None:
+                self.counters.ignored_disconnects += 1
+                return emqp.refusal(identity, _msgid(), message.msgid,
+                                    "DISCONNECT is turned off on this gateway (--emqp-admin-disconnect turns it on)")
+            log.info("admin: DISCONNECT from %s: stopping", _text(identity))
+            self.stop_gateway()
+            return emqp.ack(identity, _msgid(), message.msgid)
+        if command == HELLO:
+            return None  # emq-cli's greeting: it reads no answer
+        return emqp.refusal(identity, _msgid(), message.msgid, f"unknown admin command {_text(command[:40])!r}")
+
+    def status(self) -> dict[str, Any]:
+        """The original's STATUS keys, with what polymq knows: requests held by workers, their age
+        since published (mean and oldest, ms), requests waiting, requests handed to workers."""
+        in_flight: Counter[str] = Counter()
+        ages: dict[str, list[int]] = {}
+        now_ns = time.time_ns()
+        for worker in self.workers.values():
+            for message in worker.jobs:
+                owner = message.owner
+                name = owner.queue.name if isinstance(owner, Consumer) else "?"
+                in_flight[name] += 1
+                ages.setdefault(name, []).append((now_ns - message.timestamp_ns) // 1_000_000)
+        waiting = {}
+        for name in sorted(self.known_queues):
+            queue = self.engine.queue(name)
+            if queue is not None and queue.depth + queue.deferred_count:
+                waiting[name] = queue.depth + queue.deferred_count
+        return {
+            "inflight_messages_by_queue": dict(in_flight),
+            "latency_messages_by_queue": {name: sum(values) // len(values) for name, values in ages.items()},
+            "max_latency_messages_by_queue": {name: max(values) for name, values in ages.items()},
+            "waiting_messages_by_queue": waiting,
+            "processed_messages_by_queue": dict(self.processed_by_queue),
+            "processed_messages_by_worker": {_text(identity): count
+                                             for identity, count in self.processed_by_worker.items()},
+            "polymq": attrs.asdict(self.counters),
+        }
+
+    def show_workers(self) -> dict[str, Any]:
+        queues: dict[str, list[tuple[int, str]]] = {}
+        for identity, worker in self.workers.items():
+            for weight, name in worker.queues:
+                queues.setdefault(name, []).append((weight, _text(identity)))
+        return {
+            "connected_workers": {
+                _text(identity): {"queues": [[weight, name] for weight, name in worker.queues],
+                                  "hb": worker.last_seen, "available_slots": worker.pool.tokens}
+                for identity, worker in self.workers.items()},
+            "connected_queues": {name: [list(pair) for pair in sorted(pairs, key=lambda pair: -pair[0])]
+                                 for name, pairs in queues.items()},
+        }
+
+    def show_schedulers(self) -> dict[str, Any]:
+        return {"connected_schedulers": {_text(identity): {"hb": seen} for identity, seen in self.schedulers.items()}}
+
+
+def _emqp_fields(message: Message) -> tuple[bytes, bytes]:
+    """The msgid and headers a worker gets: the client's, or for another protocol's message a
+    msgid made from its id (the same at every attempt) and no headers."""
+    headers = message.headers
+    if type(headers) is dict:
+        msgid = headers.get(MSGID_HEADER)
+        if type(msgid) is str:
+            csv = headers.get(HEADERS_HEADER)
+            # latin-1 carries the client's bytes unchanged; "replace": such a header set by another protocol
+            return msgid.encode("latin-1", "replace"), csv.encode("latin-1", "replace") if type(csv) is str else b""
+    return str(uuid.UUID(int=message.id)).encode(), b""
+

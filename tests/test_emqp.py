@@ -1,0 +1,329 @@
+"""The eMQP broker against a real gateway with pyzmq peers as EventMQ's connect (DEALERs with
+their own identity): INFORM/ACK, READY slots, REQUEST forwarding and the "dispatched" REPLY,
+weights and round robin, buffering in FIFO order, worker REPLY, jobs of a gone worker handed to
+another, heartbeats, the admin socket, and what the original gets wrong (docs/protocols/emqp.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from polymq.codecs import emqp
+
+from support.emqp_wire import Client, Peer, Worker, admin, admin_json
+from support.gateway import GatewayProcess, running_gateway
+
+JOB = b'["run", {"path": "jobs", "callable": "work", "args": [], "kwargs": {}}]'
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.term()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
+    with running_gateway(data_dir=tmp_path) as process:
+        yield process
+
+
+def backend(gateway: GatewayProcess) -> str:
+    return gateway.addresses["emqp-backend"]
+
+
+def frontend(gateway: GatewayProcess) -> str:
+    return gateway.addresses["emqp-frontend"]
+
+
+def wait_until(check: object, what: str, timeout: float = 5.0) -> None:
+    """Poll the broker's own answers (admin socket) until `check()` holds."""
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.01)
+
+
+def workers(context: zmq.Context, gateway: GatewayProcess) -> dict[str, dict[str, object]]:
+    shown = admin_json(context, gateway.addresses["emqp-admin"], emqp.ROUTER_SHOW_WORKERS)
+    return shown["connected_workers"]  # type: ignore[return-value]
+
+
+def slots(context: zmq.Context, gateway: GatewayProcess, worker: Peer) -> int:
+    return int(workers(context, gateway)[worker.identity.decode()]["available_slots"])  # type: ignore[call-overload]
+
+
+def test_inform_is_acked_then_heartbeated_and_a_request_is_forwarded_and_dispatched(
+        gateway: GatewayProcess, context: zmq.Context) -> None:
+    with Worker(context, backend(gateway)) as worker, Client(context, frontend(gateway)) as client:
+        sent = worker.send(emqp.INFORM, b'[[10, "email"]]', emqp.WORKER)
+        ack = worker.receive(skip_heartbeats=False)
+        assert ack[:3] == [b"", b"eMQP/1.0", b"ACK"] and ack[4:] == [sent] and len(ack) == 5
+        heartbeat = worker.receive(skip_heartbeats=False)  # at once: the jobmanager starts its processes
+        assert heartbeat[2] == emqp.HEARTBEAT and abs(float(heartbeat[4]) - time.time()) < 5
+        worker.ready()
+        wait_until(lambda: slots(context, gateway, worker) == 1, "one slot")
+        client_msgid = client.request("email", JOB, b"reply-requested,timeout:30")
+        job = worker.job()
+        assert job == [b"", b"eMQP/1.0", b"REQUEST", client_msgid, b"email", b"reply-requested,timeout:30", JOB]
+        dispatched = client.receive()
+        assert dispatched[:3] == [b"", b"eMQP/1.0", b"REPLY"] and dispatched[4:] == [client_msgid]
+        assert dispatched[3] not in (client_msgid, b"") and len(dispatched) == 5
+
+
+def test_buffered_requests_go_out_in_order_on_ready_without_a_dispatched_reply(
+        gateway: GatewayProcess, context: zmq.Context) -> None:
+    with Worker(context, backend(gateway)) as worker, Client(context, frontend(gateway)) as client:
+        worker.inform([(10, "jobs")])
+        sent = [client.request("jobs", b"[%d]" % index) for index in range(3)]
+        wait_until(lambda: admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)[
+            "waiting_messages_by_queue"] == {"jobs": 3}, "three waiting")
+        worker.ready(3)
+        got = [worker.job() for _ in range(3)]
+        assert [job[3] for job in got] == sent and [job[6] for job in got] == [b"[0]", b"[1]", b"[2]"]
+        assert client.nothing_within(200), "the original never says 'dispatched' for a buffered request"
+
+
+def test_highest_weight_first_and_equal_weights_in_turn(gateway: GatewayProcess, context: zmq.Context) -> None:
+    with Worker(context, backend(gateway)) as heavy, Worker(context, backend(gateway)) as light, \
+            Client(context, frontend(gateway)) as client:
+        heavy.inform([(10, "w")])
+        light.inform([(5, "w")])
+        heavy.ready(2)
+        light.ready(2)
+        wait_until(lambda: slots(context, gateway, heavy) == 2 and slots(context, gateway, light) == 2, "slots")
+        sent = [client.request("w", b"[%d]" % index) for index in range(3)]
+        assert [heavy.job()[3], heavy.job()[3]] == sent[:2]
+        assert light.job()[3] == sent[2]
+    with Worker(context, backend(gateway)) as first, Worker(context, backend(gateway)) as second, \
+            Client(context, frontend(gateway)) as client:
+        first.inform([(7, "even")])
+        second.inform([(7, "even")])
+        first.ready(2)
+        second.ready(2)
+        wait_until(lambda: slots(context, gateway, first) == 2 and slots(context, gateway, second) == 2, "slots")
+        sent = [client.request("even", b"[%d]" % index) for index in range(4)]
+        assert [first.job()[3], first.job()[3]] == [sent[0], sent[2]]
+        assert [second.job()[3], second.job()[3]] == [sent[1], sent[3]]
+
+
+def test_ready_serves_the_worker_s_queues_in_the_order_it_listed_them(gateway: GatewayProcess,
+                                                                      context: zmq.Context) -> None:
+    with Worker(context, backend(gateway)) as worker, Client(context, frontend(gateway)) as client:
+        worker.inform([(1, "urgent"), (50, "bulk")])
+        client.request("bulk", b"[1]")
+        client.request("urgent", b"[2]")
+        wait_until(lambda: admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)[
+            "waiting_messages_by_queue"] == {"bulk": 1, "urgent": 1}, "both waiting")
+        worker.ready()
+        assert worker.job()[4:] == [b"urgent", b"", b"[2]"]
+        worker.ready()
+        assert worker.job()[4:] == [b"bulk", b"", b"[1]"]
+
+
+def test_a_reply_and_its_ready_end_that_job_only(gateway: GatewayProcess, context: zmq.Context) -> None:
+    with Worker(context, backend(gateway)) as worker, Worker(context, backend(gateway)) as other, \
+            Client(context, frontend(gateway)) as client:
+        worker.inform([(10, "q")])
+        worker.ready(2)
+        wait_until(lambda: slots(context, gateway, worker) == 2, "slots")
+        first, second = client.request("q", b"[1]"), client.request("q", b"[2]", b"reply-requested")
+        jobs = [worker.job(), worker.job()]
+        worker.reply(jobs[1])
+        worker.ready()
+        wait_until(lambda: slots(context, gateway, worker) == 1, "the READY")
+        status = admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)
+        assert status["inflight_messages_by_queue"] == {"q": 1}
+        other.inform([(10, "q")])
+        other.ready()
+        worker.send(emqp.KBYE)  # the job it still holds is the first: it goes to the other worker
+        again = other.job()
+        assert again[3:] == [first, b"q", b"", b"[1]"] and again[3] != second
+        wait_until(lambda: admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)["polymq"][
+            "redelivered"] == 1, "counted")  # type: ignore[index]
+
+
+def test_a_silent_worker_is_dropped_and_its_job_goes_to_a_live_one(tmp_path: Path, context: zmq.Context) -> None:
+    with running_gateway("--emqp-heartbeat-interval", "50", "--emqp-heartbeat-timeout", "400",
+                         data_dir=tmp_path) as gateway, \
+            Worker(context, backend(gateway)) as silent, Worker(context, backend(gateway)) as live, \
+            Client(context, frontend(gateway)) as client:
+        silent.inform([(10, "q")])
+        silent.ready()
+        wait_until(lambda: slots(context, gateway, silent) == 1, "slot")
+        sent = client.request("q", b"[1]")
+        assert silent.job()[3] == sent
+        live.inform([(10, "q")])
+        live.ready()
+        heartbeats = 0
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the live worker answers each heartbeat, the silent one never
+            frames = live.receive(skip_heartbeats=False)
+            if frames[2] == emqp.HEARTBEAT:
+                heartbeats += 1
+                live.send(emqp.HEARTBEAT, str(time.time()).encode())
+                continue
+            assert frames[2:5] == [emqp.REQUEST, sent, b"q"]
+            break
+        else:
+            raise AssertionError("the silent worker's job never reached the live one")
+        assert heartbeats >= 3
+        assert list(workers(context, gateway)) == [live.identity.decode()]
+        line = gateway.wait_for_log(lambda line: "(silent for 0.4 s): 1 jobs back to their queues" in line)
+        assert silent.identity.decode() in line
+
+
+def test_bad_inform_is_answered_and_unknown_peers_and_disconnects_stop_nothing(
+        gateway: GatewayProcess, context: zmq.Context) -> None:
+    with Peer(context, backend(gateway)) as bad:
+        bad.send(emqp.INFORM, b"[[10, 'single quotes']]", emqp.WORKER)
+        answer = bad.receive()
+        assert answer[2] == emqp.DISCONNECT and answer[4].startswith(b"INFORM queues are not a JSON list")
+    with Peer(context, backend(gateway)) as stranger:
+        stranger.send(emqp.READY)
+        stranger.send(emqp.DISCONNECT)
+        assert stranger.nothing_within(100)
+    with Worker(context, backend(gateway)) as worker, Client(context, frontend(gateway)) as client:
+        worker.inform([(10, "q")])
+        worker.send(emqp.DISCONNECT)  # the original crashes
+        client.send(emqp.DISCONNECT)  # the original stops
+        worker.ready()
+        wait_until(lambda: slots(context, gateway, worker) == 1, "still serving")
+        sent = client.request("q", b"[1]")
+        assert worker.job()[3] == sent
+    counters = admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)["polymq"]
+    assert counters["unknown_peer"] == 2 and counters["ignored_disconnects"] == 2  # type: ignore[index]
+    assert counters["invalid"] == 1  # type: ignore[index]
+    refused = admin(context, gateway.addresses["emqp-admin"], emqp.DISCONNECT)
+    assert refused[2] == emqp.REPLY and refused[5].startswith(b"ERROR: DISCONNECT is turned off")
+    assert gateway.process.poll() is None
+
+
+def test_admin_disconnect_when_enabled_stops_the_gateway_cleanly(tmp_path: Path, context: zmq.Context) -> None:
+    with running_gateway("--emqp-admin-disconnect", data_dir=tmp_path) as gateway, \
+            Worker(context, backend(gateway)) as worker:
+        worker.inform([(10, "q")])
+        answer = admin(context, gateway.addresses["emqp-admin"], emqp.DISCONNECT)
+        assert answer[2] == emqp.ACK and answer[4].startswith(b"admin:")
+        assert worker.receive()[2] == emqp.KBYE
+        assert gateway.process.wait(10) == 0
+
+
+def test_binary_identities_and_frames_work(gateway: GatewayProcess, context: zmq.Context) -> None:
+    with Worker(context, backend(gateway), identity=b"\x00\xff\xfeW") as worker, \
+            Client(context, frontend(gateway), identity=b"\x80\x81C") as client:
+        worker.inform([(10, "bin")])
+        worker.ready()
+        wait_until(lambda: workers(context, gateway)["\x00\\xff\\xfeW"]["available_slots"] == 1, "slot")
+        client_msgid = b"\xff\x00msgid"
+        client.request("bin", b"\x00\x01\xff payload", b"\xfeheader", message_id=client_msgid)
+        assert worker.job()[3:] == [client_msgid, b"bin", b"\xfeheader", b"\x00\x01\xff payload"]
+        assert client.receive()[4:] == [client_msgid]
+
+
+def test_malformed_messages_are_counted_and_the_broker_carries_on(gateway: GatewayProcess,
+                                                                   context: zmq.Context) -> None:
+    with Worker(context, backend(gateway)) as worker, Client(context, frontend(gateway)) as client:
+        worker.inform([(10, "q")])
+        client.sock.send_multipart([b"", b"eMQP/1.0", b"REQUEST"])  # no msgid
+        client.sock.send_multipart([b"x", b"eMQP/1.0", b"REQUEST", b"m", b"q", b"", b"[]"])  # no delimiter
+        client.sock.send_multipart([b"", b"eMQP/9", b"REQUEST", b"m", b"q", b"", b"[]"])  # another version
+        short = client.send(emqp.REQUEST, b"q")  # no headers, no message
+        refused = client.receive()
+        assert refused[2] == emqp.REPLY and refused[4:] == [short, b"ERROR: REQUEST with 1 body frames "
+                                                                   b"(queue, headers, message)"]
+        bad_name = client.send(emqp.REQUEST, b"\xff", b"", b"[]")
+        assert client.receive()[4:] == [bad_name, b"ERROR: a queue name that is not UTF-8"]
+        client.send(b"FROBNICATE")
+        worker.ready()
+        wait_until(lambda: slots(context, gateway, worker) == 1, "slot")
+        sent = client.request("q", b"[1]")
+        assert worker.job()[3] == sent
+    counters = admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)["polymq"]
+    assert counters == {"invalid": 5, "unknown_peer": 0, "refused": 2, "redelivered": 0,  # type: ignore[comparison-overlap]
+                        "ignored_disconnects": 0}
+
+
+def test_a_depth_limit_refuses_with_a_reply_instead_of_dropping(tmp_path: Path, context: zmq.Context) -> None:
+    with running_gateway("--emqp-max-depth", "2", data_dir=tmp_path) as gateway, \
+            Client(context, frontend(gateway)) as client, Worker(context, backend(gateway)) as worker:
+        kept = [client.request("full", b"[%d]" % index) for index in range(2)]
+        third = client.request("full", b"[2]")
+        assert client.receive()[4:] == [third, b"ERROR: queue full holds 2 requests (the limit)"]
+        worker.inform([(10, "full")])
+        worker.ready(3)
+        assert [worker.job()[3], worker.job()[3]] == kept
+        assert worker.nothing_within(100)
+
+
+def test_requests_for_a_queue_without_workers_wait_in_it_unless_rerouting_is_asked(
+        tmp_path: Path, context: zmq.Context) -> None:
+    with running_gateway(data_dir=tmp_path / "a") as gateway, Client(context, frontend(gateway)) as client, \
+            Worker(context, backend(gateway)) as default:
+        default.inform(None)  # '' = [[10, "default"]]
+        default.ready()
+        wait_until(lambda: slots(context, gateway, default) == 1, "slot")
+        sent = client.request("reports", b"[1]")
+        assert default.nothing_within(150)
+        with Worker(context, backend(gateway)) as reports:
+            reports.inform([(10, "reports")])
+            reports.ready()
+            assert reports.job()[3:5] == [sent, b"reports"]
+    with running_gateway("--emqp-reroute-unknown", data_dir=tmp_path / "b") as gateway, \
+            Client(context, frontend(gateway)) as client, Worker(context, backend(gateway)) as default:
+        default.inform(None)
+        default.ready()
+        wait_until(lambda: slots(context, gateway, default) == 1, "slot")
+        sent = client.request("reports", b"[1]")
+        assert default.job()[3:5] == [sent, b"default"]
+
+
+def test_waiting_requests_survive_a_restart(tmp_path: Path, context: zmq.Context) -> None:
+    with running_gateway(data_dir=tmp_path) as gateway, Client(context, frontend(gateway)) as client:
+        sent = [client.request("durable", b"[%d]" % index, b"reply-requested") for index in range(3)]
+        wait_until(lambda: admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)[
+            "waiting_messages_by_queue"] == {"durable": 3}, "stored")
+    with running_gateway(data_dir=tmp_path) as gateway, Worker(context, backend(gateway)) as worker:
+        worker.inform([(10, "durable")])
+        worker.ready(3)
+        got = [worker.job() for _ in range(3)]
+        assert [job[3] for job in got] == sent
+        assert {job[5] for job in got} == {b"reply-requested"}
+
+
+def test_admin_status_workers_and_schedulers(gateway: GatewayProcess, context: zmq.Context) -> None:
+    address = gateway.addresses["emqp-admin"]
+    with Worker(context, backend(gateway)) as worker, Client(context, frontend(gateway)) as client, \
+            Peer(context, frontend(gateway)) as scheduler:
+        worker.inform([(30, "a"), (5, "b")])
+        worker.ready(2)
+        wait_until(lambda: slots(context, gateway, worker) == 2, "slots")
+        client.request("a", b"[1]")
+        worker.job()
+        scheduler.send(emqp.INFORM, b"", emqp.SCHEDULER)
+        assert scheduler.receive()[2] == emqp.ACK
+        status = admin_json(context, address, emqp.STATUS)
+        assert status["inflight_messages_by_queue"] == {"a": 1}
+        assert status["processed_messages_by_queue"] == {"a": 1}
+        assert status["processed_messages_by_worker"] == {worker.identity.decode(): 1}
+        assert set(status) >= {"latency_messages_by_queue", "max_latency_messages_by_queue",
+                               "waiting_messages_by_queue"}
+        assert 0 <= status["max_latency_messages_by_queue"]["a"] < 5000  # type: ignore[index]
+        shown = admin_json(context, address, emqp.ROUTER_SHOW_WORKERS)
+        me = worker.identity.decode()
+        assert shown["connected_workers"][me]["queues"] == [[30, "a"], [5, "b"]]  # type: ignore[index]
+        assert shown["connected_workers"][me]["available_slots"] == 1  # type: ignore[index]
+        assert shown["connected_queues"] == {"a": [[30, me]], "b": [[5, me]]}
+        schedulers = admin_json(context, address, emqp.ROUTER_SHOW_SCHEDULERS)
+        assert list(schedulers["connected_schedulers"]) == [scheduler.identity.decode()]  # type: ignore[call-overload]
+        with Peer(context, address, identity=b"cli") as cli:
+            cli.send(b"HELLO")  # emq-cli's greeting: no answer, so its next read is the next answer
+            cli.send(emqp.STATUS)
+            assert json.loads(cli.receive()[4])["processed_messages_by_queue"] == {"a": 1}
