@@ -11,7 +11,9 @@ A worker (a jobmanager) is one engine consumer per queue it INFORMed, all spendi
 its slots. The pool offers a slot to the worker's queues in the order it listed them, and among
 the workers of one queue the highest weight is served first, equal weights in turn (the original's
 rules, docs/protocols/emqp.md). A READY adds a slot; since it is sent after each job, it also ends
-the worker's oldest job, unless that job's REPLY (with `reply-requested`) ended one already. A job
+one of the worker's jobs: the job's REPLY (with `reply-requested`) names it and ended it already;
+else the oldest job that expects no REPLY (the jobmanager says READY, not which job; with
+`reply-requested` only the REPLY does). A job
 whose worker goes (KBYE, silence past the heartbeat timeout, a new INFORM from the same identity)
 goes back to its queue and to the next worker, its attempts counted: the original loses it.
 """
@@ -33,7 +35,7 @@ import zmq
 from polymq.adapters.zmq_pump import Frames, ZmqPump
 from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
 from polymq.codecs import emqp
-from polymq.core.engine import Consumer, CreditMode, CreditPool, Engine, Message, Queue
+from polymq.core.engine import MAX_ATTEMPTS_OPTION, Consumer, CreditMode, CreditPool, Engine, Message, Queue
 from polymq.core.timers import Timer
 
 log = logging.getLogger("polymq.emqp")
@@ -47,11 +49,16 @@ SWEEP_INTERVAL_S = 1.0
 # The largest message (all its frames) taken; libzmq drops a larger one as it arrives. The
 # original has no bound.
 DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
+# Deliveries after which a job whose worker went (again) is moved to `<queue>.dead` instead of
+# being handed out once more: a job that kills its jobmanager (a malformed one makes it reconnect)
+# must not go round forever. The original never hands a job out twice.
+DEFAULT_MAX_ATTEMPTS = 5
 # Admin commands are a word and a msgid.
 ADMIN_MAX_MESSAGE = 64 * 1024
 # Where a message's eMQP fields travel in the engine (any protocol's consumer sees them as headers).
 MSGID_HEADER = "emqp-msgid"
 HEADERS_HEADER = "emqp-headers"
+_REPLY_REQUESTED = emqp.REPLY_REQUESTED.encode()
 # The admin command emq-cli sends on connecting, expecting no answer.
 HELLO = b"HELLO"
 
@@ -69,6 +76,8 @@ class EMQPLimits:
     reroute_unknown: bool = False
     # DISCONNECT on the admin socket stops the gateway (the original: any peer's DISCONNECT stops it).
     admin_disconnect: bool = False
+    # Set on the queues eMQP makes (0: no limit).
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
 
 def socket_specs(ports: dict[str, int | None], max_message: int, admin_host: str) -> dict[str, SocketSpec]:
@@ -101,14 +110,22 @@ class Worker:
     pool: CreditPool
     last_seen: float
     consumers: list[Consumer] = attrs.Factory(list)
-    jobs: dict[Message, bytes] = attrs.Factory(dict)  # the deliveries it holds → their msgid, oldest first
+    # The deliveries it holds, oldest first → (msgid, whether its REPLY will name it).
+    jobs: dict[Message, tuple[bytes, bool]] = attrs.Factory(dict)
     by_msgid: dict[bytes, Message] = attrs.Factory(dict)
     ended_by_reply: int = 0  # jobs its REPLY ended whose READY has not come yet
 
     def take(self, message: Message) -> None:
-        msgid = self.jobs.pop(message, None)
-        if msgid is not None and self.by_msgid.get(msgid) is message:
-            del self.by_msgid[msgid]
+        job = self.jobs.pop(message, None)
+        if job is not None and self.by_msgid.get(job[0]) is message:
+            del self.by_msgid[job[0]]
+
+    def finished_by_ready(self) -> Message | None:
+        """The job a READY ends: the oldest that expects no REPLY, else the oldest."""
+        for message, (_, replies) in self.jobs.items():
+            if not replies:
+                return message
+        return next(iter(self.jobs), None)
 
 
 @attrs.define
@@ -290,8 +307,10 @@ class EMQPBroker:
     def _ready(self, worker: Worker) -> None:
         if worker.ended_by_reply:
             worker.ended_by_reply -= 1
-        elif worker.jobs:
-            self._end_job(worker, next(iter(worker.jobs)))
+        else:
+            job = worker.finished_by_ready()
+            if job is not None:
+                self._end_job(worker, job)
         worker.pool.add(1)
 
     def _worker_reply(self, worker: Worker, message: emqp.Message) -> None:
@@ -302,8 +321,10 @@ class EMQPBroker:
             return
         job = worker.by_msgid.get(reply.original_msgid)
         if job is None:
-            log.info("backend: REPLY from %s for %r, a job it does not hold", _text(worker.identity),
-                     reply.original_msgid[:60])
+            # A READY ended it already (it held no job without reply-requested), or it was
+            # handed to this jobmanager under an identity it had before it reconnected.
+            log.debug("backend: REPLY from %s for %r, a job it does not hold", _text(worker.identity),
+                      reply.original_msgid[:60])
             return
         self._end_job(worker, job)
         worker.ended_by_reply += 1
@@ -332,7 +353,7 @@ class EMQPBroker:
         worker: Worker = consumer.tag
         name = consumer.queue.name
         msgid, headers = _emqp_fields(message)
-        worker.jobs[message] = msgid
+        worker.jobs[message] = (msgid, _REPLY_REQUESTED in headers.split(b","))
         worker.by_msgid[msgid] = message
         self.processed_by_queue[name] += 1
         self.processed_by_worker[worker.identity] += 1
@@ -343,12 +364,14 @@ class EMQPBroker:
     # -- clients and schedulers (the frontend) -------------------------------------------------
 
     def _queue(self, name: str) -> Queue:
-        """Queue `name`, bound to topic `name` (made if missing)."""
+        """Queue `name`, bound to topic `name`, made (with the max attempts) if missing."""
         engine = self.engine
         self.known_queues.add(name)
         queue = engine.queue(name)
         if queue is None or name not in queue.topics:
-            queue = queue or engine.ensure_queue(name)
+            if queue is None:
+                attempts = self.limits.max_attempts
+                queue = engine.ensure_queue(name, options={MAX_ATTEMPTS_OPTION: attempts} if attempts else None)
             engine.bind(name, name)
         return queue
 

@@ -244,6 +244,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("emqp.reroute_unknown", "--emqp-reroute-unknown/--no-emqp-reroute-unknown", click.BOOL, False,
            "Send a request for a queue nobody consumes to 'default' (the original's rule) instead of "
            "keeping it in its own queue."),
+    Option("emqp.max_attempts", "--emqp-max-attempts", click.IntRange(min=0), emqp_adapter.DEFAULT_MAX_ATTEMPTS,
+           "Deliveries after which a job whose worker went is moved to <queue>.dead instead of being handed "
+           "out again (0 = no limit); set on the queues eMQP creates."),
     Option("emqp.max_message", "--emqp-max-message", click.IntRange(min=1), emqp_adapter.DEFAULT_MAX_MESSAGE,
            "Largest eMQP message (all its frames) in bytes; ZeroMQ drops a larger one as it arrives."),
     # logs
@@ -362,13 +365,14 @@ class EMQPConfig:
     heartbeat_timeout_ms: int = int(emqp_adapter.HEARTBEAT_TIMEOUT_S * 1000)
     max_depth: int = 0
     reroute_unknown: bool = False
+    max_attempts: int = emqp_adapter.DEFAULT_MAX_ATTEMPTS
     max_message: int = emqp_adapter.DEFAULT_MAX_MESSAGE
 
     def limits(self) -> EMQPLimits:
         return EMQPLimits(heartbeat_interval=self.heartbeat_interval_ms / 1000,
                           heartbeat_timeout=self.heartbeat_timeout_ms / 1000, max_message=self.max_message,
                           max_depth=self.max_depth, reroute_unknown=self.reroute_unknown,
-                          admin_disconnect=self.admin_disconnect)
+                          admin_disconnect=self.admin_disconnect, max_attempts=self.max_attempts)
 
 
 @attrs.frozen

@@ -327,3 +327,40 @@ def test_admin_status_workers_and_schedulers(gateway: GatewayProcess, context: z
             cli.send(b"HELLO")  # emq-cli's greeting: no answer, so its next read is the next answer
             cli.send(emqp.STATUS)
             assert json.loads(cli.receive()[4])["processed_messages_by_queue"] == {"a": 1}
+
+
+def test_a_job_whose_workers_keep_going_is_dead_lettered_after_the_max_attempts(tmp_path: Path,
+                                                                                 context: zmq.Context) -> None:
+    with running_gateway("--emqp-max-attempts", "2", data_dir=tmp_path) as gateway, \
+            Client(context, frontend(gateway)) as client:
+        sent = client.request("poison", b"not a job")
+        for _ in range(2):
+            with Worker(context, backend(gateway)) as worker:
+                worker.inform([(10, "poison")])
+                worker.ready()
+                assert worker.job()[3] == sent
+                worker.send(emqp.KBYE)  # as a jobmanager that crashed on it and came back as another
+                wait_until(lambda worker=worker: worker.identity.decode() not in workers(context, gateway), "gone")
+        with Worker(context, backend(gateway)) as worker:
+            worker.inform([(10, "poison"), (1, "poison.dead")])
+            worker.ready(2)
+            assert worker.job()[3:5] == [sent, b"poison.dead"]
+            assert worker.nothing_within(100)
+
+
+def test_a_ready_ends_the_oldest_job_that_expects_no_reply(gateway: GatewayProcess, context: zmq.Context) -> None:
+    with Worker(context, backend(gateway)) as worker, Worker(context, backend(gateway)) as other, \
+            Client(context, frontend(gateway)) as client:
+        worker.inform([(10, "mixed")])
+        worker.ready(2)
+        wait_until(lambda: slots(context, gateway, worker) == 2, "slots")
+        replying = client.request("mixed", b"[1]", b"reply-requested")
+        plain = client.request("mixed", b"[2]")
+        assert [worker.job()[3], worker.job()[3]] == [replying, plain]
+        worker.ready()  # the plain job is done (its READY comes with no REPLY)
+        wait_until(lambda: slots(context, gateway, worker) == 1, "the READY")
+        other.inform([(10, "mixed")])
+        other.ready(2)
+        worker.send(emqp.KBYE)
+        assert other.job()[3] == replying  # still running when its worker went: handed on
+        assert other.nothing_within(150)
