@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create or refresh the environments of the real NSQ client libraries used by tests/interop.
+# Create or refresh the environments of the real client libraries used by tests/interop (NSQ's,
+# and EventMQ's jobmanager and client).
 #
 #   bash tests/interop/setup_envs.sh            # all clients
 #   bash tests/interop/setup_envs.sh gnsq nsqjs # only these
@@ -31,7 +32,13 @@ declare -A PY_REQS=(
   [nsqpy]="nsq-py==0.1.12 requests==2.34.2"
   [asyncnsq]="asyncnsq==1.2.1 aiohttp==3.14.5 python-snappy==0.7.3"
 )
-PY_CLIENTS=(pynsq gnsq ansq nsqpy asyncnsq)
+# Installed with --no-deps after the env's requirements: EventMQ 0.3.13 pins pyzmq 18 and psutil 5.6,
+# which do not build on Python 3.11; it runs on the current ones listed above.
+declare -A PY_NODEPS=(
+  [eventmq]="eventmq==0.3.13"
+)
+PY_REQS[eventmq]="pyzmq==27.3.0 future==1.0.0 psutil==7.2.2 croniter==7.0.0 monotonic==1.6 six==1.17.0 python-dateutil==4.0.0 tzdata==2026.6"
+PY_CLIENTS=(pynsq gnsq ansq nsqpy asyncnsq eventmq)
 NPM_REQS="nsqjs@0.13.0"
 
 log() { printf '[interop-setup] %s\n' "$*" >&2; }
@@ -102,17 +109,22 @@ ensure_venv_support() {
 build_python_env() {
   local name="$1" reqs="$2" dir="$INTEROP_DIR/$1"
   local logf="$INTEROP_DIR/$name.setup.log"
+  local nodeps="${PY_NODEPS[$name]:-}"
   {
     rm -rf "$dir"
     "$PYTHON" -m venv "$dir"
     # shellcheck disable=SC2086
     "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input $reqs
+    if [ -n "$nodeps" ]; then
+      # shellcheck disable=SC2086
+      "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --no-deps $nodeps
+    fi
   } >"$logf" 2>&1 || {
     log "FAILED to build $name env; log follows"
     cat "$logf" >&2
     return 1
   }
-  python_stamp "$reqs" >"$dir/$STAMP_NAME"
+  python_stamp "$reqs${nodeps:+ --no-deps $nodeps}" >"$dir/$STAMP_NAME"
   log "$name ready ($reqs)"
 }
 
@@ -152,7 +164,7 @@ for name in "${WANTED[@]}"; do
     names+=(node)
     continue
   fi
-  reqs="${PY_REQS[$name]}"
+  reqs="${PY_REQS[$name]}${PY_NODEPS[$name]:+ --no-deps ${PY_NODEPS[$name]}}"
   dir="$INTEROP_DIR/$name"
   if [ -x "$dir/bin/python" ] && [ -f "$dir/$STAMP_NAME" ] \
       && [ "$(cat "$dir/$STAMP_NAME")" = "$(python_stamp "$reqs")" ]; then
@@ -162,7 +174,7 @@ for name in "${WANTED[@]}"; do
     ensure_venv_support
     venv_checked=1
   fi
-  build_python_env "$name" "$reqs" &
+  build_python_env "$name" "${PY_REQS[$name]}" &
   pids+=("$!")
   names+=("$name")
 done

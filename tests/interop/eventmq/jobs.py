@@ -1,0 +1,20 @@
+"""Jobs the real `emq-jobmanager` runs in the interop tests (imported by its worker processes).
+
+Each run appends one JSON line to the file named by EMQP_JOB_LOG: the job's tag, the jobmanager
+that ran it (EMQP_WORKER_NAME) and the process, so the test counts runs per job and per worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+def record(tag: str, seconds: float = 0.0) -> dict[str, str]:
+    if seconds:
+        time.sleep(seconds)
+    line = json.dumps({"tag": tag, "worker": os.environ.get("EMQP_WORKER_NAME", "?"), "pid": os.getpid()})
+    with open(os.environ["EMQP_JOB_LOG"], "a", encoding="utf-8") as log:
+        log.write(line + "\n")
+    return {"tag": tag}
