@@ -51,6 +51,9 @@ DEFAULT_PZQ_MONITOR_PORT = 11133
 DEFAULT_EMQP_BACKEND_PORT = 47290
 DEFAULT_EMQP_FRONTEND_PORT = 47291
 DEFAULT_EMQP_ADMIN_PORT = 47293
+# emq-pubsub's: publishers in, subscribers out.
+DEFAULT_EMQP_PUBSUB_IN_PORT = 47298
+DEFAULT_EMQP_PUBSUB_OUT_PORT = 47299
 # A listener's port: 0 lets the OS choose a free one, -1 turns the listener off.
 PORT = click.IntRange(min=-1, max=65535)
 ENV_PREFIX = "POLYMQ_"
@@ -228,6 +231,10 @@ OPTIONS: tuple[Option, ...] = (
            "eMQP frontend socket (clients and schedulers connect) TCP port (0 = any free, -1 = off)."),
     Option("emqp.admin_port", "--emqp-admin-port", PORT, DEFAULT_EMQP_ADMIN_PORT,
            "eMQP admin socket (emq-cli connects) TCP port (0 = any free, -1 = off)."),
+    Option("emqp.pubsub_in_port", "--emqp-pubsub-in-port", PORT, DEFAULT_EMQP_PUBSUB_IN_PORT,
+           "eMQP pub/sub input socket (PUBLISH senders connect) TCP port (0 = any free, -1 = off)."),
+    Option("emqp.pubsub_out_port", "--emqp-pubsub-out-port", PORT, DEFAULT_EMQP_PUBSUB_OUT_PORT,
+           "eMQP pub/sub output socket (ZeroMQ SUBs connect) TCP port (0 = any free, -1 = off)."),
     Option("emqp.admin_bind", "--emqp-admin-bind", click.STRING, DEFAULT_BIND,
            "Address the eMQP admin socket binds to, whatever --bind says (loopback by default)."),
     Option("emqp.admin_disconnect", "--emqp-admin-disconnect/--no-emqp-admin-disconnect", click.BOOL, False,
@@ -359,6 +366,8 @@ class EMQPConfig:
     backend_port: int = DEFAULT_EMQP_BACKEND_PORT
     frontend_port: int = DEFAULT_EMQP_FRONTEND_PORT
     admin_port: int = DEFAULT_EMQP_ADMIN_PORT
+    pubsub_in_port: int = DEFAULT_EMQP_PUBSUB_IN_PORT
+    pubsub_out_port: int = DEFAULT_EMQP_PUBSUB_OUT_PORT
     admin_bind: str = DEFAULT_BIND
     admin_disconnect: bool = False
     heartbeat_interval_ms: int = int(emqp_adapter.HEARTBEAT_INTERVAL_S * 1000)
@@ -406,6 +415,8 @@ class Config:
             "emqp-backend": (self.emqp.backend_port, self.emqp.enabled),
             "emqp-frontend": (self.emqp.frontend_port, self.emqp.enabled),
             "emqp-admin": (self.emqp.admin_port, self.emqp.enabled),
+            "emqp-pubsub-in": (self.emqp.pubsub_in_port, self.emqp.enabled),
+            "emqp-pubsub-out": (self.emqp.pubsub_out_port, self.emqp.enabled),
         }[listener]
         return port if enabled and port >= 0 else None
 

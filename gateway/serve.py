@@ -30,8 +30,10 @@ import zmq
 
 import polymq
 from polymq.adapters import emqp as emqp_adapter
+from polymq.adapters import emqp_pubsub
 from polymq.adapters import pzq as pzq_adapter
 from polymq.adapters.emqp import EMQPBroker
+from polymq.adapters.emqp_pubsub import EMQPPubSub
 from polymq.adapters.mqks import MQKSServer
 from polymq.adapters.nsq import NSQServer
 from polymq.adapters.phpmq import PHPMQServer
@@ -58,7 +60,12 @@ LISTENERS = {"nsq-tcp": "--nsq-tcp-port", "nsq-http": "--nsq-http-port", "mqks":
 # PZQ's ZeroMQ sockets: bound by ZeroMQ, not as TCP listeners of ours.
 ZMQ_LISTENERS = {"pzq-receive": "--pzq-receive-port", "pzq-send": "--pzq-send-port",
                  "pzq-monitor": "--pzq-monitor-port", "emqp-backend": "--emqp-backend-port",
-                 "emqp-frontend": "--emqp-frontend-port", "emqp-admin": "--emqp-admin-port"}
+                 "emqp-frontend": "--emqp-frontend-port", "emqp-admin": "--emqp-admin-port",
+                 "emqp-pubsub-in": "--emqp-pubsub-in-port", "emqp-pubsub-out": "--emqp-pubsub-out-port"}
+
+
+# eMQP's broker sockets (its pub/sub device's are apart).
+BROKER_SOCKETS = ("emqp-backend", "emqp-frontend", "emqp-admin")
 
 
 class StartupError(Exception):
@@ -216,7 +223,8 @@ def zmq_specs(config: Config) -> dict[str, SocketSpec]:
     """The ZeroMQ sockets of every ZeroMQ protocol, each at its configured port (None: off)."""
     ports = {name: config.port(name) for name in ZMQ_LISTENERS}
     return (pzq_adapter.socket_specs(ports, config.pzq.max_message)
-            | emqp_adapter.socket_specs(ports, config.emqp.max_message, config.host("emqp-admin")))
+            | emqp_adapter.socket_specs(ports, config.emqp.max_message, config.host("emqp-admin"))
+            | emqp_pubsub.socket_specs(ports, config.emqp.max_message))
 
 
 def zmq_sockets(host: str, specs: dict[str, SocketSpec]) -> ZmqSockets:
@@ -276,7 +284,9 @@ async def run_gateway(
     pzq = (PZQServer(engine, zmq_made, config.pzq.limits())
            if zmq_made is not None and any(name.startswith("pzq-") for name in zmq_made.sockets) else None)
     emqp = (EMQPBroker(engine, zmq_made, config.emqp.limits(), stop_gateway=_stop_self)
-            if zmq_made is not None and any(name.startswith("emqp-") for name in zmq_made.sockets) else None)
+            if zmq_made is not None and any(name in zmq_made.sockets for name in BROKER_SOCKETS) else None)
+    pubsub = (EMQPPubSub(engine, zmq_made)
+              if zmq_made is not None and any(name.startswith("emqp-pubsub") for name in zmq_made.sockets) else None)
     sockets = prepared.sockets
     in_flight = 0
     # Installed before any listener serves, so a signal at any moment after start-up is a clean stop.
@@ -308,6 +318,8 @@ async def run_gateway(
                 nursery.start_soon(pzq.run)
             if emqp is not None:
                 nursery.start_soon(emqp.run)
+            if pubsub is not None:
+                nursery.start_soon(pubsub.run)
             log.info("ready")
             task_status.started(engine)
             async for signum in signals:
@@ -325,6 +337,8 @@ async def run_gateway(
                     pzq.shutdown()  # its in-flight deliveries go back to the queue; its sockets close
                 if emqp is not None:
                     emqp.shutdown()  # KBYE to its peers; the jobs its workers held go back to their queues
+                if pubsub is not None:
+                    pubsub.shutdown()
                 nursery.cancel_scope.cancel()
                 break
     if zmq_made is not None:

@@ -364,3 +364,43 @@ def test_a_ready_ends_the_oldest_job_that_expects_no_reply(gateway: GatewayProce
         worker.send(emqp.KBYE)
         assert other.job()[3] == replying  # still running when its worker went: handed on
         assert other.nothing_within(150)
+
+
+def test_the_pub_sub_device_fans_out_by_prefix_and_to_the_topic_s_queues(gateway: GatewayProcess,
+                                                                         context: zmq.Context) -> None:
+    subscriber = context.socket(zmq.SUB)
+    other = context.socket(zmq.SUB)
+    try:
+        for sock, prefix in ((subscriber, b"upd"), (other, b"zzz")):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVTIMEO, 3000)
+            sock.setsockopt(zmq.SUBSCRIBE, prefix)
+            sock.connect(f"tcp://{gateway.addresses['emqp-pubsub-out']}")
+        with Peer(context, gateway.addresses["emqp-pubsub-in"]) as publisher, \
+                Worker(context, backend(gateway)) as worker:
+            # A SUB's subscription reaches the PUB a moment after it connects: publish until it shows.
+            poller = zmq.Poller()
+            poller.register(subscriber, zmq.POLLIN)
+            while True:
+                publisher.send(emqp.PUBLISH, b"upd-warmup", b"w")
+                if poller.poll(20):
+                    break
+            while poller.poll(50):
+                subscriber.recv_multipart()
+            worker.inform([(10, "updates")])
+            worker.ready()
+            wait_until(lambda: slots(context, gateway, worker) == 1, "slot")
+            publisher.send(emqp.PUBLISH, b"updates", b'["update", "1"]')
+            assert subscriber.recv_multipart() == [b"updates", b'["update", "1"]']
+            job = worker.job()  # the topic's queue got its copy
+            assert job[4:] == [b"updates", b"", b'["update", "1"]']
+            publisher.send(emqp.REQUEST, b"updates", b"", b"[]")  # not for this device: ignored
+            publisher.send(emqp.PUBLISH, b"updates")  # no body frame
+            publisher.send(emqp.PUBLISH, b"upd2", b"last")
+            assert subscriber.recv_multipart() == [b"upd2", b"last"]
+            other.setsockopt(zmq.RCVTIMEO, 100)
+            with pytest.raises(zmq.Again):
+                other.recv_multipart()
+    finally:
+        subscriber.close(linger=0)
+        other.close(linger=0)

@@ -108,6 +108,8 @@ def running_gateway(*extra_args: str, data_dir: Path | None = None) -> Iterator[
         "--emqp-backend-port", "0",
         "--emqp-frontend-port", "0",
         "--emqp-admin-port", "0",
+        "--emqp-pubsub-in-port", "0",
+        "--emqp-pubsub-out-port", "0",
     ]
     args += ["--data-dir", str(data_dir)]
     args += list(extra_args)
