@@ -615,6 +615,7 @@ class DiskStorage:
         self._next_uid = 1
         self._topics: dict[str, dict[str, Any]] = {}  # name → meta (uid, paused)
         self._queues: dict[str, dict[str, Any]] = {}  # name → meta (uid, topics, paused, options)
+        self._schedules: dict[str, dict[str, Any]] = {}  # key → core.schedules record
         self._meta_pending: list[bytes] = []
         self._dirty: list[OwnerLog] = []
         self._removed_dirs: list[Path] = []
@@ -751,6 +752,14 @@ class DiskStorage:
             self._meta({"t": "queue-", "name": name, "uid": meta["uid"], **_dir_of(meta)})
         if owner is not None:
             owner.destroy()
+
+    def schedule_saved(self, key: str, record: Mapping[str, Any]) -> None:
+        self._schedules[key] = dict(record)
+        self._meta({"t": "schedule", "key": key, "s": self._schedules[key]})
+
+    def schedule_deleted(self, key: str) -> None:
+        if self._schedules.pop(key, None) is not None:
+            self._meta({"t": "schedule-", "key": key})
 
     # -- commits on the loop: writes now, fdatasync in the committer's thread ---------------------
 
@@ -979,7 +988,7 @@ class DiskStorage:
             self._logs.append(owner)
             _recover(owner, self.clock)
             queues.append(QueueRecord(name, tuple(meta["topics"]), meta["paused"], meta["options"], owner))
-        return Snapshot(tuple(topics), tuple(queues))
+        return Snapshot(tuple(topics), tuple(queues), tuple(self._schedules.values()))
 
     def _replay_meta(self, change: dict[str, Any]) -> None:
         kind = change.get("t")
@@ -1008,11 +1017,16 @@ class DiskStorage:
                 self._next_uid = max(self._next_uid, change["uid"] + 1)
         elif kind == "ids":
             self._id_high_water = max(self._id_high_water, change["hw"])
+        elif kind == "schedule":
+            self._schedules[change["key"]] = change["s"]
+        elif kind == "schedule-":
+            self._schedules.pop(change.get("key", ""), None)
 
     def _rewrite_meta(self) -> None:
         changes = [{"t": "ids", "hw": self._id_high_water}]
         changes += [{"t": "topic", "name": name, **meta} for name, meta in self._topics.items()]
         changes += [{"t": "queue", "name": name, **meta} for name, meta in self._queues.items()]
+        changes += [{"t": "schedule", "key": key, "s": record} for key, record in self._schedules.items()]
         temporary = self.dir / (META_FILE + ".tmp")
         with open(temporary, "wb") as file:
             file.write(b"".join(records.encode_meta(change) for change in changes))

@@ -26,6 +26,7 @@ from typing import Any
 from polymq.core.clock import Clock, SystemClock
 from polymq.core.ids import IdSource
 from polymq.core.message import Message
+from polymq.core.schedules import Schedules
 from polymq.core.storage import MemoryStorage, OwnerLog, Storage
 from polymq.core.timers import Timer, TimerService
 
@@ -803,6 +804,8 @@ class Engine:
         self.on_topic_deleted: list[Callable[[str], None]] = []
         # Called with the deleted queue and the topics it was bound to.
         self.on_queue_deleted: list[Callable[[Queue, list[str]], None]] = []
+        # Messages published on an interval or cron expression (eMQP's SCHEDULE), kept in the store.
+        self.schedules = Schedules(self)
 
     # -- topics ------------------------------------------------------------------------------
 
@@ -1118,6 +1121,7 @@ class Engine:
                 queue._delete_timer = self.timers.schedule(now + queue.auto_delete, queue._auto_delete)
         for topic in self.topics.values():
             topic._flush_backlog()
+        self.schedules.restore(snapshot.schedules)
 
     # -- the timer task's entry point ----------------------------------------------------------
 

@@ -88,6 +88,7 @@ class Snapshot:
 
     topics: tuple[TopicRecord, ...] = ()
     queues: tuple[QueueRecord, ...] = ()
+    schedules: tuple[Mapping[str, Any], ...] = ()  # core.schedules.Schedule.to_record() of each
 
 
 class Storage(Protocol):
@@ -113,6 +114,10 @@ class Storage(Protocol):
     def queue_saved(self, name: str, topics: Iterable[str], paused: bool, options: Mapping[str, Any]) -> None: ...
 
     def queue_deleted(self, name: str, log: OwnerLog | None) -> None: ...
+
+    def schedule_saved(self, key: str, record: Mapping[str, Any]) -> None: ...
+
+    def schedule_deleted(self, key: str) -> None: ...
 
     def adopt(self, topic: str, queue: str, topic_log: OwnerLog, queue_log: OwnerLog) -> OwnerLog | None:
         """The queue takes the topic's log over (its first queue, holding nothing yet): the topic's
@@ -168,6 +173,12 @@ class MemoryStorage:
         pass
 
     def queue_deleted(self, name: str, log: OwnerLog | None) -> None:
+        pass
+
+    def schedule_saved(self, key: str, record: Mapping[str, Any]) -> None:
+        pass
+
+    def schedule_deleted(self, key: str) -> None:
         pass
 
     def adopt(self, topic: str, queue: str, topic_log: OwnerLog, queue_log: OwnerLog) -> OwnerLog | None:

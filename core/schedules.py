@@ -1,0 +1,154 @@
+"""Schedules: a message published to a topic on an interval or a cron expression, kept in the store.
+
+Any protocol adds one under a key of its own (eMQP: its job identity), and a new one under the
+same key replaces it. Each firing is an ordinary publish; a schedule with a run count stops
+after that many firings. Times are wall-clock (a cron expression names wall times); the engine's
+timers run on the monotonic clock, so each firing is set as "that many seconds from now".
+After a restart a schedule whose time passed while the gateway was down fires once, at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from croniter import croniter
+
+if TYPE_CHECKING:
+    from polymq.core.engine import Engine
+    from polymq.core.timers import Timer
+
+log = logging.getLogger("polymq.schedules")
+
+FOREVER = -1  # a run count without end
+# An interval of 0 (the original accepts it: every turn of its 1 ms loop) fires this often, not in a busy loop.
+MIN_INTERVAL_S = 0.001
+
+
+class InvalidSchedule(ValueError):
+    """A cron expression croniter cannot read, or neither an interval nor a cron expression."""
+
+
+@attrs.define(eq=False)
+class Schedule:
+    key: str
+    topic: str
+    body: bytes
+    headers: dict[str, Any] | None
+    interval: float | None  # seconds between firings, or None: the cron expression says when
+    cron: str | None
+    runs_left: int  # FOREVER, or firings still to come
+    next_wall: float  # wall-clock seconds of the next firing
+    fired: int = 0  # firings since it was added (or the gateway started)
+    timer: Timer | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        return {"key": self.key, "topic": self.topic, "body": base64.b64encode(self.body).decode(),
+                "headers": self.headers, "interval": self.interval, "cron": self.cron,
+                "runs_left": self.runs_left, "next_wall": self.next_wall}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Schedule:
+        return cls(record["key"], record["topic"], base64.b64decode(record["body"]), record.get("headers"),
+                   record.get("interval"), record.get("cron"), record["runs_left"], record["next_wall"])
+
+
+def next_cron(expression: str, after_wall: float) -> float:
+    """The first time after `after_wall` the expression names (evaluated in UTC)."""
+    start = datetime.fromtimestamp(after_wall, tz=UTC)
+    return float(croniter(expression, start).get_next(float))
+
+
+class Schedules:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.by_key: dict[str, Schedule] = {}
+        # Called at each firing with the schedule, before it publishes (an adapter makes its queue).
+        self.on_fire: Callable[[Schedule], None] | None = None
+
+    def _wall(self) -> float:
+        return self.engine.clock.wall_ns() / 1e9
+
+    def add(self, key: str, topic: str, body: bytes, *, headers: dict[str, Any] | None = None,
+            interval: float | None = None, cron: str | None = None, run_count: int = FOREVER,
+            at_once: bool = True) -> Schedule:
+        """Add (or replace) the schedule `key`. `at_once`: the first firing is now, else after one
+        interval (or at the cron expression's next time). Raises InvalidSchedule."""
+        if interval is None and not cron:
+            raise InvalidSchedule("a schedule needs an interval or a cron expression")
+        if interval is None and cron is not None and not croniter.is_valid(cron):
+            raise InvalidSchedule(f"{cron!r} is not a cron expression")
+        if interval is not None and interval < 0:
+            raise InvalidSchedule(f"interval {interval} is negative")
+        self.remove(key)
+        now = self._wall()
+        if at_once:
+            first = now
+        elif interval is not None:
+            first = now + interval
+        else:
+            assert cron is not None
+            first = next_cron(cron, now)
+        schedule = Schedule(key, topic, body, headers, interval, cron if interval is None else None,
+                            run_count, first)
+        if run_count == 0:
+            return schedule  # nothing to run
+        self.by_key[key] = schedule
+        self._save(schedule)
+        self._arm(schedule)
+        return schedule
+
+    def remove(self, key: str) -> bool:
+        schedule = self.by_key.pop(key, None)
+        if schedule is None:
+            return False
+        if schedule.timer is not None:
+            schedule.timer.cancel()
+        if self.engine.storage.persistent:
+            self.engine.storage.schedule_deleted(key)
+        return True
+
+    def restore(self, records: tuple[Mapping[str, Any], ...]) -> None:
+        for record in records:
+            schedule = Schedule.from_record(record)
+            self.by_key[schedule.key] = schedule
+            self._arm(schedule)
+
+    def _save(self, schedule: Schedule) -> None:
+        if self.engine.storage.persistent:
+            self.engine.storage.schedule_saved(schedule.key, schedule.to_record())
+
+    def _arm(self, schedule: Schedule) -> None:
+        engine = self.engine
+        delay = max(0.0, schedule.next_wall - self._wall())
+        schedule.timer = engine.timers.schedule(engine.clock.now() + delay, self._fire, schedule)
+
+    def _fire(self, schedule: Schedule) -> None:
+        if self.by_key.get(schedule.key) is not schedule:
+            return  # removed or replaced meanwhile
+        now = self._wall()
+        schedule.fired += 1
+        if self.on_fire is not None:
+            self.on_fire(schedule)
+        if self.engine.storage.failure is None:
+            self.engine.publish(schedule.topic, schedule.body, headers=schedule.headers)
+        else:
+            log.warning("schedule %s: firing skipped, the store failed: %s", schedule.key, self.engine.storage.failure)
+        if schedule.runs_left != FOREVER:
+            schedule.runs_left -= 1
+            if schedule.runs_left <= 0:
+                self.remove(schedule.key)
+                return
+        if schedule.interval is not None:
+            # From the planned time, not the late one; a gateway that was down does not catch up.
+            planned = schedule.next_wall + schedule.interval
+            schedule.next_wall = planned if planned > now else now + max(schedule.interval, MIN_INTERVAL_S)
+        else:
+            assert schedule.cron is not None
+            schedule.next_wall = next_cron(schedule.cron, now)
+        self._save(schedule)
+        self._arm(schedule)
