@@ -36,6 +36,7 @@ from polymq.adapters.zmq_pump import Frames, ZmqPump
 from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
 from polymq.codecs import emqp
 from polymq.core.engine import MAX_ATTEMPTS_OPTION, Consumer, CreditMode, CreditPool, Engine, Message, Queue
+from polymq.core.schedules import FOREVER, InvalidSchedule, Schedule
 from polymq.core.timers import Timer
 
 log = logging.getLogger("polymq.emqp")
@@ -59,6 +60,8 @@ ADMIN_MAX_MESSAGE = 64 * 1024
 MSGID_HEADER = "emqp-msgid"
 HEADERS_HEADER = "emqp-headers"
 _REPLY_REQUESTED = emqp.REPLY_REQUESTED.encode()
+# The engine schedules eMQP keeps: this prefix, then the job identity.
+SCHEDULE_KEY_PREFIX = "emqp:"
 # The admin command emq-cli sends on connecting, expecting no answer.
 HELLO = b"HELLO"
 
@@ -155,6 +158,7 @@ class EMQPBroker:
         self.backend = self._pump(sockets, "emqp-backend", self._backend)
         self.frontend = self._pump(sockets, "emqp-frontend", self._frontend)
         self.admin = self._pump(sockets, "emqp-admin", self._admin)
+        engine.schedules.on_fire = self._fired
 
     def _pump(self, sockets: ZmqSockets, name: str, handler: Callable[[list[Frames]], None]) -> ZmqPump | None:
         sock = sockets.get(name)
@@ -408,7 +412,7 @@ class EMQPBroker:
         elif command == emqp.INFORM:
             self._inform_scheduler(message)
         elif command in (emqp.SCHEDULE, emqp.UNSCHEDULE):
-            self._forward_schedule(message)
+            self._schedule(message, replies)
         elif command in (emqp.KBYE, emqp.KBAI):
             if self.schedulers.pop(identity, None) is not None:
                 log.info("scheduler %s gone (it said KBYE)", _text(identity))
@@ -471,14 +475,57 @@ class EMQPBroker:
         self._send_frontend(emqp.ack(message.identity, _msgid(), message.msgid))
         self._send_frontend(emqp.heartbeat(message.identity, _msgid(), time.time()))
 
-    def _forward_schedule(self, message: emqp.Message) -> None:
-        """To a connected scheduler as the original: SCHEDULE to the newest, UNSCHEDULE to all."""
-        if not self.schedulers:
-            log.info("frontend: %s from %s: no scheduler connected", message.command.decode(), _text(message.identity))
+    def _schedule(self, message: emqp.Message, replies: list[list[bytes]]) -> None:
+        """SCHEDULE and UNSCHEDULE. With an emq-scheduler connected, as the original: SCHEDULE to the
+        newest scheduler, UNSCHEDULE to every one. Without, the gateway keeps the schedule itself
+        (in the store) and each firing is a request of its queue. UNSCHEDULE also removes the
+        gateway's own schedule of that job."""
+        schedule = emqp.parse_schedule(message.body)
+        key = emqp.schedule_key(schedule.payload) if isinstance(schedule, emqp.Schedule) else schedule
+        if isinstance(key, emqp.Invalid):  # the schedule's own problem, or its job's
+            self.counters.invalid += 1
+            self._refuse(message, key.reason, replies)
             return
-        targets = list(self.schedulers)[-1:] if message.command == emqp.SCHEDULE else list(self.schedulers)
-        for identity in targets:
-            self._send_frontend(emqp.forward(identity, message))
+        assert isinstance(schedule, emqp.Schedule)
+        unschedule = message.command == emqp.UNSCHEDULE
+        if unschedule and self.engine.schedules.remove(SCHEDULE_KEY_PREFIX + key):
+            log.info("schedule %s removed", key)
+        if self.schedulers:
+            targets = list(self.schedulers) if unschedule else list(self.schedulers)[-1:]
+            for identity in targets:
+                self._send_frontend(emqp.forward(identity, message))
+            return
+        if unschedule:
+            return
+        name = emqp.queue_name(schedule.queue)
+        headers = emqp.parse_headers(schedule.headers)
+        try:
+            run_count = int(headers.get(emqp.RUN_COUNT, FOREVER))
+        except ValueError:
+            run_count = None
+        if isinstance(name, emqp.Invalid) or run_count is None:
+            self.counters.invalid += 1
+            self._refuse(message, name.reason if isinstance(name, emqp.Invalid)
+                         else f"run_count:{headers[emqp.RUN_COUNT][:20]} is not a number", replies)
+            return
+        queue = self._queue(name)
+        try:
+            self.engine.schedules.add(
+                SCHEDULE_KEY_PREFIX + key, queue.name, schedule.payload,
+                headers={HEADERS_HEADER: emqp.REPLY_REQUESTED},  # as the original scheduler's requests
+                interval=schedule.interval, cron=schedule.cron.decode("utf-8", "replace") or None,
+                run_count=run_count, at_once=emqp.NOHASTE not in headers)
+        except InvalidSchedule as error:
+            self.counters.invalid += 1
+            self._refuse(message, str(error), replies)
+            return
+        log.info("schedule %s: %s on queue %s", key, f"every {schedule.interval} s" if schedule.interval is not None
+                 else f"cron {schedule.cron.decode('utf-8', 'replace')!r}", name)
+
+    def _fired(self, schedule: Schedule) -> None:
+        """A schedule of eMQP's fires: its queue is there (made again if it was deleted)."""
+        if schedule.key.startswith(SCHEDULE_KEY_PREFIX):
+            self._queue(schedule.topic)
 
     # -- the admin socket ----------------------------------------------------------------------
 
@@ -539,8 +586,18 @@ class EMQPBroker:
             "processed_messages_by_queue": dict(self.processed_by_queue),
             "processed_messages_by_worker": {_text(identity): count
                                              for identity, count in self.processed_by_worker.items()},
-            "polymq": attrs.asdict(self.counters),
+            "polymq": {**attrs.asdict(self.counters), "schedules": self.schedules()},
         }
+
+    def schedules(self) -> dict[str, dict[str, Any]]:
+        """The gateway's own eMQP schedules by job identity: queue, interval or cron, runs left, next firing."""
+        shown = {}
+        for key, schedule in self.engine.schedules.by_key.items():
+            if key.startswith(SCHEDULE_KEY_PREFIX):
+                shown[key.removeprefix(SCHEDULE_KEY_PREFIX)] = {
+                    "queue": schedule.topic, "interval": schedule.interval, "cron": schedule.cron,
+                    "runs_left": schedule.runs_left, "next": schedule.next_wall}
+        return shown
 
     def show_workers(self) -> dict[str, Any]:
         queues: dict[str, list[tuple[int, str]]] = {}
@@ -561,14 +618,13 @@ class EMQPBroker:
 
 
 def _emqp_fields(message: Message) -> tuple[bytes, bytes]:
-    """The msgid and headers a worker gets: the client's, or for another protocol's message a
-    msgid made from its id (the same at every attempt) and no headers."""
+    """The msgid and headers a worker gets: the client's, or for a message without one (another
+    protocol's, a schedule's firing) a msgid made from its id (the same at every attempt)."""
     headers = message.headers
+    msgid: object = None
+    csv: object = None
     if type(headers) is dict:
-        msgid = headers.get(MSGID_HEADER)
-        if type(msgid) is str:
-            csv = headers.get(HEADERS_HEADER)
-            # latin-1 carries the client's bytes unchanged; "replace": such a header set by another protocol
-            return msgid.encode("latin-1", "replace"), csv.encode("latin-1", "replace") if type(csv) is str else b""
-    return str(uuid.UUID(int=message.id)).encode(), b""
-
+        msgid, csv = headers.get(MSGID_HEADER), headers.get(HEADERS_HEADER)
+    # latin-1 carries the client's bytes unchanged; "replace": such a header set by another protocol
+    return (msgid.encode("latin-1", "replace") if type(msgid) is str else str(uuid.UUID(int=message.id)).encode(),
+            csv.encode("latin-1", "replace") if type(csv) is str else b"")

@@ -44,6 +44,7 @@ class ZmqPump:
         self.on_messages = on_messages
         self.outgoing: deque[Sequence[bytes]] = deque()
         self._waiting: trio.CancelScope | None = None
+        self.closed = False
         self.received = 0
         self.sent = 0
         self.unroutable = 0  # messages for a peer that had gone (ROUTER_MANDATORY)
@@ -112,7 +113,7 @@ class ZmqPump:
         """Forever (until closed): receive, send, and wait only when neither can progress."""
         sock = self.sock
         idle_turns = 0
-        while True:
+        while not self.closed:  # `close` may come while this task waits at a checkpoint
             if self._receive() | self._send():
                 idle_turns = 0
                 await trio.lowlevel.checkpoint()  # let the rest of the loop run between bursts
@@ -137,8 +138,11 @@ class ZmqPump:
     def close(self, linger_ms: int = 0) -> None:
         """Close the socket (the pump ends). What is queued goes to ZeroMQ first, as far as it takes
         it without waiting; ZeroMQ keeps trying to send what it holds for `linger_ms`."""
+        if self.closed:
+            return
         if linger_ms and self.outgoing:
             with contextlib.suppress(zmq.ZMQError):  # closing anyway
                 self._send()
+        self.closed = True
         trio.lowlevel.notify_closing(self.fd)
         self.sock.close(linger=linger_ms)

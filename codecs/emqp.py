@@ -13,6 +13,7 @@ and its real peers send (docs/protocols/emqp.md), not its older protocol page:
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import attrs
@@ -46,6 +47,8 @@ REPLY_REQUESTED = "reply-requested"
 NOHASTE = "nohaste"
 RUN_COUNT = "run_count"
 TIMEOUT = "timeout"
+# What identifies a scheduled job (EventMQ's scheduler hashes these fields of the job).
+SCHEDULE_KEY_FIELDS = ("args", "kwargs", "class_args", "class_kwargs", "path", "callable")
 # The longest queue or topic name taken. The original has no limit; polymq's names stay within
 # this in every protocol (PHPMQ's bound).
 MAX_QUEUE_NAME = 1024
@@ -170,6 +173,18 @@ def parse_schedule(body: list[bytes]) -> Schedule | Invalid:
     if interval < 0 and not cron.strip():
         return Invalid("SCHEDULE without an interval or a cron expression")
     return Schedule(queue, headers, interval if interval >= 0 else None, payload, cron)
+
+
+def schedule_key(payload: bytes) -> str | Invalid:
+    """A scheduled job's identity as EventMQ's scheduler computes it: the sha1 (hex) of the JSON,
+    keys sorted, of the job's args, kwargs, class_args, class_kwargs, path and callable (a key the
+    job lacks counts as null). SCHEDULE replaces, and UNSCHEDULE removes, the job of that identity."""
+    try:
+        job = json.loads(payload)[1]
+        identity = json.dumps({key: job.get(key) for key in SCHEDULE_KEY_FIELDS}, sort_keys=True)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, UnicodeDecodeError) as error:
+        return Invalid(f"the scheduled message is not ['run', {{job}}]: {error}")
+    return hashlib.sha1(identity.encode()).hexdigest()
 
 
 def parse_publish(body: list[bytes]) -> Publish | Invalid:

@@ -248,7 +248,7 @@ def test_malformed_messages_are_counted_and_the_broker_carries_on(gateway: Gatew
         assert worker.job()[3] == sent
     counters = admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)["polymq"]
     assert counters == {"invalid": 5, "unknown_peer": 0, "refused": 2, "redelivered": 0,  # type: ignore[comparison-overlap]
-                        "ignored_disconnects": 0}
+                        "ignored_disconnects": 0, "schedules": {}}
 
 
 def test_a_depth_limit_refuses_with_a_reply_instead_of_dropping(tmp_path: Path, context: zmq.Context) -> None:
@@ -404,3 +404,79 @@ def test_the_pub_sub_device_fans_out_by_prefix_and_to_the_topic_s_queues(gateway
     finally:
         subscriber.close(linger=0)
         other.close(linger=0)
+
+
+def job_payload(tag: str) -> bytes:
+    return json.dumps(["run", {"path": "jobs", "callable": "record", "args": [tag], "kwargs": {},
+                               "class_args": [], "class_kwargs": {}}]).encode()
+
+
+def gateway_schedules(context: zmq.Context, gateway: GatewayProcess) -> dict[str, dict[str, object]]:
+    status = admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)
+    return status["polymq"]["schedules"]  # type: ignore[index, no-any-return]
+
+
+def test_the_gateway_runs_a_schedule_itself_each_firing_a_request(gateway: GatewayProcess,
+                                                                   context: zmq.Context) -> None:
+    with Worker(context, backend(gateway)) as worker, Client(context, frontend(gateway)) as client:
+        worker.inform([(10, "cronq")])
+        worker.ready(5)
+        wait_until(lambda: slots(context, gateway, worker) == 5, "slots")
+        payload = job_payload("tick")
+        client.send(emqp.SCHEDULE, b"cronq", b"guarantee,run_count:2", b"1", payload, b"")
+        started = time.monotonic()
+        first = worker.job()  # at once (no nohaste)
+        assert first[4:] == [b"cronq", b"reply-requested", payload]
+        second = worker.job()
+        assert 0.8 < time.monotonic() - started < 3.0
+        assert second[4:] == first[4:] and second[3] != first[3]  # one request per firing
+        wait_until(lambda: gateway_schedules(context, gateway) == {}, "run_count:2 reached")
+        assert worker.nothing_within(1200)
+
+
+def test_nohaste_waits_and_unschedule_removes_the_job_of_that_identity(gateway: GatewayProcess,
+                                                                       context: zmq.Context) -> None:
+    with Worker(context, backend(gateway)) as worker, Client(context, frontend(gateway)) as client:
+        worker.inform([(10, "later")])
+        worker.ready()
+        client.send(emqp.SCHEDULE, b"later", b"nohaste", b"3600", job_payload("hourly"), b"")
+        client.send(emqp.SCHEDULE, b"later", b"nohaste", b"-1", job_payload("cron"), b"0 4 * * *")
+        wait_until(lambda: len(gateway_schedules(context, gateway)) == 2, "both kept")
+        shown = gateway_schedules(context, gateway)
+        hourly = shown[emqp.schedule_key(job_payload("hourly"))]  # type: ignore[index]
+        assert hourly["queue"] == "later" and hourly["interval"] == 3600 and hourly["runs_left"] == -1
+        assert 3590 < float(hourly["next"]) - time.time() <= 3600  # type: ignore[arg-type]
+        assert shown[emqp.schedule_key(job_payload("cron"))]["cron"] == "0 4 * * *"  # type: ignore[index]
+        # UNSCHEDULE names the job (its queue is ignored, as the original's); headers and times do not count.
+        client.send(emqp.UNSCHEDULE, b"elsewhere", b"", b"5", job_payload("hourly"), b"")
+        wait_until(lambda: list(gateway_schedules(context, gateway)) == [emqp.schedule_key(job_payload("cron"))],
+                   "hourly gone")
+        bad = client.send(emqp.SCHEDULE, b"later", b"", b"-1", job_payload("x"), b"every tuesday")
+        assert client.receive()[4:] == [bad, b"ERROR: 'every tuesday' is not a cron expression"]
+        assert worker.nothing_within(100)
+
+
+def test_schedules_survive_a_restart(tmp_path: Path, context: zmq.Context) -> None:
+    with running_gateway(data_dir=tmp_path) as gateway, Client(context, frontend(gateway)) as client:
+        client.send(emqp.SCHEDULE, b"nightly", b"nohaste,run_count:7", b"-1", job_payload("n"), b"30 2 * * *")
+        wait_until(lambda: len(gateway_schedules(context, gateway)) == 1, "kept")
+        before = gateway_schedules(context, gateway)
+    with running_gateway(data_dir=tmp_path) as gateway:
+        assert gateway_schedules(context, gateway) == before
+
+
+def test_with_an_emq_scheduler_connected_schedules_go_to_it_as_in_the_original(gateway: GatewayProcess,
+                                                                               context: zmq.Context) -> None:
+    with Peer(context, frontend(gateway)) as older, Peer(context, frontend(gateway)) as newest, \
+            Client(context, frontend(gateway)) as client:
+        for scheduler in (older, newest):
+            scheduler.send(emqp.INFORM, b"", emqp.SCHEDULER)
+            assert scheduler.receive()[2] == emqp.ACK
+        body = [b"q", b"", b"60", job_payload("s"), b""]
+        msgid = client.send(emqp.SCHEDULE, *body)
+        assert newest.receive() == [b"", b"eMQP/1.0", emqp.SCHEDULE, msgid, *body]
+        assert older.nothing_within(100)
+        msgid = client.send(emqp.UNSCHEDULE, *body)
+        assert newest.receive()[2:4] == [emqp.UNSCHEDULE, msgid]
+        assert older.receive()[2:4] == [emqp.UNSCHEDULE, msgid]
+        assert gateway_schedules(context, gateway) == {}
