@@ -105,9 +105,11 @@ def runs(job_log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in job_log.read_text().splitlines() if line.strip()]
 
 
-def send_requests(gateway: GatewayProcess, requests: list[dict[str, Any]]) -> dict[str, list[str]]:
+def send_requests(gateway: GatewayProcess, requests: list[dict[str, Any]],
+                  schedules: list[dict[str, Any]] | None = None, read_replies_s: float = 1.0) -> dict[str, list[str]]:
+    spec = {"requests": requests, "schedules": schedules or [], "read_replies_s": read_replies_s}
     done = subprocess.run([str(ENV_BIN / "python"), str(JOBS_DIR / "client_driver.py"),
-                           gateway.addresses["emqp-frontend"], json.dumps({"requests": requests})],
+                           gateway.addresses["emqp-frontend"], json.dumps(spec)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -161,6 +163,29 @@ def test_the_heavier_jobmanager_is_served_first(eventmq_env: Path, tmp_path: Pat
     assert len(runs(job_log)) == 5
     assert by_tag["first0"] == by_tag["first1"] == "heavy"
     assert Counter(by_tag[f"second{index}"] for index in range(3)) == {"heavy": 2, "light": 1}
+
+
+@pytest.mark.interop
+def test_scheduled_jobs_run_as_often_as_asked_and_stop_when_unscheduled(
+        eventmq_env: Path, tmp_path: Path, context: zmq.Context, jobmanagers: list[JobManager]) -> None:
+    job_log = tmp_path / "runs.jsonl"
+    with running_gateway(data_dir=tmp_path / "data") as gateway:
+        jobmanagers.append(JobManager("s", gateway.addresses["emqp-backend"], [(10, "sched")], 2, job_log, tmp_path))
+        wait_until(lambda: free_slots(context, gateway, "sched") == [(10, 2)], "the jobmanager ready")
+        send_requests(gateway, [], [{"tag": "thrice", "queue": "sched", "interval": 1, "headers": ["run_count:3"]},
+                                    {"tag": "until", "queue": "sched", "interval": 1}], read_replies_s=0)
+        wait_until(lambda: Counter(run["tag"] for run in runs(job_log))["until"] >= 2, "two runs of 'until'")
+        send_requests(gateway, [], [{"tag": "until", "queue": "sched", "interval": 1, "unschedule": True}],
+                      read_replies_s=0)
+        wait_until(lambda: admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)["polymq"][
+            "schedules"] == {}, "both schedules done")
+        wait_until(lambda: admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)[
+            "inflight_messages_by_queue"] == {}, "the last firings run")
+        stopped_at = Counter(run["tag"] for run in runs(job_log))["until"]
+        time.sleep(2.2)  # two more intervals: neither schedule may fire again
+    counts = Counter(run["tag"] for run in runs(job_log))
+    assert counts["thrice"] == 3  # the first at once, then one a second, then done
+    assert counts["until"] == stopped_at >= 2
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """Sends requests with EventMQ 0.3.13's own client library (run inside .interop/eventmq).
 
-    python client_driver.py <frontend host:port> '<json: {"requests": [{"tag", "queue", "reply", "seconds"}]}>'
+    python client_driver.py <frontend host:port> '<json spec>'
 
-Prints a JSON object: the msgid of each request, and the "dispatched" REPLYs the broker sent back
-(the library never reads them; this driver does, from the same socket, for 1 s).
+The spec: {"requests": [{"tag", "queue", "reply", "seconds"}], "schedules": [{"tag", "queue",
+"interval" or "cron", "headers", "unschedule"}]}; requests go through `send_request`, schedules
+through `schedule` (both jobs.record with the tag). Prints a JSON object: the msgid of each
+request and schedule, and the "dispatched" REPLYs the broker sent back (the library never reads
+them; this driver does, from the same socket, for `read_replies_s`, 1 s by default).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import sys
 import time
 
 import zmq
-from eventmq.client.messages import send_request
+from eventmq.client.messages import schedule, send_request
 from eventmq.sender import Sender
 
 
@@ -22,11 +25,16 @@ def main() -> None:
     sender = Sender()
     sender.connect(f"tcp://{address}")
     sent = []
-    for request in spec["requests"]:
+    for request in spec.get("requests", []):
         job = ["run", {"path": "jobs", "callable": "record",
                        "args": [request["tag"], request.get("seconds", 0.0)]}]
         sent.append(send_request(sender, job, reply_requested=request.get("reply", False),
                                  queue=request["queue"]))
+    scheduled = []
+    for job in spec.get("schedules", []):
+        scheduled.append(schedule(sender, "jobs.record", interval_secs=job.get("interval"), cron=job.get("cron"),
+                                  args=(job["tag"],), headers=tuple(job.get("headers", ())), queue=job["queue"],
+                                  unschedule=job.get("unschedule", False)))
     dispatched = []
     deadline = time.monotonic() + spec.get("read_replies_s", 1.0)
     poller = zmq.Poller()
@@ -36,7 +44,7 @@ def main() -> None:
             frames = sender.zsocket.recv_multipart()
             if frames[2] == b"REPLY":
                 dispatched.append(frames[4].decode())
-    print(json.dumps({"sent": sent, "dispatched": dispatched}))
+    print(json.dumps({"sent": sent, "scheduled": scheduled, "dispatched": dispatched}))
 
 
 if __name__ == "__main__":
