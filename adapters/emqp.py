@@ -10,7 +10,8 @@ message another protocol published gets a msgid made from its id.
 A worker (a jobmanager) is one engine consumer per queue it INFORMed, all spending one credit pool:
 its slots. The pool offers a slot to the worker's queues in the order it listed them, and among
 the workers of one queue the highest weight is served first, equal weights in turn (the original's
-rules, docs/protocols/emqp.md). A READY adds a slot; since it is sent after each job, it also ends
+rules, docs/protocols/emqp.md). Other protocols' consumers of the queue rank as the default weight,
+10. A READY adds a slot; since it is sent after each job, it also ends
 one of the worker's jobs: the job's REPLY (with `reply-requested`) names it and ended it already;
 else the oldest job that expects no REPLY (the jobmanager says READY, not which job; with
 `reply-requested` only the REPLY does). A job
@@ -293,7 +294,8 @@ class EMQPBroker:
         for weight, name in dict((name, (weight, name)) for weight, name in names).values():
             queue = self._queue(name)
             worker.consumers.append(self.engine.attach(
-                queue.name, self._deliver, mode=CreditMode.TOKENS, pool=worker.pool, priority=weight,
+                queue.name, self._deliver, mode=CreditMode.TOKENS, pool=worker.pool,
+                priority=weight - emqp.DEFAULT_WEIGHT,  # the default weight ranks with other protocols' consumers
                 tag=worker, on_close=lambda reason, worker=worker: self._consumer_closed(worker)))
         log.info("worker %s joined %s", _text(message.identity),
                  ", ".join(f"{name} ({weight})" for weight, name in names))
