@@ -375,7 +375,8 @@ def command(ctx: click.Context, debug: bool, **values: object) -> None:
     """Run the gateway with every protocol built so far, on loopback by default.
 
     NSQ V2 on TCP 4150, the nsqd HTTP API on 4151, MQKS on TCP 25000, PHPMQ on TCP 9100 and its
-    maintenance console on 9101, stored durably under --data-dir. Every option is also a POLYMQ_*
+    maintenance console on 9101, PZQ on 11131-11133, eMQP on 47290, 47291, 47293 and its pub/sub
+    on 47298-47299, stored durably under --data-dir. Every option is also a POLYMQ_*
     variable and a key of the --config file (`polymq config --show` prints them all).
     """
     config = from_command_line(ctx, values)
