@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from polymq import __version__
+from polymq.conformance.emqp import command as conformance_emqp
 from polymq.conformance.mqks import command as conformance_mqks
 from polymq.conformance.nsq import command as conformance_nsq
 from polymq.conformance.phpmq import command as conformance_phpmq
@@ -55,3 +56,4 @@ conformance.add_command(conformance_nsq, "nsq")
 conformance.add_command(conformance_mqks, "mqks")
 conformance.add_command(conformance_phpmq, "phpmq")
 conformance.add_command(conformance_pzq, "pzq")
+conformance.add_command(conformance_emqp, "emqp")
