@@ -10,6 +10,7 @@ from polymq.conformance.mqks import command as conformance_mqks
 from polymq.conformance.nsq import command as conformance_nsq
 from polymq.conformance.phpmq import command as conformance_phpmq
 from polymq.conformance.pzq import command as conformance_pzq
+from polymq.gateway.bench_emqp import command as bench_emqp
 from polymq.gateway.bench_mqks import command as bench_mqks
 from polymq.gateway.bench_nsq import command as bench_nsq
 from polymq.gateway.bench_phpmq import command as bench_phpmq
@@ -47,6 +48,7 @@ def conformance() -> None:
 
 main.add_command(serve, "serve")
 main.add_command(config_command, "config")
+bench.add_command(bench_emqp, "emqp")
 bench.add_command(bench_mqks, "mqks")
 bench.add_command(bench_nsq, "nsq")
 bench.add_command(bench_phpmq, "phpmq")
