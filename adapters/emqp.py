@@ -21,6 +21,7 @@ goes back to its queue and to the next worker, its attempts counted: the origina
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -101,8 +102,14 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
+# The broker's own msgids: uuid text, unique without a uuid4 (os.urandom) per message: a random
+# prefix for this run, the last group counted.
+_MSGID_PREFIX = str(uuid.uuid4())[:24].encode()
+_msgid_numbers = itertools.count(1)
+
+
 def _msgid() -> bytes:
-    return str(uuid.uuid4()).encode()
+    return b"%s%012x" % (_MSGID_PREFIX, next(_msgid_numbers))
 
 
 @attrs.define(eq=False)

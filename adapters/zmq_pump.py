@@ -28,7 +28,6 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 _SNDMORE = int(zmq.SNDMORE)
-_RCVMORE = int(zmq.RCVMORE)
 # EVENTS saying ready while nothing moves: after this many turns, pause this long between tries.
 SPIN_TURNS = 3
 SPIN_PAUSE_S = 0.001
@@ -63,14 +62,18 @@ class ZmqPump:
         # to spin.
         while len(batch) < RECEIVE_BATCH and sock.getsockopt(_EVENTS) & _POLLIN:
             taken = len(batch)
-            recv, getsockopt = sock.recv, sock.getsockopt
+            recv = sock.recv
             while len(batch) < RECEIVE_BATCH:
+                # Frames, not bytes: `frame.more` is one C call where getsockopt(RCVMORE) builds
+                # an enum per frame; `.bytes` then copies once, as recv(copy=True) would.
                 try:
-                    frames = [recv(_NOBLOCK)]
+                    frame = recv(_NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                while getsockopt(_RCVMORE):  # the rest of a multipart message is there already
-                    frames.append(recv(_NOBLOCK))
+                frames = [frame.bytes]
+                while frame.more:  # the rest of a multipart message is there already
+                    frame = recv(_NOBLOCK, copy=False)
+                    frames.append(frame.bytes)
                 batch.append(frames)
             if len(batch) == taken:
                 break

@@ -26,6 +26,7 @@ import zmq
 
 from polymq.codecs import emqp
 from polymq.gateway import bench_common as common
+from polymq.gateway import bench_zmq
 
 SCENARIOS = ("requests", "replies", "latency")
 DEFAULT_CLIENTS = 2
@@ -74,6 +75,7 @@ def client_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str,
     shared.start.wait()
     headers = emqp.REPLY_REQUESTED.encode() if plan.reply else b""
     sent = dispatched = 0
+    send = bench_zmq.send
     started = time.monotonic()
     next_at = started
     while sent < plan.messages and not shared.stop.value:
@@ -84,11 +86,11 @@ def client_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str,
                 continue
             next_at += plan.interval_s
         for _ in range(1 if plan.interval_s else min(CLIENT_BATCH, plan.messages - sent)):
-            sock.send_multipart(emqp.client_message(emqp.REQUEST, b"%d-%d" % (plan.slot, sent), plan.queue, headers,
-                                                    _payload(plan.size)))
+            send(sock, emqp.client_message(emqp.REQUEST, b"%d-%d" % (plan.slot, sent), plan.queue, headers,
+                                           _payload(plan.size)))
             sent += 1
         while sock.poll(0):  # the "dispatched" REPLYs
-            sock.recv_multipart()
+            bench_zmq.receive(sock)
             dispatched += 1
         shared.counters[plan.slot] = sent
     seconds = time.monotonic() - started
@@ -122,21 +124,22 @@ def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str,
     last_ns = 0
     reply = emqp.REPLY
     ready = emqp.client_message(emqp.READY, b"r")
+    send, receive, noblock = bench_zmq.send, bench_zmq.receive, bench_zmq.NOBLOCK
     while not shared.stop.value:  # the parent stops everyone once every request was done
         if not sock.poll(POLL_MS):
             continue
         now = time.time_ns()
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = receive(sock, noblock)
             except zmq.Again:
                 break
             if frames[2] != emqp.REQUEST:
                 continue  # HEARTBEATs
             histogram[bucket_of((now - int(frames[6][:STAMP_DIGITS])) // 1000)] += 1
             if plan.reply:
-                sock.send_multipart(emqp.client_message(reply, b"d", b'{"value": true}', frames[3]))
-            sock.send_multipart(ready)
+                send(sock, emqp.client_message(reply, b"d", b'{"value": true}', frames[3]))
+            send(sock, ready)
             got += 1
         last_ns = now
         shared.counters[plan.slot] = got

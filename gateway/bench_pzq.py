@@ -22,6 +22,7 @@ import zmq
 
 from polymq.codecs import pzq
 from polymq.gateway import bench_common as common
+from polymq.gateway import bench_zmq
 
 SCENARIOS = ("produce", "consume", "both", "latency")
 DEFAULT_PRODUCERS = 2
@@ -76,12 +77,12 @@ def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
                 if delay > 0:
                     break
                 next_at += plan.interval_s
-            sock.send_multipart([b"%d" % sent, pzq.DELIMITER, _body(plan.size)])
+            bench_zmq.send(sock, [b"%d" % sent, pzq.DELIMITER, _body(plan.size)])
             sent += 1
         if sock.poll(POLL_MS if not plan.interval_s else 1):
             while True:
                 try:
-                    answer = sock.recv_multipart(zmq.NOBLOCK)
+                    answer = bench_zmq.receive(sock, bench_zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 if answer[1] == pzq.ACK_OK:
@@ -113,11 +114,11 @@ def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
         now = time.time_ns()
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = bench_zmq.receive(sock, bench_zmq.NOBLOCK)
             except zmq.Again:
                 break
             histogram[bucket_of((now - int(frames[5][:STAMP_DIGITS])) // 1000)] += 1
-            sock.send_multipart([frames[0], frames[1], pzq.ACK_OK])
+            bench_zmq.send(sock, [frames[0], frames[1], pzq.ACK_OK])
             got += 1
         last_ns = now
         shared.counters[plan.slot] = got
