@@ -10,7 +10,7 @@ COMPILED := $(VENV)/.polymq-compiled
 # Tests run on the pure-Python sources too (POLYMQ_PURE_PYTHON=1): the engine, store and codec units.
 PURE_TESTS := tests/test_engine.py tests/test_engine_stateful.py tests/test_records_properties.py \
 	tests/test_storage_recovery.py tests/test_commit_path.py tests/test_nsq_codec.py \
-	tests/test_nsq_codec_properties.py tests/test_timers.py tests/test_compiled.py tests/test_schedules.py
+	tests/test_nsq_codec_properties.py tests/test_timers.py tests/test_compiled.py tests/test_schedules.py tests/test_streams.py
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -336,6 +336,23 @@ class OwnerLog:
         self.states.extend((message.pos, message.attempts, due_wall_ns))
         self._mark_dirty()
 
+    def next_position(self) -> int:
+        return (self.segment << records.SEGMENT_SHIFT) | self.next_index
+
+    def start_after(self, position: int) -> None:
+        segment = (position >> records.SEGMENT_SHIFT) + 1
+        if self.destroyed or self.segment >= segment:
+            return
+        # A jump, as a roll: the segments between never exist, so positions only grow.
+        self._settle()
+        self.final_size[self.segment] = self.segment_bytes
+        self.segment = segment
+        self.segment_bytes = 0
+        self.next_index = 0
+        self.retained.append(segment)
+        self.live[segment] = 0
+        self._collect()
+
     def emptied(self) -> None:
         """Every copy is gone: start a new segment and drop the old ones."""
         if self.destroyed:

@@ -52,6 +52,10 @@ DEAD_LETTER_QUEUE_HEADER = "dead_letter_queue"
 DEAD_LETTER_REASON_HEADER = "dead_letter_reason"
 # Queue option: deliveries after which a message that comes back again is dead-lettered (0 = never).
 MAX_ATTEMPTS_OPTION = "max_attempts"
+# Queue options of a stream (core/streams.py): a queue read by position instead of by consumers,
+# and the position below which its reader has committed everything.
+STREAM_OPTION = "stream"
+STREAM_COMMITTED_OPTION = "stream_committed"
 
 
 def dead_letter_topic(queue_name: str) -> str:
@@ -224,6 +228,10 @@ class Queue:
         self._dispatching = False  # a deliver callback that acks or releases must not recurse
         self._prioritized = False  # some consumer has a priority: the ring keeps their order
         self._deferred_seq = itertools.count()
+        # A stream is read by position (core/streams.py): every copy gets the next position as it
+        # becomes readable (the store's place for it, else this counter), and nothing is dispatched.
+        self.stream = bool(self.options.get(STREAM_OPTION))
+        self.next_memory_position = 0
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
@@ -260,6 +268,9 @@ class Queue:
                 log.append((message,), 0)  # past the memory limit: on disk only
                 return
             log.append((message,))
+        elif self.stream and not deferred:
+            message.pos = self.next_memory_position
+            self.next_memory_position += 1
         if deferred:
             self._defer(message, due)  # type: ignore[arg-type]
         else:
@@ -271,6 +282,10 @@ class Queue:
         self.message_count += len(messages)
         if self.log is not None:
             messages = _store(self.log, messages, len(self.ready), self.engine.storage.mem_queue_size)
+        elif self.stream:
+            for message in messages:
+                message.pos = self.next_memory_position
+                self.next_memory_position += 1
         self.ready.extend(messages)
         if self.ring and not self.paused:
             self._dispatch()
@@ -313,6 +328,8 @@ class Queue:
         while deferred and deferred[0][0] <= now:
             _, _, message = heapq.heappop(deferred)
             message.due = None
+            if self.stream:
+                self._renumber(message)
             self.ready.append(message)
             released = True
         if deferred:
@@ -320,9 +337,22 @@ class Queue:
         if released and self.ring and not self.paused:
             self._dispatch()
 
+    def _renumber(self, message: Message) -> None:
+        """A stream's deferred copy becomes readable: it takes the next position (its reader may
+        have read past the one it was stored at)."""
+        log = self.log
+        if log is not None:
+            log.removed(message)
+            log.append((message,))
+        else:
+            message.pos = self.next_memory_position
+            self.next_memory_position += 1
+
     # -- delivering ----------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
+        if self.stream:
+            return  # read by position only: consumers attached to it by name get nothing
         if self._dispatching:
             # Called from a deliver callback (finish, release, credit...): the running loop
             # below sees the change on its next turn, without one stack frame per message.
@@ -898,7 +928,7 @@ class Engine:
         """
         topic_log, queue_log = topic.log, queue.log
         if (topic_log is None or queue_log is None or not topic_log.spilled or topic.paused or queue.paused
-                or queue.ready or queue.in_flight or queue.deferred):
+                or queue.ready or queue.in_flight or queue.deferred or queue.stream):
             return
         new_log = self.storage.adopt(topic.name, queue.name, topic_log, queue_log)
         if new_log is None:
@@ -1107,6 +1137,9 @@ class Engine:
             queue.log = stored.log
             queue.log.on_readable = queue._on_readable
             queue.ready.extend(stored.log.recovered_ready)
+            if queue.stream:
+                # Positions never go back: not even below what the reader committed before.
+                stored.log.start_after(int(options.get(STREAM_COMMITTED_OPTION, 0)) - 1)
             for message in stored.log.recovered_deferred:
                 queue._defer(message, message.due if message.due is not None else now)
             stored.log.recovered_ready = stored.log.recovered_deferred = []

@@ -19,6 +19,7 @@ from hypercorn.utils import wrap_app
 from polymq.adapters.nsq import NSQServer
 from polymq.core.engine import Engine
 from polymq.gateway.nsq_http_api import STORAGE_FAILED, GcPauses, NeedBody, NsqHttpApi, Request, Response
+from polymq.gateway.stream_http_api import StreamHttpApi
 
 log = logging.getLogger("polymq.nsq_http")
 
@@ -164,7 +165,8 @@ async def serve_nsq_http(engine: Engine, nsq: NSQServer, sock: socket.socket, *,
     config = hypercorn_config()
     gc_pauses = GcPauses()
     gc_pauses.install()
-    api = NsqHttpApi(engine, nsq, bind_host=sock.getsockname()[0], gc_pauses=gc_pauses)
+    api = NsqHttpApi(engine, nsq, bind_host=sock.getsockname()[0], gc_pauses=gc_pauses,
+                     extra_routes=StreamHttpApi(engine).routes())
     app = wrap_app(NsqHttpApp(api), config.wsgi_max_body_size, "asgi")
     try:
         async with trio.open_nursery() as nursery:

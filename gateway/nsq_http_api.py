@@ -345,6 +345,7 @@ class NsqHttpApi:
         now: Callable[[], float] = time.time,
         gc_pauses: GcPauses | None = None,
         python_version: str | None = None,
+        extra_routes: dict[str, dict[str, Handler]] | None = None,  # polymq's own (the stream endpoints)
     ) -> None:
         self.engine = engine
         self.nsq = nsq
@@ -371,6 +372,7 @@ class NsqHttpApi:
             "/channel/empty": {"POST": self._channel_empty},
             "/channel/pause": {"POST": self._channel_pause},
             "/channel/unpause": {"POST": self._channel_unpause},
+            **(extra_routes or {}),
         }
         self._config_route: dict[str, Handler] = {"GET": self._config_get, "PUT": self._config_put}
 

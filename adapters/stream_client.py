@@ -1,0 +1,118 @@
+"""A blocking client of the gateway's stream endpoints (gateway/stream_http_api.py): what the
+Spark data source calls on the driver and on the executors. One keep-alive HTTP connection,
+reopened once if the gateway closed it; every failure is a `StreamClientError` naming the address."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlencode
+
+from polymq.codecs import stream_rows
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class StreamClientError(Exception):
+    """The gateway is unreachable or refused: `code` is its error code (None when unreachable)."""
+
+    def __init__(self, message: str, code: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class StreamClient:
+    def __init__(self, address: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise StreamClientError(f"gateway address {address!r} is not HOST:PORT")
+        self.address = address
+        self.host, self.port = host.strip("[]"), int(port)
+        self.timeout = timeout
+        self._connection: http.client.HTTPConnection | None = None
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def __enter__(self) -> StreamClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, params: Iterable[tuple[str, Any]] = (), body: bytes | None = None,
+                content_type: str | None = None) -> bytes:
+        target = f"{path}?{urlencode(list(params))}"
+        headers = {"Content-Type": content_type} if content_type else {}
+        for attempt in (1, 2):
+            if self._connection is None:
+                self._connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                self._connection.request(method, target, body=body, headers=headers)
+                response = self._connection.getresponse()
+                data = response.read()
+            except (OSError, http.client.HTTPException) as error:
+                self.close()
+                # A kept-alive connection the gateway closed meanwhile fails at once: try a new one.
+                if attempt == 1 and isinstance(error, http.client.RemoteDisconnected | ConnectionResetError
+                                                      | BrokenPipeError):
+                    continue
+                raise StreamClientError(f"polymq gateway at {self.address}: {method} {path} failed: "
+                                        f"{error or type(error).__name__}") from None
+            if response.status != 200:
+                raise _refusal(self.address, path, response.status, data)
+            return data
+        raise AssertionError("unreachable")
+
+    def _json(self, method: str, path: str, params: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+        return json.loads(self.request(method, path, params))  # type: ignore[no-any-return]
+
+    def open(self, stream: str, topics: Iterable[str]) -> dict[str, Any]:
+        return self._json("POST", "/stream/open", [("stream", stream), *(("topic", topic) for topic in topics)])
+
+    def offsets(self, stream: str, begin: int | None = None, rows: int | None = None) -> dict[str, Any]:
+        params: list[tuple[str, Any]] = [("stream", stream)]
+        if rows is not None:
+            params.append(("rows", rows))
+            if begin is not None:
+                params.append(("from", begin))
+        return self._json("GET", "/stream/offsets", params)
+
+    def split(self, stream: str, begin: int, until: int, parts: int) -> list[int]:
+        answer = self._json("GET", "/stream/split", [("stream", stream), ("from", begin), ("to", until),
+                                                      ("parts", parts)])
+        return [int(bound) for bound in answer["bounds"]]
+
+    def read(self, stream: str, begin: int, until: int, limit: int | None = None) -> list[stream_rows.ReadRow]:
+        """Every row of `[begin, until)`, in as many requests as the gateway's batch size takes."""
+        rows: list[stream_rows.ReadRow] = []
+        while begin < until:
+            params: list[tuple[str, Any]] = [("stream", stream), ("from", begin), ("to", until)]
+            if limit is not None:
+                params.append(("limit", limit))
+            batch = list(stream_rows.decode_read_rows(self.request("GET", "/stream/read", params)))
+            if not batch:
+                break
+            rows += batch
+            begin = batch[-1].position + 1
+        return rows
+
+    def commit(self, stream: str, until: int) -> dict[str, Any]:
+        return self._json("POST", "/stream/commit", [("stream", stream), ("to", until)])
+
+
+def _refusal(address: str, path: str, status: int, data: bytes) -> StreamClientError:
+    try:
+        answer = json.loads(data)
+        code, reason = str(answer.get("message")), str(answer.get("reason", ""))
+    except (ValueError, AttributeError):
+        code, reason = None, data[:200].decode("utf-8", "replace")
+    return StreamClientError(f"polymq gateway at {address}: {path} answered {status} {code}: {reason}".rstrip(": "),
+                             code, status)

@@ -1,0 +1,127 @@
+"""The binary row batches of polymq's stream HTTP endpoints (docs/spark.md), sans-IO.
+
+Read (gateway to reader), one record per message, little-endian:
+`position i64 | id u64 | timestamp ns i64 | attempts u16 | topic len u16 | headers len u32 |
+body len u32`, then the topic (UTF-8), the headers (JSON object, UTF-8; empty when none) and the body.
+
+Publish (writer to gateway), one record per row: `id len u16 | topic len u16 | headers len u32 |
+body len u32`, then the id (UTF-8; empty: none), the topic (empty: the request's topic), the
+headers (JSON object; empty: none) and the body.
+
+Fixed-size heads so a reader slices instead of scanning, and a batch is one buffer: the gateway
+joins a read's records in one `b"".join`, the writer sends a partition's rows in a few requests.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+READ_HEAD = struct.Struct("<qQqHHII")  # position, id, timestamp ns, attempts, topic, headers, body lengths
+PUBLISH_HEAD = struct.Struct("<HHII")  # id, topic, headers, body lengths
+CONTENT_TYPE = "application/x-polymq-rows"
+# Longest id a writer may give (it travels with the message as its publisher id); MQKS's limit on
+# names and ids is the tightest of the protocols'.
+MAX_ID_BYTES = 1024
+
+
+@attrs.frozen(slots=True)
+class ReadRow:
+    position: int
+    id: int
+    timestamp_ns: int
+    attempts: int
+    topic: str
+    headers: bytes  # JSON text, b"" when none
+    body: bytes
+
+
+@attrs.frozen(slots=True)
+class PublishRow:
+    id: str | None
+    topic: str | None
+    headers: dict[str, Any] | None
+    body: bytes
+
+
+@attrs.frozen(slots=True)
+class Invalid:
+    """A batch that cannot be decoded: which row and why."""
+
+    row: int
+    reason: str
+
+
+def encode_read_row(position: int, message_id: int, timestamp_ns: int, attempts: int, topic: bytes, headers: bytes,
+                    body: bytes) -> bytes:
+    return READ_HEAD.pack(position, message_id, timestamp_ns, attempts, len(topic), len(headers),
+                          len(body)) + topic + headers + body
+
+
+def decode_read_rows(data: bytes | memoryview) -> Iterator[ReadRow]:
+    """Every row of a read batch; ValueError on a batch cut short (a broken response)."""
+    view = memoryview(data)
+    offset, end, head = 0, len(view), READ_HEAD.size
+    unpack = READ_HEAD.unpack_from
+    while offset < end:
+        if end - offset < head:
+            raise ValueError(f"a row head cut short at byte {offset}")
+        position, message_id, timestamp_ns, attempts, topic_len, headers_len, body_len = unpack(view, offset)
+        start = offset + head
+        offset = start + topic_len + headers_len + body_len
+        if offset > end:
+            raise ValueError(f"row at position {position} cut short")
+        topic_end, headers_end = start + topic_len, start + topic_len + headers_len
+        yield ReadRow(position, message_id, timestamp_ns, attempts, str(view[start:topic_end], "utf-8"),
+                      bytes(view[topic_end:headers_end]), bytes(view[headers_end:offset]))
+
+
+def encode_publish_row(body: bytes, *, message_id: str | None = None, topic: str | None = None,
+                       headers: dict[str, Any] | None = None) -> bytes:
+    id_bytes = message_id.encode() if message_id else b""
+    topic_bytes = topic.encode() if topic else b""
+    headers_bytes = json.dumps(headers, separators=(",", ":")).encode() if headers else b""
+    return PUBLISH_HEAD.pack(len(id_bytes), len(topic_bytes), len(headers_bytes), len(body)) + id_bytes \
+        + topic_bytes + headers_bytes + body
+
+
+def decode_publish_rows(data: bytes, max_body: int) -> list[PublishRow] | Invalid:
+    """Every row of a publish batch, or the first problem: a cut-short row, a body over `max_body`,
+    an empty body, an id over MAX_ID_BYTES, text that is not UTF-8, headers that are not a JSON object."""
+    rows: list[PublishRow] = []
+    view = memoryview(data)
+    offset, end, head = 0, len(view), PUBLISH_HEAD.size
+    while offset < end:
+        number = len(rows)
+        if end - offset < head:
+            return Invalid(number, "row head cut short")
+        id_len, topic_len, headers_len, body_len = PUBLISH_HEAD.unpack_from(view, offset)
+        if body_len > max_body:
+            return Invalid(number, f"body of {body_len} bytes is over the limit of {max_body}")
+        if body_len == 0:
+            return Invalid(number, "empty body")
+        if id_len > MAX_ID_BYTES:
+            return Invalid(number, f"id of {id_len} bytes is over the limit of {MAX_ID_BYTES}")
+        start = offset + head
+        offset = start + id_len + topic_len + headers_len + body_len
+        if offset > end:
+            return Invalid(number, "row cut short")
+        topic_start = start + id_len
+        headers_start = topic_start + topic_len
+        body_start = headers_start + headers_len
+        try:
+            message_id = str(view[start:topic_start], "utf-8") or None
+            topic = str(view[topic_start:headers_start], "utf-8") or None
+            headers = json.loads(bytes(view[headers_start:body_start])) if headers_len else None
+        except UnicodeDecodeError:
+            return Invalid(number, "id or topic is not UTF-8")
+        except ValueError:
+            return Invalid(number, "headers are not JSON")
+        if headers is not None and not isinstance(headers, dict):
+            return Invalid(number, "headers are not a JSON object")
+        rows.append(PublishRow(message_id, topic, headers, bytes(view[body_start:offset])))
+    return rows

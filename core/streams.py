@@ -1,0 +1,136 @@
+"""Streams: queues read by position, for readers that replay (a Spark streaming query).
+
+A stream is an ordinary queue bound to topics (so it gets its own copy of what they publish, like
+an NSQ channel) with the `stream` option: nothing is dispatched to consumers. Each copy gets a
+position as it becomes readable, higher than every earlier one; the store's own place for the copy
+is its position, so positions survive a restart and never go back (the committed end is kept
+with the queue, and new positions start above it). A reader asks where the stream ends, reads any
+range `[start, end)` as often as it wants (the same copies each time), and commits an end: the
+copies below it are finished. Nothing else removes a copy from a stream: no TTL, no timeout.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterable
+
+from polymq.core.engine import STREAM_COMMITTED_OPTION, STREAM_OPTION, Engine, Queue
+from polymq.core.message import Message
+
+
+class StreamError(Exception):
+    """A stream operation that cannot be done: the message says why, for the reader to show."""
+
+
+def open_stream(engine: Engine, name: str, topics: Iterable[str]) -> Queue:
+    """The stream `name`, made if missing, bound to `topics` as well (bindings are only added: a
+    reader naming fewer topics leaves the others' copies coming)."""
+    queue = engine.queue(name)
+    if queue is None:
+        queue = engine.ensure_queue(name, options={STREAM_OPTION: True})
+    elif not queue.stream:
+        raise StreamError(f"queue {name} exists and is not a stream (it has consumers, not positions)")
+    for topic in topics:
+        engine.bind(name, topic)
+    return queue
+
+
+def stream(engine: Engine, name: str) -> Queue:
+    queue = engine.queue(name)
+    if queue is None:
+        raise StreamError(f"no stream {name}")
+    if not queue.stream:
+        raise StreamError(f"queue {name} is not a stream")
+    return queue
+
+
+def committed(queue: Queue) -> int:
+    return int(queue.options.get(STREAM_COMMITTED_OPTION, 0))
+
+
+def end(queue: Queue) -> int:
+    """The position after every copy readable now (copies that come later get this one or higher)."""
+    if queue.log is not None:
+        return queue.log.next_position()
+    return queue.next_memory_position
+
+
+def start(queue: Queue) -> int:
+    """The lowest position that may still be read: the committed end, or the first copy above it."""
+    _drop_committed(queue)  # what is left in memory now starts the stream, unless nothing is
+    return queue.ready[0].pos if queue.ready else max(committed(queue), end(queue))
+
+
+def _drop_committed(queue: Queue) -> None:
+    """Finish copies below the committed end still held (a crash between a commit's two records)."""
+    floor = committed(queue)
+    ready, log = queue.ready, queue.log
+    while True:
+        while ready and ready[0].pos < floor:
+            message = ready.popleft()
+            if log is not None:
+                log.removed(message)
+        if ready or not queue._refill():
+            return
+
+
+def _load_until(queue: Queue, until: int) -> None:
+    """Read spilled copies back until every copy below `until` is in memory (or none is left)."""
+    ready = queue.ready
+    while queue.spilled and (not ready or ready[-1].pos < until - 1):
+        if not queue._refill():
+            return
+
+
+def end_after(queue: Queue, begin: int, rows: int | None) -> int:
+    """The end of a range from `begin` holding at most `rows` copies (None: all there are)."""
+    latest = end(queue)
+    if rows is None:
+        return latest
+    _drop_committed(queue)
+    ready = queue.ready
+    first = bisect.bisect_left(ready, begin, key=_position)
+    while len(ready) - first <= rows and queue.spilled:  # the copy after the range too: its position
+        if not queue._refill():
+            break
+    if len(ready) - first <= rows:
+        return latest
+    return ready[first + rows].pos
+
+
+def read(queue: Queue, begin: int, until: int, limit: int | None = None) -> list[Message]:
+    """The copies with `begin <= position < until`, in order; at most `limit` of them."""
+    if begin < committed(queue):
+        raise StreamError(f"positions below {committed(queue)} of stream {queue.name} were committed "
+                          f"(asked from {begin})")
+    _drop_committed(queue)
+    _load_until(queue, until)
+    ready = queue.ready
+    first = bisect.bisect_left(ready, begin, key=_position)
+    last = bisect.bisect_left(ready, until, lo=first, key=_position)
+    if limit is not None:
+        last = min(last, first + limit)
+    return list(itertools.islice(ready, first, last))  # a deque: indexing walks, slicing does not
+
+
+def commit(engine: Engine, queue: Queue, until: int) -> int:
+    """Finish every copy below `until`; returns how many. A lower end than before changes nothing."""
+    if until <= committed(queue):
+        return 0
+    queue.options[STREAM_COMMITTED_OPTION] = until
+    engine._save_queue(queue)
+    ready, log = queue.ready, queue.log
+    finished = 0
+    while True:
+        while ready and ready[0].pos < until:
+            message = ready.popleft()
+            finished += 1
+            if log is not None:
+                log.removed(message)
+        if ready or not queue._refill():
+            return finished
+
+
+def _position(message: Message) -> int:
+    return message.pos

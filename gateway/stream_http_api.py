@@ -1,0 +1,187 @@
+"""polymq's stream endpoints on the HTTP API port (docs/spark.md), request in, response out.
+
+A reader (the Spark data source) opens a stream (a queue read by position, core/streams.py) bound
+to topics, asks for offsets, splits a range into partitions, reads ranges as binary row batches
+(codecs/stream_rows.py) as often as it needs, and commits. Answers that hand out positions wait for
+the store's sync (`after_sync`), so every position below an `end` a reader was told is on disk.
+Errors are nsqd's shape, `{"message": "CODE"}`, plus a `reason` a reader can show.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from polymq.codecs import stream_rows
+from polymq.core import streams
+from polymq.core.engine import Engine, Queue
+from polymq.gateway.nsq_http_api import JSON_TYPE, QueryError, Request, Response, go_json, parse_query
+
+# Rows and bytes one read answers at most: a reader asks again from the next position.
+MAX_READ_ROWS = 100_000
+MAX_READ_BYTES = 32 * 1024 * 1024
+# Partitions one split may ask for (Spark's default parallelism of a big cluster is far below).
+MAX_PARTS = 4096
+# Topic and stream names: any UTF-8 text up to this many bytes, no control characters (the
+# longest name any protocol allows, eMQP's queue names).
+MAX_NAME_BYTES = 1024
+
+Handler = Callable[[Request, str], Response]
+
+
+def failure(status: int, code: str, reason: str) -> Response:
+    return Response(status, go_json({"message": code, "reason": reason}), JSON_TYPE)
+
+
+class BadRequest(Exception):
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+class StreamHttpApi:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._topic_bytes: dict[str, bytes] = {}
+
+    def routes(self) -> dict[str, dict[str, Handler]]:
+        return {
+            "/stream/open": {"POST": self._guarded(self._open)},
+            "/stream/offsets": {"GET": self._guarded(self._offsets)},
+            "/stream/split": {"GET": self._guarded(self._split)},
+            "/stream/read": {"GET": self._guarded(self._read)},
+            "/stream/commit": {"POST": self._guarded(self._commit)},
+        }
+
+    @staticmethod
+    def _guarded(handler: Callable[[dict[bytes, list[bytes]]], Response]) -> Handler:
+        def handle(request: Request, _: str) -> Response:
+            try:
+                params = parse_query(request.query)
+            except QueryError:
+                return failure(400, "INVALID_REQUEST", "the query string cannot be parsed")
+            try:
+                return handler(params)
+            except BadRequest as bad:
+                return bad.response
+            except streams.StreamError as error:
+                return failure(404 if str(error).startswith("no stream") else 409, "STREAM_ERROR", str(error))
+
+        return handle
+
+    # -- parameters ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _name(params: dict[bytes, list[bytes]], key: bytes) -> str:
+        values = params.get(key)
+        if not values:
+            raise BadRequest(failure(400, f"MISSING_ARG_{key.decode().upper()}", f"{key.decode()} is required"))
+        return _valid_name(values[0], key.decode())
+
+    @staticmethod
+    def _int(params: dict[bytes, list[bytes]], key: bytes, default: int | None = None, minimum: int = 0) -> int:
+        values = params.get(key)
+        if not values:
+            if default is None:
+                raise BadRequest(failure(400, f"MISSING_ARG_{key.decode().upper()}", f"{key.decode()} is required"))
+            return default
+        try:
+            value = int(values[0])
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise BadRequest(failure(400, f"INVALID_ARG_{key.decode().upper()}",
+                                     f"{key.decode()} must be an integer >= {minimum}"))
+        return value
+
+    def _stream(self, params: dict[bytes, list[bytes]]) -> Queue:
+        return streams.stream(self.engine, self._name(params, b"stream"))
+
+    def _positions(self, queue: Queue) -> dict[str, Any]:
+        return {"stream": queue.name, "topics": list(queue.topics), "start": streams.start(queue),
+                "end": streams.end(queue), "committed": streams.committed(queue)}
+
+    # -- endpoints -----------------------------------------------------------------------------
+
+    def _open(self, params: dict[bytes, list[bytes]]) -> Response:
+        name = self._name(params, b"stream")
+        topics = [_valid_name(raw, "topic") for raw in params.get(b"topic", [])]
+        if self.engine.storage.failure is not None:
+            return failure(503, "EXITING", f"the store failed: {self.engine.storage.failure}")
+        queue = streams.open_stream(self.engine, name, topics)
+        return _json(self._positions(queue))
+
+    def _offsets(self, params: dict[bytes, list[bytes]]) -> Response:
+        queue = self._stream(params)
+        answer = self._positions(queue)
+        rows = params.get(b"rows")
+        if rows is not None:
+            begin = self._int(params, b"from", answer["start"])
+            answer["end"] = streams.end_after(queue, max(begin, answer["committed"]), self._int(params, b"rows"))
+        return _json(answer)
+
+    def _split(self, params: dict[bytes, list[bytes]]) -> Response:
+        queue = self._stream(params)
+        begin, until = self._int(params, b"from"), self._int(params, b"to")
+        parts = self._int(params, b"parts", 1, minimum=1)
+        if parts > MAX_PARTS:
+            raise BadRequest(failure(400, "INVALID_ARG_PARTS", f"parts must be at most {MAX_PARTS}"))
+        positions = [message.pos for message in streams.read(queue, begin, until)]
+        bounds = [begin]
+        for part in range(1, parts):
+            index = len(positions) * part // parts
+            if index < len(positions) and positions[index] > bounds[-1]:
+                bounds.append(positions[index])
+        bounds.append(max(until, begin))
+        return _json({"bounds": bounds, "rows": len(positions)})
+
+    def _read(self, params: dict[bytes, list[bytes]]) -> Response:
+        queue = self._stream(params)
+        begin, until = self._int(params, b"from"), self._int(params, b"to")
+        limit = min(self._int(params, b"limit", MAX_READ_ROWS, minimum=1), MAX_READ_ROWS)
+        floor = streams.committed(queue)
+        if begin < floor:
+            return failure(410, "OFFSET_GONE", f"positions below {floor} of stream {queue.name} were committed "
+                                               f"(asked from {begin})")
+        messages = streams.read(queue, begin, until, limit)
+        topic_bytes = self._topic_bytes
+        encode = stream_rows.encode_read_row
+        parts: list[bytes] = []
+        size = 0
+        for message in messages:
+            topic = message.topic or queue.name
+            raw_topic = topic_bytes.get(topic)
+            if raw_topic is None:
+                raw_topic = topic_bytes[topic] = topic.encode("utf-8", "surrogateescape")
+            headers = message.headers
+            row = encode(message.pos, message.id, message.timestamp_ns, message.attempts, raw_topic,
+                         json.dumps(headers, separators=(",", ":")).encode() if headers else b"", message.body)
+            size += len(row)
+            if size > MAX_READ_BYTES and parts:
+                break
+            parts.append(row)
+        return Response(200, b"".join(parts), stream_rows.CONTENT_TYPE)
+
+    def _commit(self, params: dict[bytes, list[bytes]]) -> Response:
+        queue = self._stream(params)
+        until = self._int(params, b"to")
+        finished = streams.commit(self.engine, queue, until)
+        answer = self._positions(queue)
+        answer["finished"] = finished
+        return _json(answer)
+
+
+def _json(value: dict[str, Any]) -> Response:
+    # After the sync: the positions handed out, the stream made and the commit are on disk.
+    return Response(200, go_json(value), JSON_TYPE, after_sync=True)
+
+
+def _valid_name(raw: bytes, what: str) -> str:
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(failure(400, f"INVALID_{what.upper()}", f"{what} is not UTF-8")) from None
+    if not name or len(raw) > MAX_NAME_BYTES or any(ord(char) < 0x20 or char == "\x7f" for char in name):
+        raise BadRequest(failure(400, f"INVALID_{what.upper()}",
+                                 f"{what} must be 1 to {MAX_NAME_BYTES} bytes without control characters"))
+    return name

@@ -1,0 +1,111 @@
+"""The stream endpoints of a real gateway (gateway/stream_http_api.py): a stream bound to a topic
+gets what NSQ and the HTTP API publish, ranges read again give the same rows, commit, positions
+across a restart, and the errors a reader sees."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from polymq.adapters.stream_client import StreamClient, StreamClientError
+from polymq.codecs import stream_rows
+
+from support.gateway import running_gateway
+from support.nsq_wire import RawClient
+
+
+def http_pub(address: str, topic: str, body: bytes) -> None:
+    host, port = address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    connection.request("POST", f"/pub?topic={topic}", body=body)
+    assert connection.getresponse().read() == b"OK"
+    connection.close()
+
+
+def test_a_stream_reads_what_was_published_again_until_committed_and_after_a_restart(tmp_path: Path) -> None:
+    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+        opened = client.open("spark-orders", ["orders"])
+        assert opened == {"stream": "spark-orders", "topics": ["orders"], "start": 0, "end": 0, "committed": 0}
+        with RawClient(gateway.nsq_tcp) as nsq:
+            nsq.send(b"PUB orders\n" + len(b"by nsq").to_bytes(4, "big") + b"by nsq")
+            nsq.expect_response()
+        http_pub(gateway.nsq_http, "orders", b"by http")
+        offsets = client.offsets("spark-orders")
+        assert offsets["start"] == 0 and offsets["end"] >= 2
+        rows = client.read("spark-orders", 0, offsets["end"])
+        assert [(row.topic, row.body, row.attempts, row.headers) for row in rows] == [
+            ("orders", b"by nsq", 0, b""), ("orders", b"by http", 0, b"")]
+        assert rows[0].position < rows[1].position < offsets["end"]
+        assert client.read("spark-orders", 0, offsets["end"]) == rows  # again: the same rows
+        assert client.offsets("spark-orders", 0, rows=1)["end"] == rows[1].position
+        assert client.split("spark-orders", 0, offsets["end"], 2) == [0, rows[1].position, offsets["end"]]
+        committed = client.commit("spark-orders", rows[1].position)
+        assert committed["finished"] == 1 and committed["committed"] == rows[1].position
+        with pytest.raises(StreamClientError) as gone:
+            client.read("spark-orders", 0, offsets["end"])
+        assert gone.value.status == 410 and gone.value.code == "OFFSET_GONE"
+        assert gateway.nsq_http in str(gone.value)
+    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+        after = client.offsets("spark-orders")
+        assert after["committed"] == rows[1].position and after["start"] == rows[1].position
+        assert client.read("spark-orders", after["start"], after["end"]) == rows[1:]
+        client.commit("spark-orders", after["end"])
+        http_pub(gateway.nsq_http, "orders", b"new")
+        newest = client.offsets("spark-orders")
+        fresh = client.read("spark-orders", newest["start"], newest["end"])
+        assert [row.body for row in fresh] == [b"new"] and fresh[0].position >= after["end"]
+
+
+def test_the_read_batch_is_the_documented_bytes(tmp_path: Path) -> None:
+    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+        client.open("s", ["t"])
+        http_pub(gateway.nsq_http, "t", b"hello")
+        raw = client.request("GET", "/stream/read", [("stream", "s"), ("from", 0), ("to", 1)])
+        position, message_id, timestamp_ns, *lengths = stream_rows.READ_HEAD.unpack_from(raw)
+        assert (position, lengths) == (0, [0, 1, 0, 5]) and message_id > 0 and timestamp_ns > 0
+        assert raw[stream_rows.READ_HEAD.size:] == b"t" + b"hello"
+
+
+def test_bad_requests_get_clear_answers(tmp_path: Path) -> None:
+    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+        with pytest.raises(StreamClientError) as missing:
+            client.offsets("nope")
+        assert missing.value.status == 404 and "no stream nope" in str(missing.value)
+        with RawClient(gateway.nsq_tcp) as nsq:
+            nsq.send(b"SUB t ch\n")  # an NSQ channel: a queue with consumers
+            nsq.expect_response()
+        with pytest.raises(StreamClientError) as taken:
+            client.open("t/ch", ["t"])
+        assert taken.value.status == 409 and "not a stream" in str(taken.value)
+        for params, code in (([("stream", "")], "INVALID_STREAM"), ([], "MISSING_ARG_STREAM"),
+                             ([("stream", "a\x01")], "INVALID_STREAM")):
+            with pytest.raises(StreamClientError) as bad:
+                client.request("POST", "/stream/open", params)
+            assert bad.value.code == code
+        client.open("s", ["t"])
+        for params, code in (([("stream", "s"), ("from", "-1"), ("to", "2")], "INVALID_ARG_FROM"),
+                             ([("stream", "s"), ("from", "x"), ("to", "2")], "INVALID_ARG_FROM"),
+                             ([("stream", "s"), ("from", "0")], "MISSING_ARG_TO")):
+            with pytest.raises(StreamClientError) as bad:
+                client.request("GET", "/stream/read", params)
+            assert bad.value.status == 400 and bad.value.code == code
+    port = _closed_port()
+    with pytest.raises(StreamClientError, match=f"gateway at 127.0.0.1:{port}: GET /stream/offsets failed"):
+        StreamClient(f"127.0.0.1:{port}", timeout=2).offsets("s")
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_json_answers_are_compact(tmp_path: Path) -> None:
+    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+        raw = client.request("POST", "/stream/open", [("stream", "s"), ("topic", "a"), ("topic", "b")])
+        assert raw == b'{"stream":"s","topics":["a","b"],"start":0,"end":0,"committed":0}'
+        assert json.loads(raw)["topics"] == ["a", "b"]

@@ -1,0 +1,145 @@
+"""Streams (core/streams.py): queues read by position. Ranges read again give the same copies until
+committed; positions only grow, across spills, deferred copies and restarts of the real store."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from polymq.core import streams
+from polymq.core.clock import ManualClock
+from polymq.core.engine import Engine
+from polymq.core.message import Message
+
+from support.sync_store import Store
+
+
+def bodies(messages: list[Message]) -> list[bytes]:
+    return [message.body for message in messages]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def open_store(tmp_path: Path, clock: ManualClock) -> Iterator[Callable[..., Store]]:
+    opened: list[Store] = []
+
+    def opener(mem_queue_size: int = 10_000) -> Store:
+        store = Store(tmp_path / "data", clock, mem_queue_size)
+        opened.append(store)
+        return store
+
+    yield opener
+    for store in opened:
+        with contextlib.suppress(Exception):
+            store.close()
+
+
+def test_a_stream_gets_its_own_copy_and_ranges_read_again_until_committed(clock: ManualClock) -> None:
+    engine = Engine(clock=clock)
+    engine.ensure_queue("workers")
+    engine.bind("workers", "orders")
+    got: list[Message] = []
+    engine.attach("workers", got.append, credit=100)
+    stream = streams.open_stream(engine, "spark", ["orders"])
+    assert streams.start(stream) == streams.end(stream) == 0
+    engine.publish_many("orders", [b"a", b"b", b"c"])
+    engine.publish("orders", b"d")
+    assert bodies(got) == [b"a", b"b", b"c", b"d"]  # the other queue's consumer is served as ever
+    end = streams.end(stream)
+    assert end == 4
+    assert bodies(streams.read(stream, 0, end)) == [b"a", b"b", b"c", b"d"]
+    assert bodies(streams.read(stream, 1, 3)) == [b"b", b"c"]
+    assert bodies(streams.read(stream, 1, 3)) == [b"b", b"c"]  # again: the same copies
+    assert [m.pos for m in streams.read(stream, 0, end, limit=2)] == [0, 1]
+    assert streams.end_after(stream, 0, 3) == 3 and streams.end_after(stream, 2, 10) == 4
+    assert streams.end_after(stream, 0, None) == 4
+    assert streams.commit(engine, stream, 2) == 2
+    assert streams.start(stream) == 2
+    with pytest.raises(streams.StreamError, match="below 2"):
+        streams.read(stream, 0, end)
+    assert bodies(streams.read(stream, 2, end)) == [b"c", b"d"]
+    assert streams.commit(engine, stream, 1) == 0  # a lower end changes nothing
+    engine.publish("orders", b"e")
+    assert [(m.pos, m.body) for m in streams.read(stream, 2, streams.end(stream))] == [(2, b"c"), (3, b"d"),
+                                                                                       (4, b"e")]
+
+
+def test_a_stream_has_no_consumers_and_an_ordinary_queue_is_no_stream(clock: ManualClock) -> None:
+    engine = Engine(clock=clock)
+    stream = streams.open_stream(engine, "spark", ["t"])
+    got: list[Message] = []
+    engine.attach("spark", got.append, credit=10)
+    engine.publish("t", b"x")
+    assert got == [] and bodies(streams.read(stream, 0, 1)) == [b"x"]
+    engine.ensure_queue("plain")
+    with pytest.raises(streams.StreamError, match="not a stream"):
+        streams.open_stream(engine, "plain", ["t"])
+    with pytest.raises(streams.StreamError, match="no stream"):
+        streams.stream(engine, "missing")
+
+
+def test_a_deferred_copy_takes_a_position_after_what_was_readable_when_it_became_due(clock: ManualClock) -> None:
+    engine = Engine(clock=clock)
+    stream = streams.open_stream(engine, "spark", ["t"])
+    engine.publish("t", b"later", delay=5)
+    engine.publish("t", b"now")
+    end = streams.end(stream)
+    assert bodies(streams.read(stream, 0, end)) == [b"now"]
+    streams.commit(engine, stream, end)
+    clock.advance(5)
+    engine.run_timers()
+    assert [m.body for m in streams.read(stream, end, streams.end(stream))] == [b"later"]
+
+
+def test_positions_survive_a_restart_and_never_go_back(open_store: Callable[..., Store]) -> None:
+    store = open_store()
+    stream = streams.open_stream(store.engine, "spark", ["t"])
+    store.engine.publish_many("t", [b"%d" % number for number in range(5)])
+    store.commit()
+    before = [(m.pos, m.body) for m in streams.read(stream, 0, streams.end(stream))]
+    store.close()
+
+    store = open_store()
+    stream = streams.stream(store.engine, "spark")
+    end = streams.end(stream)
+    assert [(m.pos, m.body) for m in streams.read(stream, streams.start(stream), end)] == before
+    streams.commit(store.engine, stream, end)  # everything: the store deletes its segments
+    store.commit()
+    store.close()
+
+    store = open_store()
+    stream = streams.stream(store.engine, "spark")
+    assert streams.committed(stream) == end and streams.start(stream) >= end
+    store.engine.publish("t", b"new")
+    store.commit()
+    fresh = streams.read(stream, end, streams.end(stream))
+    assert bodies(fresh) == [b"new"] and fresh[0].pos >= end
+
+
+def test_spilled_copies_are_read_back_in_order_and_commit_past_memory(open_store: Callable[..., Store]) -> None:
+    store = open_store(mem_queue_size=3)
+    stream = streams.open_stream(store.engine, "spark", ["t"])
+    sent = [b"%02d" % number for number in range(12)]
+    for body in sent:
+        store.engine.publish("t", body)
+        store.commit()
+    assert stream.spilled > 0
+    begin = streams.start(stream)
+    assert streams.end_after(stream, begin, 7) == streams.read(stream, begin, streams.end(stream))[7].pos
+    everything = streams.read(stream, begin, streams.end(stream))
+    assert bodies(everything) == sent
+    middle = everything[8].pos
+    assert streams.commit(store.engine, stream, middle) == 8
+    store.commit()
+    store.close()
+
+    store = open_store(mem_queue_size=3)
+    stream = streams.stream(store.engine, "spark")
+    assert bodies(streams.read(stream, streams.start(stream), streams.end(stream))) == sent[8:]
