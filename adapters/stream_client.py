@@ -104,6 +104,16 @@ class StreamClient:
             begin = batch[-1].position + 1
         return rows
 
+    def publish(self, rows: list[bytes], topic: str | None = None, dedup: str | None = None,
+                first: int = 0) -> dict[str, Any]:
+        """Publish encoded rows (`stream_rows.encode_publish_row`) in one request; with `dedup`, row n
+        is number `first + n` of that group and rows the group had are not published again."""
+        params: list[tuple[str, Any]] = [("topic", topic)] if topic else []
+        if dedup is not None:
+            params += [("dedup", dedup), ("first", first)]
+        return json.loads(self.request("POST", "/stream/publish", params, b"".join(rows),  # type: ignore[no-any-return]
+                                       stream_rows.CONTENT_TYPE))
+
     def commit(self, stream: str, until: int) -> dict[str, Any]:
         return self._json("POST", "/stream/commit", [("stream", stream), ("to", until)])
 

@@ -66,6 +66,8 @@ DUE_TOLERANCE_NS = 1_000
 # consume (docs/performance.md). A power loss in between brings such messages back (at least once).
 UNAWAITED_SYNC_S = 0.05
 META_FILE = "meta.log"
+# Kinds of records kept by key in the meta journal (`kept_saved`): schedules, publish de-duplication.
+KEPT_KINDS = ("schedule", "dedup")
 LOCK_FILE = "LOCK"
 
 
@@ -632,7 +634,7 @@ class DiskStorage:
         self._next_uid = 1
         self._topics: dict[str, dict[str, Any]] = {}  # name → meta (uid, paused)
         self._queues: dict[str, dict[str, Any]] = {}  # name → meta (uid, topics, paused, options)
-        self._schedules: dict[str, dict[str, Any]] = {}  # key → core.schedules record
+        self._kept: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in KEPT_KINDS}  # kind → key → record
         self._meta_pending: list[bytes] = []
         self._dirty: list[OwnerLog] = []
         self._removed_dirs: list[Path] = []
@@ -770,13 +772,13 @@ class DiskStorage:
         if owner is not None:
             owner.destroy()
 
-    def schedule_saved(self, key: str, record: Mapping[str, Any]) -> None:
-        self._schedules[key] = dict(record)
-        self._meta({"t": "schedule", "key": key, "s": self._schedules[key]})
+    def kept_saved(self, kind: str, key: str, record: Mapping[str, Any]) -> None:
+        kept = self._kept[kind][key] = dict(record)
+        self._meta({"t": kind, "key": key, "s": kept})
 
-    def schedule_deleted(self, key: str) -> None:
-        if self._schedules.pop(key, None) is not None:
-            self._meta({"t": "schedule-", "key": key})
+    def kept_deleted(self, kind: str, key: str) -> None:
+        if self._kept[kind].pop(key, None) is not None:
+            self._meta({"t": kind + "-", "key": key})
 
     # -- commits on the loop: writes now, fdatasync in the committer's thread ---------------------
 
@@ -1005,7 +1007,7 @@ class DiskStorage:
             self._logs.append(owner)
             _recover(owner, self.clock)
             queues.append(QueueRecord(name, tuple(meta["topics"]), meta["paused"], meta["options"], owner))
-        return Snapshot(tuple(topics), tuple(queues), tuple(self._schedules.values()))
+        return Snapshot(tuple(topics), tuple(queues), {kind: tuple(kept.values()) for kind, kept in self._kept.items()})
 
     def _replay_meta(self, change: dict[str, Any]) -> None:
         kind = change.get("t")
@@ -1034,16 +1036,17 @@ class DiskStorage:
                 self._next_uid = max(self._next_uid, change["uid"] + 1)
         elif kind == "ids":
             self._id_high_water = max(self._id_high_water, change["hw"])
-        elif kind == "schedule":
-            self._schedules[change["key"]] = change["s"]
-        elif kind == "schedule-":
-            self._schedules.pop(change.get("key", ""), None)
+        elif kind in self._kept:
+            self._kept[kind][change["key"]] = change["s"]
+        elif kind is not None and kind[:-1] in self._kept and kind.endswith("-"):
+            self._kept[kind[:-1]].pop(change.get("key", ""), None)
 
     def _rewrite_meta(self) -> None:
         changes = [{"t": "ids", "hw": self._id_high_water}]
         changes += [{"t": "topic", "name": name, **meta} for name, meta in self._topics.items()]
         changes += [{"t": "queue", "name": name, **meta} for name, meta in self._queues.items()]
-        changes += [{"t": "schedule", "key": key, "s": record} for key, record in self._schedules.items()]
+        changes += [{"t": kind, "key": key, "s": record} for kind, kept in self._kept.items()
+                    for key, record in kept.items()]
         temporary = self.dir / (META_FILE + ".tmp")
         with open(temporary, "wb") as file:
             file.write(b"".join(records.encode_meta(change) for change in changes))

@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from polymq.core.clock import Clock, SystemClock
+from polymq.core.dedup import KEPT_DEDUP, Dedup
 from polymq.core.ids import IdSource
 from polymq.core.message import Message
-from polymq.core.schedules import Schedules
+from polymq.core.schedules import KEPT_SCHEDULE, Schedules
 from polymq.core.storage import MemoryStorage, OwnerLog, Storage
 from polymq.core.timers import Timer, TimerService
 
@@ -836,6 +837,8 @@ class Engine:
         self.on_queue_deleted: list[Callable[[Queue, list[str]], None]] = []
         # Messages published on an interval or cron expression (eMQP's SCHEDULE), kept in the store.
         self.schedules = Schedules(self)
+        # Publishes of replaying writers (Spark micro-batches) de-duplicated by a deterministic id.
+        self.dedup = Dedup(self)
 
     # -- topics ------------------------------------------------------------------------------
 
@@ -1154,7 +1157,8 @@ class Engine:
                 queue._delete_timer = self.timers.schedule(now + queue.auto_delete, queue._auto_delete)
         for topic in self.topics.values():
             topic._flush_backlog()
-        self.schedules.restore(snapshot.schedules)
+        self.schedules.restore(snapshot.kept.get(KEPT_SCHEDULE, ()))
+        self.dedup.restore(snapshot.kept.get(KEPT_DEDUP, ()))
 
     # -- the timer task's entry point ----------------------------------------------------------
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("polymq.schedules")
 
 FOREVER = -1  # a run count without end
+KEPT_SCHEDULE = "schedule"  # the store's kind of kept record for a schedule
 # An interval of 0 (the original accepts it: every turn of its 1 ms loop) fires this often, not in a busy loop.
 MIN_INTERVAL_S = 0.001
 
@@ -109,7 +110,7 @@ class Schedules:
         if schedule.timer is not None:
             schedule.timer.cancel()
         if self.engine.storage.persistent:
-            self.engine.storage.schedule_deleted(key)
+            self.engine.storage.kept_deleted(KEPT_SCHEDULE, key)
         return True
 
     def restore(self, records: tuple[Mapping[str, Any], ...]) -> None:
@@ -120,7 +121,7 @@ class Schedules:
 
     def _save(self, schedule: Schedule) -> None:
         if self.engine.storage.persistent:
-            self.engine.storage.schedule_saved(schedule.key, schedule.to_record())
+            self.engine.storage.kept_saved(KEPT_SCHEDULE, schedule.key, schedule.to_record())
 
     def _arm(self, schedule: Schedule) -> None:
         engine = self.engine

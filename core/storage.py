@@ -96,7 +96,8 @@ class Snapshot:
 
     topics: tuple[TopicRecord, ...] = ()
     queues: tuple[QueueRecord, ...] = ()
-    schedules: tuple[Mapping[str, Any], ...] = ()  # core.schedules.Schedule.to_record() of each
+    # Records kept by key (`kept_saved`), by kind: "schedule" (core/schedules.py), "dedup" (core/dedup.py).
+    kept: Mapping[str, tuple[Mapping[str, Any], ...]] = attrs.Factory(dict)
 
 
 class Storage(Protocol):
@@ -123,9 +124,11 @@ class Storage(Protocol):
 
     def queue_deleted(self, name: str, log: OwnerLog | None) -> None: ...
 
-    def schedule_saved(self, key: str, record: Mapping[str, Any]) -> None: ...
+    def kept_saved(self, kind: str, key: str, record: Mapping[str, Any]) -> None:
+        """Keep `record` under (`kind`, `key`), replacing what was there; a restart brings it back."""
+        ...
 
-    def schedule_deleted(self, key: str) -> None: ...
+    def kept_deleted(self, kind: str, key: str) -> None: ...
 
     def adopt(self, topic: str, queue: str, topic_log: OwnerLog, queue_log: OwnerLog) -> OwnerLog | None:
         """The queue takes the topic's log over (its first queue, holding nothing yet): the topic's
@@ -183,10 +186,10 @@ class MemoryStorage:
     def queue_deleted(self, name: str, log: OwnerLog | None) -> None:
         pass
 
-    def schedule_saved(self, key: str, record: Mapping[str, Any]) -> None:
+    def kept_saved(self, kind: str, key: str, record: Mapping[str, Any]) -> None:
         pass
 
-    def schedule_deleted(self, key: str) -> None:
+    def kept_deleted(self, kind: str, key: str) -> None:
         pass
 
     def adopt(self, topic: str, queue: str, topic_log: OwnerLog, queue_log: OwnerLog) -> OwnerLog | None:

@@ -87,19 +87,27 @@ class NsqHttpApp:
         if not finished and (length is None or length - consumed <= DRAIN_LIMIT):
             await _drain(receive)
         if response.after_sync:
-            synced = trio.Event()
-            failed: list[OSError] = []
-
-            def stored(error: OSError | None) -> None:
-                if error is not None:
-                    failed.append(error)
-                synced.set()
-
-            self.api.engine.storage.sync(stored)
-            await synced.wait()
-            if failed:
+            stored = await self._synced()
+            if stored and response.then is not None:
+                response.then()
+                stored = await self._synced()
+            if not stored:
                 response = STORAGE_FAILED
         await _send(send, response)
+
+    async def _synced(self) -> bool:
+        """Wait until everything stored so far is durable; False if the store failed."""
+        synced = trio.Event()
+        failed: list[OSError] = []
+
+        def stored(error: OSError | None) -> None:
+            if error is not None:
+                failed.append(error)
+            synced.set()
+
+        self.api.engine.storage.sync(stored)
+        await synced.wait()
+        return not failed
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
@@ -166,7 +174,7 @@ async def serve_nsq_http(engine: Engine, nsq: NSQServer, sock: socket.socket, *,
     gc_pauses = GcPauses()
     gc_pauses.install()
     api = NsqHttpApi(engine, nsq, bind_host=sock.getsockname()[0], gc_pauses=gc_pauses,
-                     extra_routes=StreamHttpApi(engine).routes())
+                     extra_routes=StreamHttpApi(engine, lambda: nsq.limits).routes())
     app = wrap_app(NsqHttpApp(api), config.wsgi_max_body_size, "asgi")
     try:
         async with trio.open_nursery() as nursery:

@@ -121,6 +121,9 @@ class Response:
     headers: tuple[tuple[str, str], ...] = ()
     # Send only once everything stored so far is durable (`Storage.sync`): a publish's `OK`.
     after_sync: bool = False
+    # Called once that sync is done; the answer then waits for one more sync: what it stores must
+    # not reach the disk before what the first covered (a de-duplication record after its rows).
+    then: Callable[[], None] | None = None
 
     def all_headers(self) -> list[tuple[str, str]]:
         """Headers to send: ours, then Content-Type and Content-Length (never chunked, like nsqd)."""

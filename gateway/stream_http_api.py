@@ -13,10 +13,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from polymq.adapters.mqks import MSG_ID_HEADER
 from polymq.codecs import stream_rows
+from polymq.codecs.nsq import ServerLimits
 from polymq.core import streams
 from polymq.core.engine import Engine, Queue
-from polymq.gateway.nsq_http_api import JSON_TYPE, QueryError, Request, Response, go_json, parse_query
+from polymq.gateway.nsq_http_api import JSON_TYPE, NeedBody, QueryError, Request, Response, go_json, parse_query
 
 # Rows and bytes one read answers at most: a reader asks again from the next position.
 MAX_READ_ROWS = 100_000
@@ -27,7 +29,8 @@ MAX_PARTS = 4096
 # longest name any protocol allows, eMQP's queue names).
 MAX_NAME_BYTES = 1024
 
-Handler = Callable[[Request, str], Response]
+Handler = Callable[[Request, str], Response | NeedBody]
+Params = dict[bytes, list[bytes]]
 
 
 def failure(status: int, code: str, reason: str) -> Response:
@@ -40,8 +43,9 @@ class BadRequest(Exception):
 
 
 class StreamHttpApi:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, limits: Callable[[], ServerLimits]) -> None:
         self.engine = engine
+        self.limits = limits  # nsqd's message and body limits hold for rows and batches too
         self._topic_bytes: dict[str, bytes] = {}
 
     def routes(self) -> dict[str, dict[str, Handler]]:
@@ -51,11 +55,12 @@ class StreamHttpApi:
             "/stream/split": {"GET": self._guarded(self._split)},
             "/stream/read": {"GET": self._guarded(self._read)},
             "/stream/commit": {"POST": self._guarded(self._commit)},
+            "/stream/publish": {"POST": self._guarded(self._publish)},
         }
 
     @staticmethod
-    def _guarded(handler: Callable[[dict[bytes, list[bytes]]], Response]) -> Handler:
-        def handle(request: Request, _: str) -> Response:
+    def _guarded(handler: Callable[[Params], Response | NeedBody]) -> Handler:
+        def handle(request: Request, _: str) -> Response | NeedBody:
             try:
                 params = parse_query(request.query)
             except QueryError:
@@ -72,14 +77,14 @@ class StreamHttpApi:
     # -- parameters ----------------------------------------------------------------------------
 
     @staticmethod
-    def _name(params: dict[bytes, list[bytes]], key: bytes) -> str:
+    def _name(params: Params, key: bytes) -> str:
         values = params.get(key)
         if not values:
             raise BadRequest(failure(400, f"MISSING_ARG_{key.decode().upper()}", f"{key.decode()} is required"))
         return _valid_name(values[0], key.decode())
 
     @staticmethod
-    def _int(params: dict[bytes, list[bytes]], key: bytes, default: int | None = None, minimum: int = 0) -> int:
+    def _int(params: Params, key: bytes, default: int | None = None, minimum: int = 0) -> int:
         values = params.get(key)
         if not values:
             if default is None:
@@ -94,7 +99,7 @@ class StreamHttpApi:
                                      f"{key.decode()} must be an integer >= {minimum}"))
         return value
 
-    def _stream(self, params: dict[bytes, list[bytes]]) -> Queue:
+    def _stream(self, params: Params) -> Queue:
         return streams.stream(self.engine, self._name(params, b"stream"))
 
     def _positions(self, queue: Queue) -> dict[str, Any]:
@@ -103,7 +108,7 @@ class StreamHttpApi:
 
     # -- endpoints -----------------------------------------------------------------------------
 
-    def _open(self, params: dict[bytes, list[bytes]]) -> Response:
+    def _open(self, params: Params) -> Response:
         name = self._name(params, b"stream")
         topics = [_valid_name(raw, "topic") for raw in params.get(b"topic", [])]
         if self.engine.storage.failure is not None:
@@ -111,7 +116,7 @@ class StreamHttpApi:
         queue = streams.open_stream(self.engine, name, topics)
         return _json(self._positions(queue))
 
-    def _offsets(self, params: dict[bytes, list[bytes]]) -> Response:
+    def _offsets(self, params: Params) -> Response:
         queue = self._stream(params)
         answer = self._positions(queue)
         rows = params.get(b"rows")
@@ -120,7 +125,7 @@ class StreamHttpApi:
             answer["end"] = streams.end_after(queue, max(begin, answer["committed"]), self._int(params, b"rows"))
         return _json(answer)
 
-    def _split(self, params: dict[bytes, list[bytes]]) -> Response:
+    def _split(self, params: Params) -> Response:
         queue = self._stream(params)
         begin, until = self._int(params, b"from"), self._int(params, b"to")
         parts = self._int(params, b"parts", 1, minimum=1)
@@ -135,7 +140,7 @@ class StreamHttpApi:
         bounds.append(max(until, begin))
         return _json({"bounds": bounds, "rows": len(positions)})
 
-    def _read(self, params: dict[bytes, list[bytes]]) -> Response:
+    def _read(self, params: Params) -> Response:
         queue = self._stream(params)
         begin, until = self._int(params, b"from"), self._int(params, b"to")
         limit = min(self._int(params, b"limit", MAX_READ_ROWS, minimum=1), MAX_READ_ROWS)
@@ -162,13 +167,76 @@ class StreamHttpApi:
             parts.append(row)
         return Response(200, b"".join(parts), stream_rows.CONTENT_TYPE)
 
-    def _commit(self, params: dict[bytes, list[bytes]]) -> Response:
+    def _commit(self, params: Params) -> Response:
         queue = self._stream(params)
         until = self._int(params, b"to")
         finished = streams.commit(self.engine, queue, until)
         answer = self._positions(queue)
         answer["finished"] = finished
         return _json(answer)
+
+
+    def _publish(self, params: Params) -> Response | NeedBody:
+        """Rows (codecs/stream_rows.py) to `topic` (or each row's own). With `dedup=GROUP`, row `n`
+        of the batch is `first + n` of that group: what the group has had is not published again,
+        and its record is stored once the rows are on disk."""
+        default_topic = _valid_name(params[b"topic"][0], "topic") if params.get(b"topic") else None
+        raw_group = params.get(b"dedup")
+        group = _valid_name(raw_group[0], "dedup") if raw_group else None
+        first = self._int(params, b"first", 0)
+        limits = self.limits()
+
+        def complete(body: bytes) -> Response:
+            if len(body) > limits.max_body_size:
+                return failure(413, "BODY_TOO_BIG", f"a batch is at most {limits.max_body_size} bytes")
+            rows = stream_rows.decode_publish_rows(body, limits.max_msg_size)
+            if isinstance(rows, stream_rows.Invalid):
+                return failure(400, "BAD_ROW", f"row {rows.row}: {rows.reason}")
+            try:
+                topics = [_valid_name(row.topic.encode(), "topic") if row.topic else default_topic for row in rows]
+            except BadRequest as bad:
+                return bad.response
+            if None in topics:
+                return failure(400, "MISSING_ARG_TOPIC", "a row without a topic needs the topic parameter")
+            if self.engine.storage.failure is not None:
+                return failure(503, "EXITING", f"the store failed: {self.engine.storage.failure}")
+            wanted = [(first, first + len(rows))]
+            dedup = self.engine.dedup
+            if group is not None:
+                wanted = dedup.unseen(group, first, first + len(rows))
+            published = 0
+            for start, end in wanted:
+                published += self._publish_rows(rows[start - first:end - first], topics[start - first:end - first],
+                                                group, start)
+            answer = go_json({"published": published, "duplicates": len(rows) - published})
+            if group is None:
+                return Response(200, answer, JSON_TYPE, after_sync=True)
+            dedup.remember(group, wanted, store=False)  # at once: a concurrent replay is held back too
+            return Response(200, answer, JSON_TYPE, after_sync=True, then=lambda: dedup.store_group(group))
+
+        return NeedBody(limits.max_body_size + 1, complete)
+
+    def _publish_rows(self, rows: list[stream_rows.PublishRow], topics: list[str | None], group: str | None,
+                      sequence: int) -> int:
+        """Publish `rows` in order, one batch per run of the same topic; returns how many."""
+        start = 0
+        while start < len(rows):
+            topic = topics[start]
+            end = start + 1
+            while end < len(rows) and topics[end] == topic:
+                end += 1
+            each_headers: list[Any] = []
+            for offset, row in enumerate(rows[start:end], start):
+                headers = dict(row.headers) if row.headers else {}
+                if row.id is not None:
+                    headers[MSG_ID_HEADER] = row.id
+                elif group is not None:
+                    headers[MSG_ID_HEADER] = f"{group}:{sequence + offset}"  # the same on every try
+                each_headers.append(headers or None)
+            assert topic is not None
+            self.engine.publish_many(topic, [row.body for row in rows[start:end]], each_headers=each_headers)
+            start = end
+        return len(rows)
 
 
 def _json(value: dict[str, Any]) -> Response:
@@ -185,3 +253,4 @@ def _valid_name(raw: bytes, what: str) -> str:
         raise BadRequest(failure(400, f"INVALID_{what.upper()}",
                                  f"{what} must be 1 to {MAX_NAME_BYTES} bytes without control characters"))
     return name
+

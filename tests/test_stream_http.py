@@ -109,3 +109,44 @@ def test_json_answers_are_compact(tmp_path: Path) -> None:
         raw = client.request("POST", "/stream/open", [("stream", "s"), ("topic", "a"), ("topic", "b")])
         assert raw == b'{"stream":"s","topics":["a","b"],"start":0,"end":0,"committed":0}'
         assert json.loads(raw)["topics"] == ["a", "b"]
+
+
+def test_publish_rows_with_ids_headers_and_topics_and_a_replay_publishes_only_what_is_missing(
+        tmp_path: Path) -> None:
+    row = stream_rows.encode_publish_row
+    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+        client.open("s", ["out", "other"])
+        answer = client.publish([row(b"a"), row(b"b", message_id="own", headers={"k": "v"}), row(b"c", topic="other")],
+                                topic="out", dedup="w/0/0")
+        assert answer == {"published": 3, "duplicates": 0}
+        # The first try of the next batch stopped after 2 of its 4 rows; the replay sends all 4.
+        assert client.publish([row(b"d"), row(b"e")], topic="out", dedup="w/1/0")["published"] == 2
+    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+        replay = [row(b"d"), row(b"e"), row(b"f"), row(b"g")]
+        assert client.publish(replay, topic="out", dedup="w/1/0") == {"published": 2, "duplicates": 2}
+        assert client.publish(replay[2:], topic="out", dedup="w/1/0", first=2) == {"published": 0, "duplicates": 2}
+        assert client.publish([row(b"x")], topic="out")["published"] == 1  # no group: always published
+        end = client.offsets("s")["end"]
+        rows = client.read("s", 0, end)
+        assert [(r.topic, r.body, json.loads(r.headers or b"{}")) for r in rows] == [
+            ("out", b"a", {"msg_id": "w/0/0:0"}), ("out", b"b", {"k": "v", "msg_id": "own"}),
+            ("other", b"c", {"msg_id": "w/0/0:2"}), ("out", b"d", {"msg_id": "w/1/0:0"}),
+            ("out", b"e", {"msg_id": "w/1/0:1"}), ("out", b"f", {"msg_id": "w/1/0:2"}),
+            ("out", b"g", {"msg_id": "w/1/0:3"}), ("out", b"x", {})]
+        assert rows[-1].headers == b""  # no id, no headers: none stored
+
+
+def test_bad_rows_are_refused_whole(tmp_path: Path) -> None:
+    row = stream_rows.encode_publish_row
+    with running_gateway("--in-memory", "--max-msg-size", "10", "--max-body-size", "100",
+                         data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+        client.open("s", ["t"])
+        for rows, status, text in (
+                ([row(b"ok"), stream_rows.PUBLISH_HEAD.pack(0, 0, 0, 0)], 400, "row 1: empty body"),
+                ([row(b"x" * 11)], 400, "row 0: body of 11 bytes is over the limit of 10"),
+                ([row(b"x" * 10)] * 5, 413, "a batch is at most 100 bytes"),
+                ([row(b"x")], 400, "a row without a topic needs the topic parameter")):
+            with pytest.raises(StreamClientError) as refused:
+                client.publish(rows, topic=None if "without a topic" in text else "t")
+            assert refused.value.status == status and text in str(refused.value)
+        assert client.offsets("s")["end"] == 0  # nothing of a refused batch was published

@@ -143,3 +143,35 @@ def test_spilled_copies_are_read_back_in_order_and_commit_past_memory(open_store
     store = open_store(mem_queue_size=3)
     stream = streams.stream(store.engine, "spark")
     assert bodies(streams.read(stream, streams.start(stream), streams.end(stream))) == sent[8:]
+
+
+def test_dedup_publishes_only_the_rows_a_group_has_not_had(clock: ManualClock) -> None:
+    engine = Engine(clock=clock)
+    dedup = engine.dedup
+    assert dedup.unseen("w/1/0", 0, 5) == [(0, 5)]
+    dedup.remember("w/1/0", [(0, 3)])
+    assert dedup.unseen("w/1/0", 0, 5) == [(3, 5)] and dedup.duplicates == 3
+    dedup.remember("w/1/0", [(6, 8), (3, 5)])
+    assert dedup.groups["w/1/0"][0] == [0, 5, 6, 8]
+    assert dedup.unseen("w/1/0", 0, 10) == [(5, 6), (8, 10)]
+    dedup.remember("w/1/0", [(5, 6)])
+    assert dedup.groups["w/1/0"][0] == [0, 8]
+    assert dedup.unseen("w/1/1", 0, 2) == [(0, 2)]  # another group
+    clock.advance(dedup.window_s + 1)
+    assert dedup.unseen("w/1/0", 0, 2) == [(0, 2)]  # forgotten after the window
+
+
+def test_dedup_groups_survive_a_restart_within_the_window(open_store: Callable[..., Store],
+                                                         clock: ManualClock) -> None:
+    store = open_store()
+    store.engine.dedup.remember("w/7/0", [(0, 100)])
+    store.engine.dedup.remember("w/7/1", [(0, 4)])
+    store.commit()
+    store.close()
+    store = open_store()
+    assert store.engine.dedup.unseen("w/7/0", 0, 120) == [(100, 120)]
+    assert store.engine.dedup.unseen("w/7/1", 2, 6) == [(4, 6)]
+    store.close()
+    clock.advance(store.engine.dedup.window_s + 1)
+    store = open_store()
+    assert store.engine.dedup.groups == {}
