@@ -15,7 +15,10 @@ PURE_TESTS := tests/test_engine.py tests/test_engine_stateful.py tests/test_reco
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,compile]'
+	$(BIN)/pip install -q -e '.[test,compile,spark]'
+	# Spark finds data sources by listing sys.path (pkgutil.iter_modules), where an editable
+	# install's import hook does not show: put the folder of pyspark_polymq there (docs/spark.md).
+	echo "$(CURDIR)/spark" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/polymq-spark.pth"
 	touch $(STAMP)
 
 # The hot modules compiled with mypyc next to their sources (docs/performance.md). If it fails,

@@ -1,0 +1,344 @@
+"""The PySpark data source `polymq` (docs/spark.md): streams and batches read from a gateway's
+stream endpoints, rows written through its publish endpoint.
+
+Spark's Python workers import this module by name (the partitions and the reader objects are
+pickled by reference), so it imports pyspark only and talks to the gateway over HTTP
+(adapters/stream_client.py): nothing of the engine runs in Spark.
+
+Replay contract: an offset is `{"position": N}`. A micro-batch is a position range the gateway
+serves again, with the same rows, until Spark commits its end; only the commit (after Spark's own
+commit log) finishes the copies. Writes name each row by a group (writer, batch, partition) and
+its number in the partition, so a replayed batch publishes only what the gateway did not have.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from polymq.adapters.stream_client import StreamClient, StreamClientError
+from polymq.codecs import stream_rows
+
+NAME = "polymq"
+DEFAULT_GATEWAY = "127.0.0.1:4151"  # the gateway's HTTP API (nsqd's port)
+DEFAULT_PARTITIONS = 2
+# Rows (and bytes) a writer task sends per request: well under the gateway's batch limit (nsqd's
+# --max-body-size, 5 MiB), large enough that a request's overhead is spread thin.
+WRITE_BATCH_ROWS = 10_000
+WRITE_BATCH_BYTES = 4 * 1024 * 1024
+# The local properties Spark sets on a micro-batch's jobs: which batch a writer task belongs to, and
+# the query's id, which its checkpoint keeps across restarts.
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+SCHEMA = ("position long, topic string, id string, body binary, attempts int, timestamp timestamp, "
+          "headers map<string,string>")
+
+
+class PolymqSourceError(Exception):
+    """A misconfigured source or a gateway that refused: the message says which and why."""
+
+
+@dataclass
+class PositionRange(InputPartition):
+    """Positions `[start, end)` of one stream: what one Spark task reads."""
+
+    start: int
+    end: int
+
+    def __init__(self, start: int, end: int) -> None:  # InputPartition's own takes a value
+        self.start, self.end = start, end
+
+
+class DefaultSource(DataSource):
+    """`spark.read / readStream / write / writeStream .format("polymq")`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(Options.of(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(Options.of(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return BatchWriter(Options.of(self.options), f"spark-write-{uuid.uuid4()}", _fields(schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return StreamWriter(Options.of(self.options), _fields(schema))
+
+
+@dataclass(frozen=True)
+class Options:
+    gateway: str
+    stream: str | None
+    topics: tuple[str, ...]
+    topic: str | None
+    partitions: int
+    max_rows: int | None
+    fail_on_data_loss: bool
+    timeout: float
+    writer_id: str | None
+    batch_rows: int
+
+    @classmethod
+    def of(cls, options: Any) -> Options:
+        def number(key: str, default: int | None, minimum: int = 1) -> int | None:
+            raw = options.get(key)
+            if raw is None:
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                value = minimum - 1
+            if value < minimum:
+                raise PolymqSourceError(f"option {key} must be an integer >= {minimum}, not {raw!r}")
+            return value
+
+        topics = tuple(topic.strip() for topic in (options.get("topics") or "").split(",") if topic.strip())
+        loss = str(options.get("failOnDataLoss", "true")).lower()
+        if loss not in ("true", "false"):
+            raise PolymqSourceError(f"option failOnDataLoss must be true or false, not {loss!r}")
+        return cls(
+            gateway=options.get("gateway", DEFAULT_GATEWAY),
+            stream=options.get("stream"),
+            topics=topics,
+            topic=options.get("topic"),
+            partitions=number("partitions", DEFAULT_PARTITIONS) or DEFAULT_PARTITIONS,
+            max_rows=number("maxRowsPerTrigger", None),
+            fail_on_data_loss=loss == "true",
+            timeout=float(options.get("timeout", 30)),
+            writer_id=options.get("writerId"),
+            batch_rows=number("batchRows", WRITE_BATCH_ROWS) or WRITE_BATCH_ROWS,
+        )
+
+    def client(self) -> StreamClient:
+        return StreamClient(self.gateway, self.timeout)
+
+    def stream_name(self) -> str:
+        if not self.stream:
+            raise PolymqSourceError("option stream is required: the name of the stream (a queue read by position) "
+                                    "this query reads")
+        return self.stream
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def _rows(options: Options, partition: PositionRange) -> Iterator[tuple[Any, ...]]:
+    stream = options.stream_name()
+    with options.client() as client:
+        for row in client.read(stream, partition.start, partition.end):
+            yield (row.position, row.topic, f"{row.id:016x}", row.body, row.attempts,
+                   datetime.fromtimestamp(row.timestamp_ns / 1e9, UTC), _headers(row.headers))
+
+
+def _headers(raw: bytes) -> dict[str, str] | None:
+    if not raw:
+        return None
+    return {key: value if isinstance(value, str) else json.dumps(value) for key, value in json.loads(raw).items()}
+
+
+def _ranges(client: StreamClient, stream: str, start: int, end: int, parts: int) -> list[PositionRange]:
+    if start >= end:
+        return []
+    bounds = client.split(stream, start, end, parts)
+    return [PositionRange(low, high) for low, high in itertools.pairwise(bounds) if low < high]
+
+
+def _call(options: Options, action: Any) -> Any:
+    """Run `action(client)` on the driver; a gateway's refusal becomes a source error naming it."""
+    with options.client() as client:
+        try:
+            return action(client)
+        except StreamClientError as error:
+            raise PolymqSourceError(str(error)) from None
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.stream = options.stream_name()
+        self.target: int | None = None  # Trigger.AvailableNow: nothing past this
+        opened = _call(options, lambda client: client.open(self.stream, options.topics))
+        self.opened_start = int(opened["start"])
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"position": self.opened_start}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.options.max_rows) if self.options.max_rows else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = int(_call(self.options, lambda client: client.offsets(self.stream))["end"])
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        begin = int(start["position"])
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = int(_call(self.options, lambda client: client.offsets(self.stream, begin, rows=rows))["end"]
+                  if rows is not None else _call(self.options, lambda client: client.offsets(self.stream))["end"])
+        if self.target is not None:
+            end = min(end, self.target)
+        return {"position": max(begin, end)}
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return {"position": int(_call(self.options, lambda client: client.offsets(self.stream))["end"])}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        begin, until = int(start["position"]), int(end["position"])
+
+        def plan(client: StreamClient) -> list[PositionRange]:
+            committed = int(client.offsets(self.stream)["committed"])
+            low = begin
+            if begin < committed:
+                if self.options.fail_on_data_loss:
+                    raise PolymqSourceError(
+                        f"stream {self.stream} at {self.options.gateway}: positions {begin} to {committed} were "
+                        f"committed and are gone (set failOnDataLoss to false to read on from {committed})")
+                low = committed
+            return _ranges(client, self.stream, low, until, self.options.partitions)
+
+        return _call(self.options, plan)  # type: ignore[no-any-return]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, PositionRange)
+        return _rows(self.options, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        _call(self.options, lambda client: client.commit(self.stream, int(end["position"])))
+
+
+class BatchReader(DataSourceReader):
+    """What a stream holds now, from its start to its end, read without committing anything."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.stream = options.stream_name()
+
+    def partitions(self) -> Sequence[InputPartition]:
+        def plan(client: StreamClient) -> list[PositionRange]:
+            offsets = client.offsets(self.stream)
+            return _ranges(client, self.stream, int(offsets["start"]), int(offsets["end"]), self.options.partitions)
+
+        return _call(self.options, plan)  # type: ignore[no-any-return]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, PositionRange)
+        return _rows(self.options, partition)
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Written(WriterCommitMessage):
+    published: int
+    duplicates: int
+
+
+def _fields(schema: StructType) -> tuple[str, ...]:
+    names = tuple(field.name for field in schema.fields)
+    if "body" not in names:
+        raise PolymqSourceError(f"a polymq write needs a body column (binary or string); the columns are {names}")
+    return names
+
+
+def _publish(options: Options, fields: tuple[str, ...], rows: Iterator[Any], group: str) -> Written:
+    """Publish a task's rows in batches; row n of the task is number n of `group`."""
+    if options.topic is None and "topic" not in fields:
+        raise PolymqSourceError("option topic (or a topic column) is required: where the rows are published")
+    at = {name: index for index, name in enumerate(fields)}
+    body_at, topic_at, id_at, headers_at = at["body"], at.get("topic"), at.get("id"), at.get("headers")
+    published = duplicates = 0
+    with options.client() as client:
+        batch: list[bytes] = []
+        size = first = number = 0
+
+        def flush() -> None:
+            nonlocal published, duplicates, batch, size, first
+            if batch:
+                try:
+                    answer = client.publish(batch, options.topic, group, first)
+                except StreamClientError as error:
+                    raise PolymqSourceError(str(error)) from None
+                published += int(answer["published"])
+                duplicates += int(answer["duplicates"])
+            batch, size, first = [], 0, number
+
+        for row in rows:
+            body = row[body_at]
+            if body is None:
+                raise PolymqSourceError(f"row {number} of {group} has no body (null)")
+            if isinstance(body, str):
+                body = body.encode()
+            headers = row[headers_at] if headers_at is not None else None
+            encoded = stream_rows.encode_publish_row(
+                bytes(body), message_id=row[id_at] if id_at is not None else None,
+                topic=row[topic_at] if topic_at is not None else None, headers=dict(headers) if headers else None)
+            batch.append(encoded)
+            size += len(encoded)
+            number += 1
+            if len(batch) >= options.batch_rows or size >= WRITE_BATCH_BYTES:
+                flush()
+        flush()
+    return Written(published, duplicates)
+
+
+class BatchWriter(DataSourceWriter):
+    def __init__(self, options: Options, write_id: str, fields: tuple[str, ...]) -> None:
+        self.options, self.write_id, self.fields = options, write_id, fields
+
+    def write(self, iterator: Iterator[Any]) -> Written:
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        # A retried task publishes only what its failed try did not.
+        return _publish(self.options, self.fields, iterator, f"{self.write_id}/{partition}")
+
+
+class StreamWriter(DataSourceStreamWriter):
+    """Rows of micro-batch B, partition P are numbered in group `<writer>/B/P`, the writer being the
+    query's id (kept in its checkpoint) unless option writerId names it."""
+
+    def __init__(self, options: Options, fields: tuple[str, ...]) -> None:
+        self.options, self.fields = options, fields
+
+    def write(self, iterator: Iterator[Any]) -> Written:
+        context = TaskContext.get()
+        if context is None:
+            raise PolymqSourceError("a streaming write runs in a Spark task")
+        batch_id = context.getLocalProperty(BATCH_ID_PROPERTY)
+        writer = self.options.writer_id or context.getLocalProperty(QUERY_ID_PROPERTY)
+        if batch_id is None or writer is None:
+            raise PolymqSourceError(f"Spark did not say which query and micro-batch this is ({QUERY_ID_PROPERTY}, "
+                                    f"{BATCH_ID_PROPERTY})")
+        return _publish(self.options, self.fields, iterator,
+                        f"spark-stream-{writer}/{batch_id}/{context.partitionId()}")
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass  # every row is published and stored by the time its task ends
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass  # what was published stays; the replay of this batch publishes the rest only
