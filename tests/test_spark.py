@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +22,7 @@ from polymq.adapters.stream_client import StreamClient
 from polymq.codecs import stream_rows
 
 from support.gateway import GatewayProcess, running_gateway
-from support.spark import spark_session
+from support.spark import SPARK_ENV, spark_session
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +113,7 @@ def test_a_batch_read_is_a_snapshot_that_consumes_nothing_and_a_batch_write_publ
     assert json.loads(written[1].headers)["msg_id"].startswith("spark-write-")
 
 
+@pytest.mark.filterwarnings("ignore:Cannot infer the eval type")  # the UDF's type hints, for humans
 def test_a_replayed_streaming_batch_publishes_no_row_twice(spark: Any, gateway: GatewayProcess,
                                                           tmp_path: Path) -> None:
     from pyspark.errors import StreamingQueryException
@@ -201,3 +207,58 @@ def test_errors_a_spark_user_sees(spark: Any, gateway: GatewayProcess, tmp_path:
         availableNow=True).start()
     with pytest.raises(StreamingQueryException, match="set failOnDataLoss to false"):
         query.awaitTermination(120)
+
+
+REPO = Path(__file__).resolve().parent.parent
+JOB = Path(__file__).resolve().parent / "support" / "spark_stream_job.py"
+
+
+def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"the Spark driver ended ({process.returncode}) before {path.name}"
+        assert time.monotonic() < deadline, f"no {path.name} within {timeout} s"
+        time.sleep(0.05)
+
+
+def test_a_driver_killed_mid_batch_re_reads_the_uncommitted_range_and_loses_nothing(
+        gateway: GatewayProcess, tmp_path: Path) -> None:
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    out.mkdir()
+    with StreamClient(gateway.nsq_http) as client:
+        client.open("spark-crash", ["crash"])
+    publish(gateway, "crash", [b"m%02d" % number for number in range(25)])
+    command = [sys.executable, str(JOB), gateway.nsq_http, "spark-crash", "crash", str(out), str(checkpoint)]
+    # Its own session: SIGKILL goes to the driver and its JVM, as when the machine under it dies.
+    driver = subprocess.Popen([*command, "--stall-batch", "1"], start_new_session=True, env={**os.environ, **SPARK_ENV})
+    try:
+        wait_for(out / "started-1", driver)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
+    assert sorted(path.name for path in out.iterdir()) == ["batch-0.json", "started-0", "started-1"]
+    publish(gateway, "crash", [b"late"])  # after the crash: not part of the replayed batch
+    with StreamClient(gateway.nsq_http) as client:
+        # Spark told the source batch 0's end as it planned batch 1; batch 1's range is still there.
+        first_batch = json.loads((out / "batch-0.json").read_text())
+        assert client.offsets("spark-crash")["committed"] == first_batch[-1]["position"] + 1
+
+    subprocess.run(command, check=True, timeout=300, env={**os.environ, **SPARK_ENV}, start_new_session=True)
+    batches = {int(path.stem.split("-")[1]): json.loads(path.read_text()) for path in out.glob("batch-*.json")}
+    assert sorted(batches) == [0, 1, 2]
+    assert [len(batches[number]) for number in range(3)] == [10, 10, 6]
+    # Batch 1 again, exactly the range planned before the crash; the late message comes after it.
+    assert [row["body"] for row in batches[1]] == [f"m{number:02d}" for number in range(10, 20)]
+    every = [row["body"] for number in range(3) for row in batches[number]]
+    assert every == [f"m{number:02d}" for number in range(25)] + ["late"]
+
+
+def test_the_example_pipeline_runs_end_to_end_from_one_command() -> None:
+    finished = subprocess.run([sys.executable, "examples/spark_orders/run.py"], cwd=REPO, capture_output=True,
+                              text=True, timeout=600, env={**os.environ, **SPARK_ENV})
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    lines = finished.stdout.splitlines()
+    for consumer in ("MQKS consumer", "NSQ consumer"):
+        at = lines.index(f"{consumer} received 6 per-minute totals:")
+        assert lines[at + 1] == "  2026-01-05 12:00   18 orders  amount   1872  (PHPMQ 9, NSQ 9)"
+        assert lines[at + 6] == "  2026-01-05 12:05   18 orders  amount   2646  (PHPMQ 9, NSQ 9)"
