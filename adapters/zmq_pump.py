@@ -49,10 +49,33 @@ class ZmqPump:
         self.unroutable = 0  # messages for a peer that had gone (ROUTER_MANDATORY)
 
     def send(self, frames: Sequence[bytes]) -> None:
-        """Queue a multipart message; the pump sends it as soon as the socket takes it (in order)."""
-        self.outgoing.append(frames)
+        """Send a multipart message now if the socket takes it, else queue it; the pump sends what
+        is queued as soon as the socket takes it (in order)."""
+        if self.outgoing or self.closed or not self._send_one(frames):
+            self.outgoing.append(frames)
         if self._waiting is not None:
+            # Wake the pump: it re-reads EVENTS (a send can take the edge that announced a receive).
             self._waiting.cancel()
+
+    def _send_one(self, frames: Sequence[bytes]) -> bool:
+        """One message, frame by frame with int flags (pyzmq's send_multipart pays enum operations
+        per frame); False if the socket cannot take it now. Only the first frame can say Again: the
+        rest of a message always follows it."""
+        send = self.sock.send
+        try:
+            send(frames[0], _NOBLOCK | _SNDMORE if len(frames) > 1 else _NOBLOCK)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as error:
+            if error.errno != zmq.EHOSTUNREACH:
+                raise
+            self.unroutable += 1  # a ROUTER_MANDATORY socket's peer is gone: nobody to tell
+            return True
+        last = len(frames) - 1
+        for index in range(1, last + 1):
+            send(frames[index], _NOBLOCK | _SNDMORE if index < last else _NOBLOCK)
+        self.sent += 1
+        return True
 
     def _receive(self) -> bool:
         sock = self.sock
@@ -86,26 +109,12 @@ class ZmqPump:
         sock = self.sock
         outgoing = self.outgoing
         sent = 0
+        send_one = self._send_one
         while outgoing and sock.getsockopt(_EVENTS) & _POLLOUT:
             before = sent
-            send = sock.send
             while outgoing:
-                frames = outgoing[0]
-                try:
-                    # Frame by frame with int flags (pyzmq's send_multipart pays enum operations per frame);
-                    # only the first can say Again: the rest of a message always follows it.
-                    send(frames[0], _NOBLOCK | _SNDMORE if len(frames) > 1 else _NOBLOCK)
-                except zmq.Again:
+                if not send_one(outgoing[0]):
                     break
-                except zmq.ZMQError as error:
-                    if error.errno != zmq.EHOSTUNREACH:
-                        raise
-                    self.unroutable += 1  # a ROUTER_MANDATORY socket's peer is gone: nobody to tell
-                else:
-                    last = len(frames) - 1
-                    for index in range(1, last + 1):
-                        send(frames[index], _NOBLOCK | _SNDMORE if index < last else _NOBLOCK)
-                    self.sent += 1
                 outgoing.popleft()
                 sent += 1
             if sent == before:
