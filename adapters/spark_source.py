@@ -18,7 +18,6 @@ import json
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from pyspark import TaskContext
@@ -31,7 +30,7 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from polymq.adapters.stream_client import StreamClient, StreamClientError
@@ -40,6 +39,9 @@ from polymq.codecs import stream_rows
 NAME = "polymq"
 DEFAULT_GATEWAY = "127.0.0.1:4151"  # the gateway's HTTP API (nsqd's port)
 DEFAULT_PARTITIONS = 2
+# Rows a micro-batch reads at most unless maxRowsPerTrigger says otherwise: a batch's rows are in
+# the gateway's memory until Spark commits it, so a backlog is read a bounded part at a time.
+DEFAULT_MAX_ROWS = 100_000
 # Rows (and bytes) a writer task sends per request: well under the gateway's batch limit (nsqd's
 # --max-body-size, 5 MiB), large enough that a request's overhead is spread thin.
 WRITE_BATCH_ROWS = 10_000
@@ -51,6 +53,7 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 SCHEMA = ("position long, topic string, id string, body binary, attempts int, timestamp timestamp, "
           "headers map<string,string>")
+COLUMNS = ["position", "topic", "id", "body", "attempts", "timestamp", "headers"]
 
 
 class PolymqSourceError(Exception):
@@ -98,7 +101,7 @@ class Options:
     topics: tuple[str, ...]
     topic: str | None
     partitions: int
-    max_rows: int | None
+    max_rows: int
     fail_on_data_loss: bool
     timeout: float
     writer_id: str | None
@@ -128,7 +131,7 @@ class Options:
             topics=topics,
             topic=options.get("topic"),
             partitions=number("partitions", DEFAULT_PARTITIONS) or DEFAULT_PARTITIONS,
-            max_rows=number("maxRowsPerTrigger", None),
+            max_rows=number("maxRowsPerTrigger", DEFAULT_MAX_ROWS),
             fail_on_data_loss=loss == "true",
             timeout=float(options.get("timeout", 30)),
             writer_id=options.get("writerId"),
@@ -148,18 +151,40 @@ class Options:
 # -- reading -------------------------------------------------------------------------------------
 
 
-def _rows(options: Options, partition: PositionRange) -> Iterator[tuple[Any, ...]]:
+def _rows(options: Options, partition: PositionRange) -> Iterator[Any]:
+    """The partition's rows as Arrow record batches, one per read request: no Python object per
+    row on Spark's side of the hand-over."""
+    import pyarrow as pa
+
     stream = options.stream_name()
+    begin, end = partition.start, partition.end
     with options.client() as client:
-        for row in client.read(stream, partition.start, partition.end):
-            yield (row.position, row.topic, f"{row.id:016x}", row.body, row.attempts,
-                   datetime.fromtimestamp(row.timestamp_ns / 1e9, UTC), _headers(row.headers))
+        while begin < end:
+            try:
+                raw = client.request("GET", "/stream/read", [("stream", stream), ("from", begin), ("to", end)])
+            except StreamClientError as error:
+                raise PolymqSourceError(str(error)) from None
+            if not raw:
+                return
+            columns = stream_rows.decode_read_columns(raw)
+            yield pa.RecordBatch.from_arrays([
+                pa.array(columns.positions, pa.int64()),
+                pa.array(columns.topics, pa.binary()).cast(pa.string()),
+                pa.array([f"{message_id:016x}" for message_id in columns.ids], pa.string()),
+                pa.array(columns.bodies, pa.binary()),
+                pa.array(columns.attempts, pa.int32()),
+                pa.array(columns.timestamps_ns, pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+                  .cast(pa.timestamp("us", tz="UTC"), safe=False),
+                pa.array([_headers(raw_headers) for raw_headers in columns.headers],
+                         pa.map_(pa.string(), pa.string())),
+            ], names=COLUMNS)
+            begin = columns.positions[-1] + 1
 
 
-def _headers(raw: bytes) -> dict[str, str] | None:
+def _headers(raw: bytes) -> list[tuple[str, str]] | None:
     if not raw:
         return None
-    return {key: value if isinstance(value, str) else json.dumps(value) for key, value in json.loads(raw).items()}
+    return [(key, value if isinstance(value, str) else json.dumps(value)) for key, value in json.loads(raw).items()]
 
 
 def _ranges(client: StreamClient, stream: str, start: int, end: int, parts: int) -> list[PositionRange]:
@@ -190,7 +215,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"position": self.opened_start}
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.options.max_rows) if self.options.max_rows else ReadAllAvailable()
+        return ReadMaxRows(self.options.max_rows)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = int(_call(self.options, lambda client: client.offsets(self.stream))["end"])

@@ -41,11 +41,21 @@ class ReadRow:
 
 
 @attrs.frozen(slots=True)
-class PublishRow:
+class RowExtras:
+    """What a publish row carries besides its body (most rows carry nothing)."""
+
     id: str | None
     topic: str | None
     headers: dict[str, Any] | None
-    body: bytes
+
+
+@attrs.define(slots=True)
+class PublishBatch:
+    """A decoded publish batch: every body, in order, and the extras of the rows that have any (by
+    row number): the common batch of plain bodies costs one list append per row."""
+
+    bodies: list[bytes] = attrs.Factory(list)
+    extras: dict[int, RowExtras] = attrs.Factory(dict)
 
 
 @attrs.frozen(slots=True)
@@ -80,6 +90,46 @@ def decode_read_rows(data: bytes | memoryview) -> Iterator[ReadRow]:
                       bytes(view[topic_end:headers_end]), bytes(view[headers_end:offset]))
 
 
+@attrs.define(slots=True)
+class ReadColumns:
+    """A read batch column by column (for Arrow), each a list with one item per row."""
+
+    positions: list[int] = attrs.Factory(list)
+    ids: list[int] = attrs.Factory(list)
+    timestamps_ns: list[int] = attrs.Factory(list)
+    attempts: list[int] = attrs.Factory(list)
+    topics: list[bytes] = attrs.Factory(list)
+    headers: list[bytes] = attrs.Factory(list)
+    bodies: list[bytes] = attrs.Factory(list)
+
+
+def decode_read_columns(data: bytes) -> ReadColumns:
+    """A read batch as columns; ValueError on a batch cut short (a broken response)."""
+    columns = ReadColumns()
+    positions, ids, stamps, attempts = columns.positions, columns.ids, columns.timestamps_ns, columns.attempts
+    topics, headers, bodies = columns.topics, columns.headers, columns.bodies
+    offset, end, head = 0, len(data), READ_HEAD.size
+    unpack = READ_HEAD.unpack_from
+    while offset < end:
+        if end - offset < head:
+            raise ValueError(f"a row head cut short at byte {offset}")
+        position, message_id, timestamp_ns, tries, topic_len, headers_len, body_len = unpack(data, offset)
+        start = offset + head
+        topic_end = start + topic_len
+        headers_end = topic_end + headers_len
+        offset = headers_end + body_len
+        if offset > end:
+            raise ValueError(f"row at position {position} cut short")
+        positions.append(position)
+        ids.append(message_id)
+        stamps.append(timestamp_ns)
+        attempts.append(tries)
+        topics.append(data[start:topic_end])
+        headers.append(data[topic_end:headers_end])
+        bodies.append(data[headers_end:offset])
+    return columns
+
+
 def encode_publish_row(body: bytes, *, message_id: str | None = None, topic: str | None = None,
                        headers: dict[str, Any] | None = None) -> bytes:
     id_bytes = message_id.encode() if message_id else b""
@@ -89,17 +139,19 @@ def encode_publish_row(body: bytes, *, message_id: str | None = None, topic: str
         + topic_bytes + headers_bytes + body
 
 
-def decode_publish_rows(data: bytes, max_body: int) -> list[PublishRow] | Invalid:
+def decode_publish_rows(data: bytes, max_body: int) -> PublishBatch | Invalid:
     """Every row of a publish batch, or the first problem: a cut-short row, a body over `max_body`,
     an empty body, an id over MAX_ID_BYTES, text that is not UTF-8, headers that are not a JSON object."""
-    rows: list[PublishRow] = []
+    batch = PublishBatch()
+    bodies, extras = batch.bodies, batch.extras
     view = memoryview(data)
     offset, end, head = 0, len(view), PUBLISH_HEAD.size
+    unpack = PUBLISH_HEAD.unpack_from
     while offset < end:
-        number = len(rows)
+        number = len(bodies)
         if end - offset < head:
             return Invalid(number, "row head cut short")
-        id_len, topic_len, headers_len, body_len = PUBLISH_HEAD.unpack_from(view, offset)
+        id_len, topic_len, headers_len, body_len = unpack(view, offset)
         if body_len > max_body:
             return Invalid(number, f"body of {body_len} bytes is over the limit of {max_body}")
         if body_len == 0:
@@ -107,12 +159,15 @@ def decode_publish_rows(data: bytes, max_body: int) -> list[PublishRow] | Invali
         if id_len > MAX_ID_BYTES:
             return Invalid(number, f"id of {id_len} bytes is over the limit of {MAX_ID_BYTES}")
         start = offset + head
-        offset = start + id_len + topic_len + headers_len + body_len
+        body_start = start + id_len + topic_len + headers_len
+        offset = body_start + body_len
         if offset > end:
             return Invalid(number, "row cut short")
+        bodies.append(data[body_start:offset])
+        if body_start == start:
+            continue
         topic_start = start + id_len
         headers_start = topic_start + topic_len
-        body_start = headers_start + headers_len
         try:
             message_id = str(view[start:topic_start], "utf-8") or None
             topic = str(view[topic_start:headers_start], "utf-8") or None
@@ -123,5 +178,5 @@ def decode_publish_rows(data: bytes, max_body: int) -> list[PublishRow] | Invali
             return Invalid(number, "headers are not JSON")
         if headers is not None and not isinstance(headers, dict):
             return Invalid(number, "headers are not a JSON object")
-        rows.append(PublishRow(message_id, topic, headers, bytes(view[body_start:offset])))
-    return rows
+        extras[number] = RowExtras(message_id, topic, headers)
+    return batch

@@ -1,8 +1,8 @@
 """De-duplication of publishes by a deterministic id, within a window, kept in the store.
 
 A writer that may publish the same rows again (a Spark micro-batch replayed after a crash) names
-each row by a group and a sequence number: its message id is `group:sequence`, the same on every
-try. The engine remembers, per group, the ranges of sequence numbers published, so a replay
+each row by a group and a sequence number, the same on every try: (`writer/batch/partition`, row).
+The engine remembers, per group, the ranges of sequence numbers published, so a replay
 publishes only the rows the first try did not. One record per group (its ranges, merged), not
 one per row: a group is a writer's batch partition, whose rows are numbered from 0 in order.
 Groups not written to for the window are forgotten.

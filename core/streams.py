@@ -75,10 +75,13 @@ def _drop_committed(queue: Queue) -> None:
             return
 
 
-def _load_until(queue: Queue, until: int) -> None:
-    """Read spilled copies back until every copy below `until` is in memory (or none is left)."""
+def _load_until(queue: Queue, begin: int, until: int, limit: int | None) -> None:
+    """Read spilled copies back until every copy below `until` is in memory, or `limit` copies from
+    `begin` are (a reader's batch, not the whole backlog), or none is left."""
     ready = queue.ready
     while queue.spilled and (not ready or ready[-1].pos < until - 1):
+        if limit is not None and len(ready) - bisect.bisect_left(ready, begin, key=_position) >= limit:
+            return
         if not queue._refill():
             return
 
@@ -105,7 +108,7 @@ def read(queue: Queue, begin: int, until: int, limit: int | None = None) -> list
         raise StreamError(f"positions below {committed(queue)} of stream {queue.name} were committed "
                           f"(asked from {begin})")
     _drop_committed(queue)
-    _load_until(queue, until)
+    _load_until(queue, begin, until, limit)
     ready = queue.ready
     first = bisect.bisect_left(ready, begin, key=_position)
     last = bisect.bisect_left(ready, until, lo=first, key=_position)

@@ -15,6 +15,7 @@ from polymq.gateway.bench_mqks import command as bench_mqks
 from polymq.gateway.bench_nsq import command as bench_nsq
 from polymq.gateway.bench_phpmq import command as bench_phpmq
 from polymq.gateway.bench_pzq import command as bench_pzq
+from polymq.gateway.bench_spark import command as bench_spark
 from polymq.gateway.bench_versus import command as bench_versus
 from polymq.gateway.serve import command as serve
 from polymq.gateway.serve import config_command
@@ -53,6 +54,7 @@ bench.add_command(bench_mqks, "mqks")
 bench.add_command(bench_nsq, "nsq")
 bench.add_command(bench_phpmq, "phpmq")
 bench.add_command(bench_pzq, "pzq")
+bench.add_command(bench_spark, "spark")
 bench.add_command(bench_versus, "versus-nsqd")
 conformance.add_command(conformance_nsq, "nsq")
 conformance.add_command(conformance_mqks, "mqks")

@@ -189,26 +189,25 @@ class StreamHttpApi:
         def complete(body: bytes) -> Response:
             if len(body) > limits.max_body_size:
                 return failure(413, "BODY_TOO_BIG", f"a batch is at most {limits.max_body_size} bytes")
-            rows = stream_rows.decode_publish_rows(body, limits.max_msg_size)
-            if isinstance(rows, stream_rows.Invalid):
-                return failure(400, "BAD_ROW", f"row {rows.row}: {rows.reason}")
+            batch = stream_rows.decode_publish_rows(body, limits.max_msg_size)
+            if isinstance(batch, stream_rows.Invalid):
+                return failure(400, "BAD_ROW", f"row {batch.row}: {batch.reason}")
+            count = len(batch.bodies)
             try:
-                topics = [_valid_name(row.topic.encode(), "topic") if row.topic else default_topic for row in rows]
+                own_topics = {number: _valid_name(extra.topic.encode(), "topic")
+                              for number, extra in batch.extras.items() if extra.topic}
             except BadRequest as bad:
                 return bad.response
-            if None in topics:
+            if default_topic is None and len(own_topics) < count:
                 return failure(400, "MISSING_ARG_TOPIC", "a row without a topic needs the topic parameter")
             if self.engine.storage.failure is not None:
                 return failure(503, "EXITING", f"the store failed: {self.engine.storage.failure}")
-            wanted = [(first, first + len(rows))]
             dedup = self.engine.dedup
-            if group is not None:
-                wanted = dedup.unseen(group, first, first + len(rows))
+            wanted = dedup.unseen(group, first, first + count) if group is not None else [(first, first + count)]
             published = 0
             for start, end in wanted:
-                published += self._publish_rows(rows[start - first:end - first], topics[start - first:end - first],
-                                                group, start)
-            answer = go_json({"published": published, "duplicates": len(rows) - published})
+                published += self._publish_rows(batch, own_topics, default_topic, start - first, end - first)
+            answer = go_json({"published": published, "duplicates": count - published})
             if group is None:
                 return Response(200, answer, JSON_TYPE, after_sync=True)
             dedup.remember(group, wanted, store=False)  # at once: a concurrent replay is held back too
@@ -216,27 +215,34 @@ class StreamHttpApi:
 
         return NeedBody(limits.max_body_size + 1, complete)
 
-    def _publish_rows(self, rows: list[stream_rows.PublishRow], topics: list[str | None], group: str | None,
-                      sequence: int) -> int:
-        """Publish `rows` in order, one batch per run of the same topic; returns how many."""
-        start = 0
-        while start < len(rows):
-            topic = topics[start]
-            end = start + 1
-            while end < len(rows) and topics[end] == topic:
-                end += 1
+    def _publish_rows(self, batch: stream_rows.PublishBatch, own_topics: dict[int, str], default_topic: str | None,
+                      start: int, end: int) -> int:
+        """Publish rows `start` to `end` of `batch` in order, one engine batch per run of rows with the
+        same topic; returns how many. Rows without extras carry no headers (the store's fastest record)."""
+        bodies, extras = batch.bodies, batch.extras
+        if not extras:
+            assert default_topic is not None
+            self.engine.publish_many(default_topic, bodies[start:end])
+            return end - start
+        run = start
+        while run < end:
+            topic = own_topics.get(run, default_topic)
+            stop = run + 1
+            while stop < end and own_topics.get(stop, default_topic) == topic:
+                stop += 1
             each_headers: list[Any] = []
-            for offset, row in enumerate(rows[start:end], start):
-                headers = dict(row.headers) if row.headers else {}
-                if row.id is not None:
-                    headers[MSG_ID_HEADER] = row.id
-                elif group is not None:
-                    headers[MSG_ID_HEADER] = f"{group}:{sequence + offset}"  # the same on every try
-                each_headers.append(headers or None)
+            for number in range(run, stop):
+                extra = extras.get(number)
+                headers: dict[str, Any] | None = None
+                if extra is not None and (extra.headers or extra.id is not None):
+                    headers = dict(extra.headers) if extra.headers else {}
+                    if extra.id is not None:
+                        headers[MSG_ID_HEADER] = extra.id  # the publisher's own id, as MQKS shows it
+                each_headers.append(headers)
             assert topic is not None
-            self.engine.publish_many(topic, [row.body for row in rows[start:end]], each_headers=each_headers)
-            start = end
-        return len(rows)
+            self.engine.publish_many(topic, bodies[run:stop], each_headers=each_headers)
+            run = stop
+        return end - start
 
 
 def _json(value: dict[str, Any]) -> Response:

@@ -22,7 +22,8 @@ def test_every_scenario_accounts_for_every_request(tmp_path: Path) -> None:
     with running_gateway(data_dir=tmp_path) as gateway:
         done = run_bench("--frontend", gateway.addresses["emqp-frontend"],
                          "--backend", gateway.addresses["emqp-backend"], "--json", "--messages", "500",
-                         "--latency-messages", "50", "--interval", "0.002", "--clients", "2", "--workers", "2", "--slots", "5",
+                         "--latency-messages", "50", "--interval", "0.002", "--clients", "2", "--workers", "2",
+                         "--slots", "5",
                          "--server-pid", str(gateway.process.pid))
     assert done.returncode == 0, done.stderr + done.stdout
     results = {r["name"]: r for r in json.loads(done.stdout)}

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polymq.codecs import stream_rows
-from polymq.codecs.stream_rows import Invalid, PublishRow, ReadRow
+from polymq.codecs.stream_rows import Invalid, PublishBatch, ReadRow, RowExtras
 
 MAX_BODY = 1024
 
@@ -30,6 +30,10 @@ def test_the_documented_bytes() -> None:
 def test_read_rows_round_trip(rows: list[tuple[int, int, int, int, str, bytes, bytes]]) -> None:
     data = b"".join(stream_rows.encode_read_row(p, i, t, a, topic.encode(), h, b) for p, i, t, a, topic, h, b in rows)
     assert list(stream_rows.decode_read_rows(data)) == [ReadRow(*row) for row in rows]
+    columns = stream_rows.decode_read_columns(data)
+    assert list(zip(columns.positions, columns.ids, columns.timestamps_ns, columns.attempts,
+                    [topic.decode() for topic in columns.topics], columns.headers, columns.bodies,
+                    strict=True)) == rows
 
 
 def test_a_read_batch_cut_anywhere_is_an_error_not_garbage() -> None:
@@ -37,6 +41,8 @@ def test_a_read_batch_cut_anywhere_is_an_error_not_garbage() -> None:
     for cut in range(1, len(whole)):
         with pytest.raises(ValueError, match="cut short"):
             list(stream_rows.decode_read_rows(whole[:cut]))
+        with pytest.raises(ValueError, match="cut short"):
+            stream_rows.decode_read_columns(whole[:cut])
 
 
 @given(st.lists(st.tuples(st.none() | texts.filter(bool), st.none() | texts.filter(bool),
@@ -44,13 +50,15 @@ def test_a_read_batch_cut_anywhere_is_an_error_not_garbage() -> None:
                 max_size=10))
 def test_publish_rows_round_trip(rows: list[tuple[str | None, str | None, dict[str, object] | None, bytes]]) -> None:
     data = b"".join(stream_rows.encode_publish_row(body, message_id=i, topic=t, headers=h) for i, t, h, body in rows)
-    assert stream_rows.decode_publish_rows(data, MAX_BODY) == [PublishRow(*row) for row in rows]
+    assert stream_rows.decode_publish_rows(data, MAX_BODY) == PublishBatch(
+        [body for *_, body in rows],
+        {number: RowExtras(i, t, h) for number, (i, t, h, _) in enumerate(rows) if i or t or h})
 
 
 @given(st.binary(max_size=300))
 def test_any_publish_bytes_give_rows_or_one_problem(data: bytes) -> None:
     decoded = stream_rows.decode_publish_rows(data, MAX_BODY)
-    assert isinstance(decoded, Invalid) or all(0 < len(row.body) <= MAX_BODY for row in decoded)
+    assert isinstance(decoded, Invalid) or all(0 < len(body) <= MAX_BODY for body in decoded.bodies)
 
 
 def test_publish_problems_name_the_row() -> None:
