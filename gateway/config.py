@@ -31,6 +31,7 @@ from polymq.adapters.pzq import DEFAULT_ACK_TIMEOUT_S, DEFAULT_MAX_MESSAGE, DEFA
 from polymq.codecs.mqks import MAX_LINE_LENGTH as MQKS_MAX_LINE_LENGTH
 from polymq.codecs.nsq import ServerLimits
 from polymq.codecs.phpmq import MAX_CONTENT as PHPMQ_MAX_CONTENT
+from polymq.core.dedup import DEFAULT_WINDOW_S as DEFAULT_DEDUP_WINDOW_S
 from polymq.core.disk_storage import MEM_QUEUE_SIZE, FsyncPolicy
 
 # polymq binds loopback unless told otherwise (nsqd binds every interface).
@@ -127,6 +128,9 @@ OPTIONS: tuple[Option, ...] = (
            "never: leave it to the OS (a process crash loses nothing, an OS crash may)."),
     Option("storage.mem_queue_size", "--mem-queue-size", click.IntRange(min=0), MEM_QUEUE_SIZE,
            "Messages per queue and topic kept in memory; the rest are read back from disk (nsqd's flag)."),
+    Option("storage.dedup_window_s", "--dedup-window", click.FloatRange(min=1), DEFAULT_DEDUP_WINDOW_S,
+           "Seconds a publishing writer's row groups are remembered (a Spark batch replayed later than this "
+           "after its first try may publish its rows again); kept in the store."),
     Option("storage.in_memory", "--in-memory", click.BOOL, False,
            "Keep nothing on disk (benchmarks, throwaway tests): a restart starts empty."),
     # NSQ
@@ -271,6 +275,7 @@ class StorageConfig:
     data_dir: Path = Path("data")
     fsync: FsyncPolicy = attrs.field(factory=FsyncPolicy)
     mem_queue_size: int = MEM_QUEUE_SIZE
+    dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S
     in_memory: bool = False
 
 

@@ -264,6 +264,7 @@ async def run_gateway(
     config, storage, committer = prepared.config, prepared.storage, prepared.committer
     clock = SystemClock()
     engine = Engine(clock=clock, storage=storage)
+    engine.dedup.window_s = config.storage.dedup_window_s  # before the restore, which forgets the expired
     log.info("polymq %s, hot modules %s", polymq.__version__,
              "compiled (mypyc)" if polymq.COMPILED else "pure Python")
     started = clock.now()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,13 @@ def test_bad_rows_are_refused_whole(tmp_path: Path) -> None:
                 client.publish(rows, topic=None if "without a topic" in text else "t")
             assert refused.value.status == status and text in str(refused.value)
         assert client.offsets("s")["end"] == 0  # nothing of a refused batch was published
+
+
+def test_the_dedup_window_is_the_configured_one(tmp_path: Path) -> None:
+    row = stream_rows.encode_publish_row
+    with running_gateway("--dedup-window", "1", data_dir=tmp_path) as gateway, \
+            StreamClient(gateway.nsq_http) as client:
+        assert client.publish([row(b"a")], topic="t", dedup="g")["published"] == 1
+        assert client.publish([row(b"a")], topic="t", dedup="g")["duplicates"] == 1
+        time.sleep(1.1)  # the window itself: one second
+        assert client.publish([row(b"a")], topic="t", dedup="g")["published"] == 1
