@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.polymq-installed
 
-.PHONY: install serve test lint interop-envs system-tools bench conformance
+.PHONY: install serve test lint interop-envs system-tools bench conformance example-spark
 
 COMPILED := $(VENV)/.polymq-compiled
 # Tests run on the pure-Python sources too (POLYMQ_PURE_PYTHON=1): the engine, store and codec units.
@@ -56,6 +56,10 @@ test: install interop-envs system-tools lint
 bench: install
 	$(BIN)/polymq bench nsq --tcp 127.0.0.1:4150 --http 127.0.0.1:4151
 	$(BIN)/polymq bench mqks --addr 127.0.0.1:25000
+
+# The Spark orders pipeline end to end against a gateway it starts (docs/spark.md).
+example-spark: install
+	$(BIN)/python examples/spark_orders/run.py
 
 conformance: install
 	$(BIN)/polymq conformance nsq --tcp 127.0.0.1:4150 --http 127.0.0.1:4151

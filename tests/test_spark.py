@@ -205,6 +205,16 @@ def test_errors_a_spark_user_sees(spark: Any, gateway: GatewayProcess, tmp_path:
         availableNow=True).start()
     with pytest.raises(StreamingQueryException, match="set failOnDataLoss to false"):
         query.awaitTermination(120)
+    # Relaxed, the same checkpoint reads on from what the gateway still has.
+    publish(gateway, "lost", [b"5"])
+    seen: list[bytes] = []
+    relaxed_frame = (spark.readStream.format("polymq").option("gateway", gateway.nsq_http)
+                     .option("stream", "spark-lost").option("failOnDataLoss", "false").load())
+    relaxed = (relaxed_frame.writeStream
+               .foreachBatch(lambda batch, _: seen.extend(bytes(row.body) for row in batch.collect()))
+               .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    relaxed.awaitTermination(120)
+    assert relaxed.exception() is None and seen == [b"5"]
 
 
 REPO = Path(__file__).resolve().parent.parent
