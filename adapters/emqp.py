@@ -59,6 +59,7 @@ DEFAULT_MAX_ATTEMPTS = 5
 # Admin commands are a word and a msgid.
 ADMIN_MAX_MESSAGE = 64 * 1024
 # Where a message's eMQP fields travel in the engine (any protocol's consumer sees them as headers).
+ORIGIN = "emqp"  # the protocol the engine keeps with what comes in here
 MSGID_HEADER = "emqp-msgid"
 HEADERS_HEADER = "emqp-headers"
 _REPLY_REQUESTED = emqp.REPLY_REQUESTED.encode()
@@ -462,7 +463,7 @@ class EMQPBroker:
             return
         self._delivered_now = delivered = []
         try:
-            message_id = engine.publish(name, request.payload, headers={
+            message_id = engine.publish(name, request.payload, origin=ORIGIN, headers={
                 MSGID_HEADER: message.msgid.decode("latin-1"), HEADERS_HEADER: request.headers.decode("latin-1")})
         finally:
             self._delivered_now = None
@@ -523,7 +524,7 @@ class EMQPBroker:
                 SCHEDULE_KEY_PREFIX + key, queue.name, schedule.payload,
                 headers={HEADERS_HEADER: emqp.REPLY_REQUESTED},  # as the original scheduler's requests
                 interval=schedule.interval, cron=schedule.cron.decode("utf-8", "replace") or None,
-                run_count=run_count, at_once=emqp.NOHASTE not in headers)
+                run_count=run_count, at_once=emqp.NOHASTE not in headers, origin=ORIGIN)
         except InvalidSchedule as error:
             self.counters.invalid += 1
             self._refuse(message, str(error), replies)

@@ -13,6 +13,7 @@ import logging
 import trio
 import zmq
 
+from polymq.adapters.emqp import ORIGIN as EMQP_ORIGIN
 from polymq.adapters.zmq_pump import Frames, ZmqPump
 from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
 from polymq.codecs import emqp
@@ -69,7 +70,7 @@ class EMQPPubSub:
                     self.outgoing.send(emqp.published(publish.topic, publish.payload))
                 name = emqp.queue_name(publish.topic)
                 if isinstance(name, str) and storage.failure is None:
-                    engine.publish(name, publish.payload, drop_if_unbound=True)
+                    engine.publish(name, publish.payload, drop_if_unbound=True, origin=EMQP_ORIGIN)
         finally:
             storage.release_work()
 

@@ -42,6 +42,7 @@ log = logging.getLogger("polymq.mqks")
 
 # The header of an MQKS publish: the publisher's own id, shown to consumers. (The event is the
 # message's topic, which the engine and the store keep.)
+ORIGIN = "mqks"  # the protocol the engine keeps with what comes in here
 MSG_ID_HEADER = "msg_id"
 # Option key under which a queue keeps its --delete-queue-when-unused as given (True or seconds).
 WHEN_UNUSED_OPTION = "mqks_delete_when_unused"
@@ -358,10 +359,10 @@ class MQKSSession(StreamSession):
         bound = len(topic.queues) if topic is not None else 0
         if len(requests) == 1:  # publishers that alternate events: no batch to build
             request = requests[0]
-            engine.publish(event, request.data, drop_if_unbound=True,
+            engine.publish(event, request.data, drop_if_unbound=True, origin=ORIGIN,
                            headers={MSG_ID_HEADER: request.request_id})
         else:
-            engine.publish_many(event, [request.data for request in requests], drop_if_unbound=True,
+            engine.publish_many(event, [request.data for request in requests], drop_if_unbound=True, origin=ORIGIN,
                                 each_headers=[{MSG_ID_HEADER: request.request_id} for request in requests])
         self.server.published += len(requests)
         self.server.queued += bound * len(requests)

@@ -43,6 +43,8 @@ from polymq.codecs.compression import (
 from polymq.core.engine import Consumer, Engine, Message, Outcome
 from polymq.core.timers import Timer
 
+ORIGIN = "nsq"  # the protocol the engine keeps with what comes in here
+
 log = logging.getLogger("polymq.nsq")
 
 # How much one read asks the socket for: large enough that an MPUB of 200 x 200 B arrives in a
@@ -776,7 +778,7 @@ class NSQSession:
         if self._storage_failed("PUB"):
             return None
         self._ensure_topic(command.topic)
-        self.engine.publish(command.topic, command.body)
+        self.engine.publish(command.topic, command.body, origin=ORIGIN)
         self._published("PUB", command.topic, 1)
         return None
 
@@ -787,7 +789,7 @@ class NSQSession:
         if self._storage_failed("MPUB"):
             return None
         self._ensure_topic(command.topic)
-        self.engine.publish_many(command.topic, command.bodies)
+        self.engine.publish_many(command.topic, command.bodies, origin=ORIGIN)
         self._published("MPUB", command.topic, len(command.bodies))
         return None
 
@@ -798,7 +800,7 @@ class NSQSession:
         if self._storage_failed("DPUB"):
             return None
         self._ensure_topic(command.topic)
-        self.engine.publish(command.topic, command.body, delay=command.defer_ms / 1000)
+        self.engine.publish(command.topic, command.body, delay=command.defer_ms / 1000, origin=ORIGIN)
         self._published("DPUB", command.topic, 1)
         return None
 

@@ -30,6 +30,8 @@ from polymq.adapters.transport import Transport
 from polymq.codecs import phpmq
 from polymq.core.engine import MAX_ATTEMPTS_OPTION, Consumer, Engine, Message, Queue
 
+ORIGIN = "phpmq"  # the protocol the engine keeps with what comes in here
+
 log = logging.getLogger("polymq.phpmq")
 
 
@@ -136,7 +138,7 @@ class PHPMQSession(StreamSession):
             self.stop(f"storage failing: {storage.failure}")
             return
         self.server.queue(request.queue)
-        self.engine.publish(request.queue, request.content, ttl=request.ttl)
+        self.engine.publish(request.queue, request.content, ttl=request.ttl, origin=ORIGIN)
 
     def _consume(self, request: phpmq.Consume) -> None:
         # One standing window per connection: a new 002 replaces it, even for another queue.

@@ -35,6 +35,8 @@ from polymq.adapters.zmq_sockets import PEER_CONNECTED, PEER_GONE, SocketSpec, Z
 from polymq.codecs import pzq
 from polymq.core.engine import Consumer, Engine, Message, Outcome, Queue
 
+ORIGIN = "pzq"  # the protocol the engine keeps with what comes in here
+
 log = logging.getLogger("polymq.pzq")
 
 # The original's ack timeout (its --ack-timeout, 5,000,000 µs).
@@ -150,7 +152,7 @@ class PZQServer:
                 if storage.failure is not None:
                     replies.append([peer, *pzq.producer_refusal(parsed.producer_id, storage.failure.encode())])
                     continue
-                engine.publish(topic, pzq.join_frames(parsed.bodies))
+                engine.publish(topic, pzq.join_frames(parsed.bodies), origin=ORIGIN)
                 replies.append([peer, *pzq.producer_ack(parsed.producer_id)])
             if replies:
 

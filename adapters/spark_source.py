@@ -52,8 +52,8 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 SCHEMA = ("position long, topic string, id string, body binary, attempts int, timestamp timestamp, "
-          "headers map<string,string>")
-COLUMNS = ["position", "topic", "id", "body", "attempts", "timestamp", "headers"]
+          "headers map<string,string>, protocol string")
+COLUMNS = ["position", "topic", "id", "body", "attempts", "timestamp", "headers", "protocol"]
 
 
 class PolymqSourceError(Exception):
@@ -177,6 +177,7 @@ def _rows(options: Options, partition: PositionRange) -> Iterator[Any]:
                   .cast(pa.timestamp("us", tz="UTC"), safe=False),
                 pa.array([_headers(raw_headers) for raw_headers in columns.headers],
                          pa.map_(pa.string(), pa.string())),
+                pa.array([origin or None for origin in columns.origins], pa.binary()).cast(pa.string()),
             ], names=COLUMNS)
             begin = columns.positions[-1] + 1
 

@@ -2,7 +2,8 @@
 
 Read (gateway to reader), one record per message, little-endian:
 `position i64 | id u64 | timestamp ns i64 | attempts u16 | topic len u16 | headers len u32 |
-body len u32`, then the topic (UTF-8), the headers (JSON object, UTF-8; empty when none) and the body.
+body len u32 | origin len u8`, then the topic (UTF-8), the origin (the protocol the message came
+in by, ASCII; empty when not known), the headers (JSON object, UTF-8; empty when none) and the body.
 
 Publish (writer to gateway), one record per row: `id len u16 | topic len u16 | headers len u32 |
 body len u32`, then the id (UTF-8; empty: none), the topic (empty: the request's topic), the
@@ -21,7 +22,8 @@ from typing import Any
 
 import attrs
 
-READ_HEAD = struct.Struct("<qQqHHII")  # position, id, timestamp ns, attempts, topic, headers, body lengths
+# position, id, timestamp ns, attempts, then the lengths of topic, headers, body and origin
+READ_HEAD = struct.Struct("<qQqHHIIB")
 PUBLISH_HEAD = struct.Struct("<HHII")  # id, topic, headers, body lengths
 CONTENT_TYPE = "application/x-polymq-rows"
 # Longest id a writer may give (it travels with the message as its publisher id); MQKS's limit on
@@ -38,6 +40,7 @@ class ReadRow:
     topic: str
     headers: bytes  # JSON text, b"" when none
     body: bytes
+    origin: str = ""  # the protocol it came in by, "" when not known
 
 
 @attrs.frozen(slots=True)
@@ -67,9 +70,9 @@ class Invalid:
 
 
 def encode_read_row(position: int, message_id: int, timestamp_ns: int, attempts: int, topic: bytes, headers: bytes,
-                    body: bytes) -> bytes:
-    return READ_HEAD.pack(position, message_id, timestamp_ns, attempts, len(topic), len(headers),
-                          len(body)) + topic + headers + body
+                    body: bytes, origin: bytes = b"") -> bytes:
+    return READ_HEAD.pack(position, message_id, timestamp_ns, attempts, len(topic), len(headers), len(body),
+                          len(origin)) + topic + origin + headers + body
 
 
 def decode_read_rows(data: bytes | memoryview) -> Iterator[ReadRow]:
@@ -80,14 +83,18 @@ def decode_read_rows(data: bytes | memoryview) -> Iterator[ReadRow]:
     while offset < end:
         if end - offset < head:
             raise ValueError(f"a row head cut short at byte {offset}")
-        position, message_id, timestamp_ns, attempts, topic_len, headers_len, body_len = unpack(view, offset)
+        position, message_id, timestamp_ns, attempts, topic_len, headers_len, body_len, origin_len = unpack(
+            view, offset)
         start = offset + head
-        offset = start + topic_len + headers_len + body_len
+        topic_end = start + topic_len
+        origin_end = topic_end + origin_len
+        headers_end = origin_end + headers_len
+        offset = headers_end + body_len
         if offset > end:
             raise ValueError(f"row at position {position} cut short")
-        topic_end, headers_end = start + topic_len, start + topic_len + headers_len
         yield ReadRow(position, message_id, timestamp_ns, attempts, str(view[start:topic_end], "utf-8"),
-                      bytes(view[topic_end:headers_end]), bytes(view[headers_end:offset]))
+                      bytes(view[origin_end:headers_end]), bytes(view[headers_end:offset]),
+                      str(view[topic_end:origin_end], "ascii"))
 
 
 @attrs.define(slots=True)
@@ -101,22 +108,24 @@ class ReadColumns:
     topics: list[bytes] = attrs.Factory(list)
     headers: list[bytes] = attrs.Factory(list)
     bodies: list[bytes] = attrs.Factory(list)
+    origins: list[bytes] = attrs.Factory(list)
 
 
 def decode_read_columns(data: bytes) -> ReadColumns:
     """A read batch as columns; ValueError on a batch cut short (a broken response)."""
     columns = ReadColumns()
     positions, ids, stamps, attempts = columns.positions, columns.ids, columns.timestamps_ns, columns.attempts
-    topics, headers, bodies = columns.topics, columns.headers, columns.bodies
+    topics, headers, bodies, origins = columns.topics, columns.headers, columns.bodies, columns.origins
     offset, end, head = 0, len(data), READ_HEAD.size
     unpack = READ_HEAD.unpack_from
     while offset < end:
         if end - offset < head:
             raise ValueError(f"a row head cut short at byte {offset}")
-        position, message_id, timestamp_ns, tries, topic_len, headers_len, body_len = unpack(data, offset)
+        position, message_id, timestamp_ns, tries, topic_len, headers_len, body_len, origin_len = unpack(data, offset)
         start = offset + head
         topic_end = start + topic_len
-        headers_end = topic_end + headers_len
+        origin_end = topic_end + origin_len
+        headers_end = origin_end + headers_len
         offset = headers_end + body_len
         if offset > end:
             raise ValueError(f"row at position {position} cut short")
@@ -125,7 +134,8 @@ def decode_read_columns(data: bytes) -> ReadColumns:
         stamps.append(timestamp_ns)
         attempts.append(tries)
         topics.append(data[start:topic_end])
-        headers.append(data[topic_end:headers_end])
+        origins.append(data[topic_end:origin_end])
+        headers.append(data[origin_end:headers_end])
         bodies.append(data[headers_end:offset])
     return columns
 

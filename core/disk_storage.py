@@ -228,13 +228,14 @@ class OwnerLog:
         entry = self._entry(message, {})
         size = records.ADD_ENTRY.size + len(entry[5]) + len(entry[6])
         record = self._open
-        if record is None or record.topic != message.topic or self.segment_bytes + size > SEGMENT_BYTES:
+        if (record is None or record.topic != message.topic or record.origin != message.origin
+                or self.segment_bytes + size > SEGMENT_BYTES):
             self._settle()
-            topic = records.topic_part(message.topic)
+            topic = records.topic_part(message.topic) + records.origin_part(message.origin)
             if self.segment_bytes and self.segment_bytes + _ADD_OVERHEAD + len(topic) + size > SEGMENT_BYTES:
                 self._roll()
             record = self._open = _OpenAdd(self.next_index, (self.segment << records.SEGMENT_SHIFT) | self.next_index,
-                                           message.topic, topic, self.segment_bytes)
+                                           message.topic, message.origin, self.segment_bytes)
             self.pending.append((self.segment, record))
             self.segment_bytes += record.size
             self._open_cancellable = True
@@ -273,9 +274,11 @@ class OwnerLog:
         header_cache: dict[int, bytes] = {}
         entries = [self._entry(message, header_cache) for message in messages]
         topic = records.topic_part(_common_topic(messages))
-        size = _ADD_OVERHEAD + len(topic) + sum(records.ADD_ENTRY.size + len(entry[5]) + len(entry[6])
+        first_origin = messages[0].origin
+        origin = records.origin_part(first_origin if all(m.origin == first_origin for m in messages) else None)
+        size = _ADD_OVERHEAD + len(topic) + len(origin) + sum(records.ADD_ENTRY.size + len(entry[5]) + len(entry[6])
                                                 for entry in entries)
-        return _PendingAdd(size, lambda first: records.encode_add(first, entries, topic))
+        return _PendingAdd(size, lambda first: records.encode_add(first, entries, topic, origin))
 
     def _skip(self, position: int) -> None:
         _set_bit(self.skip_bits, position)
@@ -544,19 +547,21 @@ class OwnerLog:
 class _OpenAdd:
     """An ADD record still growing: single-copy appends of one loop turn, consecutive indexes from `first`."""
 
-    __slots__ = ("base", "entries", "first", "offset", "size", "topic", "topic_part")
+    __slots__ = ("base", "entries", "first", "offset", "origin", "origin_part", "size", "topic", "topic_part")
 
-    def __init__(self, first: int, base: int, topic: str | None, topic_part: bytes, offset: int) -> None:
+    def __init__(self, first: int, base: int, topic: str | None, origin: str | None, offset: int) -> None:
         self.first = first
         self.base = base  # position of the first entry
         self.offset = offset  # where the record starts in its segment
         self.topic = topic
-        self.topic_part = topic_part
+        self.origin = origin
+        self.topic_part = records.topic_part(topic)
+        self.origin_part = records.origin_part(origin)
         self.entries: list[records.AddEntry] = []
-        self.size = _ADD_OVERHEAD + len(topic_part)
+        self.size = _ADD_OVERHEAD + len(self.topic_part) + len(self.origin_part)
 
     def encode(self) -> bytes:
-        return records.encode_add(self.first, self.entries, self.topic_part)
+        return records.encode_add(self.first, self.entries, self.topic_part, self.origin_part)
 
 
 @attrs.frozen(slots=True)
@@ -572,18 +577,19 @@ def _run_record(messages: Sequence[Message]) -> _PendingAdd | None:
     first = messages[0]
     timestamp = first.timestamp_ns
     expected = first.id
-    topic_name = first.topic
+    topic_name, origin_name = first.topic, first.origin
     size = records.HEADER.size + records.ADD_HEAD.size + records.RUN_HEAD.size
     for message in messages:
         if (message.id != expected or message.attempts or message.headers is not None
                 or message.expires_at is not None or message.due is not None or message.timestamp_ns != timestamp
-                or message.topic != topic_name):
+                or message.topic != topic_name or message.origin != origin_name):
             return None
         expected += 1
         size += 4 + len(message.body)
     bodies = [message.body for message in messages]
-    topic = records.topic_part(topic_name)
-    return _PendingAdd(size + len(topic), lambda index: records.encode_run(index, first.id, timestamp, bodies, topic))
+    topic, origin = records.topic_part(topic_name), records.origin_part(origin_name)
+    return _PendingAdd(size + len(topic) + len(origin),
+                       lambda index: records.encode_run(index, first.id, timestamp, bodies, topic, origin))
 
 
 def _common_topic(messages: Sequence[Message]) -> str | None:
@@ -597,6 +603,7 @@ def _message(entry: records.StoredEntry, segment: int, now: float, wall: int) ->
                       expires, entry.attempts)
     message.pos = (segment << records.SEGMENT_SHIFT) | entry.index
     message.topic = entry.topic
+    message.origin = entry.origin
     if entry.due_wall_ns and entry.due_wall_ns > wall + DUE_TOLERANCE_NS:
         message.due = now + (entry.due_wall_ns - wall) / 1e9
     return message

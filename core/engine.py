@@ -593,7 +593,7 @@ class Queue:
         headers[DEAD_LETTER_REASON_HEADER] = reason
         engine = self.engine
         name = dead_letter_topic(self.name)
-        letter = Message(message.id, message.body, message.timestamp_ns, headers, None, 0, name)
+        letter = Message(message.id, message.body, message.timestamp_ns, headers, None, 0, name, message.origin)
         engine._publish_messages(engine.ensure_topic(name, ephemeral=self.ephemeral), [letter])
 
     def _timeouts(self, consumer: Consumer) -> None:
@@ -1045,8 +1045,10 @@ class Engine:
         headers: Mapping[str, Any] | None = None,
         ttl: float | None = None,
         drop_if_unbound: bool = False,
+        origin: str | None = None,
     ) -> int:
-        """Publish one message; returns its id. `drop_if_unbound` applies MQKS's rule."""
+        """Publish one message; returns its id. `drop_if_unbound` applies MQKS's rule; `origin` is
+        the protocol it came in by ("nsq", "mqks", …), kept with it."""
         message_id = self.ids.next()
         topic = self.topics.get(topic_name)
         if topic is None or not topic.queues:
@@ -1057,7 +1059,7 @@ class Engine:
                 topic = self.ensure_topic(topic_name)
         now = self.clock.now()
         message = Message(message_id, body, self.clock.wall_ns(), headers,
-                          None if ttl is None else now + ttl, 0, topic_name)
+                          None if ttl is None else now + ttl, 0, topic_name, origin)
         if delay > 0:
             message.due = now + delay
         self._publish_messages(topic, [message])
@@ -1071,6 +1073,7 @@ class Engine:
         headers: Mapping[str, Any] | None = None,
         each_headers: list[Mapping[str, Any]] | None = None,
         drop_if_unbound: bool = False,
+        origin: str | None = None,
     ) -> int:
         """Publish a batch in order (NSQ MPUB, consecutive MQKS publishes); returns the first id.
 
@@ -1085,10 +1088,10 @@ class Engine:
         topic = self.ensure_topic(topic_name)
         timestamp = self.clock.wall_ns()
         if each_headers is None:
-            messages = [Message(first + index, body, timestamp, headers, None, 0, topic_name)
+            messages = [Message(first + index, body, timestamp, headers, None, 0, topic_name, origin)
                         for index, body in enumerate(bodies)]
         else:
-            messages = [Message(first + index, body, timestamp, message_headers, None, 0, topic_name)
+            messages = [Message(first + index, body, timestamp, message_headers, None, 0, topic_name, origin)
                         for index, (body, message_headers) in enumerate(zip(bodies, each_headers, strict=True))]
         self._publish_messages(topic, messages)
         return first

@@ -17,7 +17,7 @@ class Message:
     """
 
     __slots__ = ("attempts", "body", "deadline", "delivered_at", "due", "expires_at", "headers", "id",
-                 "owner", "pos", "timestamp_ns", "topic")
+                 "origin", "owner", "pos", "timestamp_ns", "topic")
 
     def __init__(
         self,
@@ -28,6 +28,7 @@ class Message:
         expires_at: float | None = None,
         attempts: int = 0,
         topic: str | None = None,
+        origin: str | None = None,
     ) -> None:
         self.id = id
         self.body = body
@@ -42,10 +43,12 @@ class Message:
         self.pos = -1  # where its durable record is (`OwnerLog`); -1 = not stored
         # The topic it was published to (MQKS shows it as `event=`); stored with it (ADD records).
         self.topic = topic
+        # The protocol it came in by ("nsq", "mqks", …; None when not known); stored with it.
+        self.origin = origin
 
     def copy(self) -> Message:
         return Message(self.id, self.body, self.timestamp_ns, self.headers, self.expires_at, self.attempts,
-                       self.topic)
+                       self.topic, self.origin)
 
     def __repr__(self) -> str:
         return f"Message(id={self.id}, attempts={self.attempts}, body={self.body[:32]!r})"

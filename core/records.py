@@ -40,6 +40,10 @@ ADD_HAS_DEFERRED = 1  # some message of the record has a due time
 ADD_HAS_TOPIC = 4
 TOPIC_LENGTH = struct.Struct("<H")
 MAX_TOPIC_BYTES = 0xFFFF
+# Every message of the record came in by one protocol (its origin, `u8 length, ASCII`), after the topic.
+ADD_HAS_ORIGIN = 8
+ORIGIN_LENGTH = struct.Struct("<B")
+MAX_ORIGIN_BYTES = 0xFF
 # A run: consecutive ids, one timestamp, no attempts, headers, TTL or due time (an MPUB batch). Its
 # payload after the head is `first id u64, timestamp u64, body lengths u32 x count, bodies`, so it is
 # written and read without per-message Python work.
@@ -133,6 +137,7 @@ class StoredEntry:
     headers: bytes
     body: bytes
     topic: str | None = None
+    origin: str | None = None
 
 
 # One message of an ADD record: id, timestamp ns, attempts, expires wall ns, due wall ns, headers, body.
@@ -147,13 +152,24 @@ def topic_part(topic: str | None) -> bytes:
     return TOPIC_LENGTH.pack(len(raw)) + raw if len(raw) <= MAX_TOPIC_BYTES else b""
 
 
-def encode_add(first_index: int, entries: Sequence[AddEntry], topic: bytes = b"") -> bytes:
+def origin_part(origin: str | None) -> bytes:
+    """What an ADD record carries after the topic for `origin` (nothing when unknown or too long)."""
+    if origin is None:
+        return b""
+    raw = origin.encode("ascii", "replace")
+    return ORIGIN_LENGTH.pack(len(raw)) + raw if len(raw) <= MAX_ORIGIN_BYTES else b""
+
+
+def encode_add(first_index: int, entries: Sequence[AddEntry], topic: bytes = b"", origin: bytes = b"") -> bytes:
     """`entries`: (id, timestamp ns, attempts, expires wall ns, due wall ns, headers json, body);
-    `topic`: `topic_part()` of the topic every entry was published to, or empty."""
+    `topic`: `topic_part()` of the topic every entry was published to, or empty; `origin`:
+    `origin_part()` of the protocol they all came in by, or empty."""
     flags = ADD_HAS_DEFERRED if any(entry[4] for entry in entries) else 0
     if topic:
         flags |= ADD_HAS_TOPIC
-    parts = [ADD_HEAD.pack(first_index, len(entries), flags), topic]
+    if origin:
+        flags |= ADD_HAS_ORIGIN
+    parts = [ADD_HEAD.pack(first_index, len(entries), flags), topic, origin]
     pack = ADD_ENTRY.pack
     for message_id, timestamp, attempts, expires, due, headers, body in entries:
         parts.append(pack(message_id, timestamp, attempts, expires, due, len(headers), len(body)))
@@ -164,20 +180,30 @@ def encode_add(first_index: int, entries: Sequence[AddEntry], topic: bytes = b""
 
 
 def encode_run(first_index: int, first_id: int, timestamp_ns: int, bodies: Sequence[bytes],
-               topic: bytes = b"") -> bytes:
+               topic: bytes = b"", origin: bytes = b"") -> bytes:
     lengths = array("I", map(len, bodies))
     flags = ADD_RUN | ADD_HAS_TOPIC if topic else ADD_RUN
-    return frame(ADD, b"".join((ADD_HEAD.pack(first_index, len(bodies), flags), topic,
+    if origin:
+        flags |= ADD_HAS_ORIGIN
+    return frame(ADD, b"".join((ADD_HEAD.pack(first_index, len(bodies), flags), topic, origin,
                                 RUN_HEAD.pack(first_id, timestamp_ns), lengths.tobytes(), *bodies)))
 
 
-def _topic(payload: memoryview, flags: int) -> tuple[str | None, int]:
-    """The record's topic (if it names one) and the offset right after it."""
-    if not flags & ADD_HAS_TOPIC:
-        return None, ADD_HEAD.size
-    (length,) = TOPIC_LENGTH.unpack_from(payload, ADD_HEAD.size)
-    start = ADD_HEAD.size + TOPIC_LENGTH.size
-    return bytes(payload[start : start + length]).decode("utf-8", "replace"), start + length
+def _source(payload: memoryview, flags: int) -> tuple[str | None, str | None, int]:
+    """The record's topic and origin (when it names them) and the offset right after them."""
+    offset = ADD_HEAD.size
+    topic = origin = None
+    if flags & ADD_HAS_TOPIC:
+        (length,) = TOPIC_LENGTH.unpack_from(payload, offset)
+        offset += TOPIC_LENGTH.size
+        topic = bytes(payload[offset : offset + length]).decode("utf-8", "replace")
+        offset += length
+    if flags & ADD_HAS_ORIGIN:
+        (length,) = ORIGIN_LENGTH.unpack_from(payload, offset)
+        offset += ORIGIN_LENGTH.size
+        origin = bytes(payload[offset : offset + length]).decode("ascii", "replace")
+        offset += length
+    return topic, origin, offset
 
 
 def add_head(payload: memoryview) -> tuple[int, int, int]:
@@ -188,9 +214,9 @@ def add_head(payload: memoryview) -> tuple[int, int, int]:
 def decode_add(payload: memoryview, skip: int = 0) -> Iterator[StoredEntry]:
     """The entries of an ADD payload, from entry number `skip` on."""
     first, count, flags = ADD_HEAD.unpack_from(payload, 0)
-    topic, offset = _topic(payload, flags)
+    topic, origin, offset = _source(payload, flags)
     if flags & ADD_RUN:
-        yield from _decode_run(payload, first, count, skip, offset, topic)
+        yield from _decode_run(payload, first, count, skip, offset, topic, origin)
         return
     unpack = ADD_ENTRY.unpack_from
     entry_size = ADD_ENTRY.size
@@ -200,12 +226,13 @@ def decode_add(payload: memoryview, skip: int = 0) -> Iterator[StoredEntry]:
         if number >= skip:
             headers = bytes(payload[offset : offset + headers_len])
             body = bytes(payload[offset + headers_len : offset + headers_len + body_len])
-            yield StoredEntry(first + number, message_id, timestamp, attempts, expires, due, headers, body, topic)
+            yield StoredEntry(first + number, message_id, timestamp, attempts, expires, due, headers, body, topic,
+                              origin)
         offset += headers_len + body_len
 
 
 def _decode_run(payload: memoryview, first: int, count: int, skip: int, head_end: int,
-                topic: str | None) -> Iterator[StoredEntry]:
+                topic: str | None, origin: str | None) -> Iterator[StoredEntry]:
     first_id, timestamp = RUN_HEAD.unpack_from(payload, head_end)
     lengths = array("I")
     start = head_end + RUN_HEAD.size
@@ -213,7 +240,8 @@ def _decode_run(payload: memoryview, first: int, count: int, skip: int, head_end
     offset = start + 4 * count + sum(lengths[:skip])
     for number in range(skip, count):
         end = offset + lengths[number]
-        yield StoredEntry(first + number, first_id + number, timestamp, 0, 0, 0, b"", bytes(payload[offset:end]), topic)
+        yield StoredEntry(first + number, first_id + number, timestamp, 0, 0, 0, b"", bytes(payload[offset:end]), topic,
+                          origin)
         offset = end
 
 

@@ -46,16 +46,18 @@ class Schedule:
     next_wall: float  # wall-clock seconds of the next firing
     fired: int = 0  # firings since it was added (or the gateway started)
     timer: Timer | None = None
+    origin: str | None = None  # the protocol that added it, kept with each firing's message
 
     def to_record(self) -> dict[str, Any]:
         return {"key": self.key, "topic": self.topic, "body": base64.b64encode(self.body).decode(),
                 "headers": self.headers, "interval": self.interval, "cron": self.cron,
-                "runs_left": self.runs_left, "next_wall": self.next_wall}
+                "runs_left": self.runs_left, "next_wall": self.next_wall, "origin": self.origin}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Schedule:
         return cls(record["key"], record["topic"], base64.b64decode(record["body"]), record.get("headers"),
-                   record.get("interval"), record.get("cron"), record["runs_left"], record["next_wall"])
+                   record.get("interval"), record.get("cron"), record["runs_left"], record["next_wall"],
+                   origin=record.get("origin"))
 
 
 def next_cron(expression: str, after_wall: float) -> float:
@@ -76,7 +78,7 @@ class Schedules:
 
     def add(self, key: str, topic: str, body: bytes, *, headers: dict[str, Any] | None = None,
             interval: float | None = None, cron: str | None = None, run_count: int = FOREVER,
-            at_once: bool = True) -> Schedule:
+            at_once: bool = True, origin: str | None = None) -> Schedule:
         """Add (or replace) the schedule `key`. `at_once`: the first firing is now, else after one
         interval (or at the cron expression's next time). Raises InvalidSchedule."""
         if interval is None and not cron:
@@ -95,7 +97,7 @@ class Schedules:
             assert cron is not None
             first = next_cron(cron, now)
         schedule = Schedule(key, topic, body, headers, interval, cron if interval is None else None,
-                            run_count, first)
+                            run_count, first, origin=origin)
         if run_count == 0:
             return schedule  # nothing to run
         self.by_key[key] = schedule
@@ -136,7 +138,7 @@ class Schedules:
         if self.on_fire is not None:
             self.on_fire(schedule)
         if self.engine.storage.failure is None:
-            self.engine.publish(schedule.topic, schedule.body, headers=schedule.headers)
+            self.engine.publish(schedule.topic, schedule.body, headers=schedule.headers, origin=schedule.origin)
         else:
             log.warning("schedule %s: firing skipped, the store failed: %s", schedule.key, self.engine.storage.failure)
         if schedule.runs_left != FOREVER:

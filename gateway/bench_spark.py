@@ -68,8 +68,8 @@ def _read_all(client: StreamClient, stream: str) -> tuple[int, float]:
         offset = 0
         head, unpack = stream_rows.READ_HEAD.size, stream_rows.READ_HEAD.unpack_from
         while offset < len(raw):
-            position, _, _, _, topic_len, headers_len, body_len = unpack(raw, offset)
-            offset += head + topic_len + headers_len + body_len
+            position, _, _, _, topic_len, headers_len, body_len, origin_len = unpack(raw, offset)
+            offset += head + topic_len + headers_len + body_len + origin_len
             count += 1
         begin = position + 1
     return count, time.perf_counter() - started

@@ -27,6 +27,7 @@ from urllib.parse import unquote_to_bytes
 
 import attrs
 
+from polymq.adapters.nsq import ORIGIN as NSQ_ORIGIN
 from polymq.codecs.nsq import ProtocolError, ServerLimits, is_ephemeral, is_valid_name, parse_mpub_body
 from polymq.core.engine import Engine, Queue, Topic
 
@@ -519,7 +520,7 @@ class NsqHttpApi:
             if self.engine.storage.failure is not None:
                 return STORAGE_FAILED
             self._ensure_topic(topic)
-            self.engine.publish(topic, body, delay=delay_ms / 1000)
+            self.engine.publish(topic, body, delay=delay_ms / 1000, origin=NSQ_ORIGIN)
             return PUBLISHED
 
         # One byte over the limit tells "too big" from "exactly the limit" (nsqd's LimitReader).
@@ -560,7 +561,7 @@ class NsqHttpApi:
             # The topic is created only for a valid batch (nsqd creates it first).
             self._ensure_topic(topic)
             if bodies:
-                self.engine.publish_many(topic, bodies)
+                self.engine.publish_many(topic, bodies, origin=NSQ_ORIGIN)
             return PUBLISHED
 
         return NeedBody(read_max, complete)

@@ -20,6 +20,8 @@ from polymq.core import streams
 from polymq.core.engine import Engine, Queue
 from polymq.gateway.nsq_http_api import JSON_TYPE, NeedBody, QueryError, Request, Response, go_json, parse_query
 
+# The origin the engine keeps with rows published here (a Spark job's, mostly): polymq's own HTTP.
+ORIGIN = "http"
 # Rows and bytes one read answers at most: a reader asks again from the next position.
 MAX_READ_ROWS = 100_000
 MAX_READ_BYTES = 32 * 1024 * 1024
@@ -159,8 +161,10 @@ class StreamHttpApi:
             if raw_topic is None:
                 raw_topic = topic_bytes[topic] = topic.encode("utf-8", "surrogateescape")
             headers = message.headers
+            origin = message.origin
             row = encode(message.pos, message.id, message.timestamp_ns, message.attempts, raw_topic,
-                         json.dumps(headers, separators=(",", ":")).encode() if headers else b"", message.body)
+                         json.dumps(headers, separators=(",", ":")).encode() if headers else b"", message.body,
+                         origin.encode("ascii", "replace") if origin else b"")
             size += len(row)
             if size > MAX_READ_BYTES and parts:
                 break
@@ -222,7 +226,7 @@ class StreamHttpApi:
         bodies, extras = batch.bodies, batch.extras
         if not extras:
             assert default_topic is not None
-            self.engine.publish_many(default_topic, bodies[start:end])
+            self.engine.publish_many(default_topic, bodies[start:end], origin=ORIGIN)
             return end - start
         run = start
         while run < end:
@@ -240,7 +244,7 @@ class StreamHttpApi:
                         headers[MSG_ID_HEADER] = extra.id  # the publisher's own id, as MQKS shows it
                 each_headers.append(headers)
             assert topic is not None
-            self.engine.publish_many(topic, bodies[run:stop], each_headers=each_headers)
+            self.engine.publish_many(topic, bodies[run:stop], each_headers=each_headers, origin=ORIGIN)
             run = stop
         return end - start
 

@@ -71,6 +71,7 @@ def test_a_stream_reads_what_every_protocol_published_in_batches_and_a_restart_r
     assert [(row.topic, bytes(row.body)) for row in rows] == (
         [("orders", b"o%d" % number) for number in range(25)] + [("returns", b"r0")])
     assert all(row.attempts == 0 and row.headers == {"source": "web"} for row in rows[:25])
+    assert {row.protocol for row in rows} == {"http"}  # published through the gateway's stream endpoint
     assert len({row.id for row in rows}) == 26 and all(len(row.id) == 16 for row in rows)
     assert [row.position for row in rows] == sorted({row.position for row in rows})
     assert all(abs(row.timestamp.timestamp() - time.time()) < 600 for row in rows)  # when it was published

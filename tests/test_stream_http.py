@@ -38,8 +38,8 @@ def test_a_stream_reads_what_was_published_again_until_committed_and_after_a_res
         offsets = client.offsets("spark-orders")
         assert offsets["start"] == 0 and offsets["end"] >= 2
         rows = client.read("spark-orders", 0, offsets["end"])
-        assert [(row.topic, row.body, row.attempts, row.headers) for row in rows] == [
-            ("orders", b"by nsq", 0, b""), ("orders", b"by http", 0, b"")]
+        assert [(row.topic, row.body, row.attempts, row.headers, row.origin) for row in rows] == [
+            ("orders", b"by nsq", 0, b"", "nsq"), ("orders", b"by http", 0, b"", "nsq")]
         assert rows[0].position < rows[1].position < offsets["end"]
         assert client.read("spark-orders", 0, offsets["end"]) == rows  # again: the same rows
         assert client.offsets("spark-orders", 0, rows=1)["end"] == rows[1].position
@@ -67,8 +67,8 @@ def test_the_read_batch_is_the_documented_bytes(tmp_path: Path) -> None:
         http_pub(gateway.nsq_http, "t", b"hello")
         raw = client.request("GET", "/stream/read", [("stream", "s"), ("from", 0), ("to", 1)])
         position, message_id, timestamp_ns, *lengths = stream_rows.READ_HEAD.unpack_from(raw)
-        assert (position, lengths) == (0, [0, 1, 0, 5]) and message_id > 0 and timestamp_ns > 0
-        assert raw[stream_rows.READ_HEAD.size:] == b"t" + b"hello"
+        assert (position, lengths) == (0, [0, 1, 0, 5, 3]) and message_id > 0 and timestamp_ns > 0
+        assert raw[stream_rows.READ_HEAD.size:] == b"t" + b"nsq" + b"hello"  # /pub is the nsqd API: NSQ
 
 
 def test_bad_requests_get_clear_answers(tmp_path: Path) -> None:
@@ -159,3 +159,45 @@ def test_the_dedup_window_is_the_configured_one(tmp_path: Path) -> None:
         assert client.publish([row(b"a")], topic="t", dedup="g")["duplicates"] == 1
         time.sleep(1.1)  # the window itself: one second
         assert client.publish([row(b"a")], topic="t", dedup="g")["published"] == 1
+
+
+def test_every_message_keeps_the_protocol_it_came_in_by_across_a_restart(tmp_path: Path) -> None:
+    import zmq
+
+    from support.emqp_wire import Client
+    from support.mqks_wire import MQKSWire
+    from support.phpmq_wire import PHPMQWire
+    from support.pzq_wire import Producer
+
+    context = zmq.Context()
+    try:
+        with running_gateway("--pzq-queue", "origins", data_dir=tmp_path) as gateway, \
+                StreamClient(gateway.nsq_http) as client:
+            client.open("origins-stream", ["origins"])
+            with RawClient(gateway.nsq_tcp) as nsq:
+                nsq.send(b"PUB origins\n" + (3).to_bytes(4, "big") + b"nsq")
+                nsq.expect_response()
+            with MQKSWire(gateway.host_port("mqks")) as mqks:
+                mqks.send(b"r1 publish origins mqks")
+                mqks.barrier()
+            with PHPMQWire(gateway.host_port("phpmq")) as php:
+                php.publish("origins", b"phpmq")
+                php.barrier()
+            with Producer(context, gateway.addresses["pzq-receive"]) as pzq:
+                assert pzq.produce(b"pzq")[1] == b"1"
+            client.publish([stream_rows.encode_publish_row(b"http")], "origins")
+            expected = {b"nsq": "nsq", b"mqks": "mqks", b"phpmq": "phpmq", b"pzq": "pzq", b"emqp": "emqp",
+                        b"http": "http"}
+            with Client(context, gateway.addresses["emqp-frontend"]) as emqp_client:
+                emqp_client.request("origins", b"emqp")  # no answer for a request nobody serves yet: poll
+                deadline = time.monotonic() + 5
+                while len(rows := client.read("origins-stream", 0, client.offsets("origins-stream")["end"])) < 6:
+                    assert time.monotonic() < deadline, [(row.body, row.origin) for row in rows]
+                    time.sleep(0.01)
+            assert {row.body: row.origin for row in rows} == expected
+        with running_gateway("--pzq-queue", "origins", data_dir=tmp_path) as gateway, \
+                StreamClient(gateway.nsq_http) as client:
+            again = client.read("origins-stream", 0, client.offsets("origins-stream")["end"])
+            assert {row.body: row.origin for row in again} == expected
+    finally:
+        context.term()

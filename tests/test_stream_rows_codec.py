@@ -17,23 +17,24 @@ header_maps = st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_s
 
 
 def test_the_documented_bytes() -> None:
-    assert stream_rows.encode_read_row(7, 9, 11, 2, b"t", b"{}", b"body") == (
+    assert stream_rows.encode_read_row(7, 9, 11, 2, b"t", b"{}", b"body", b"nsq") == (
         (7).to_bytes(8, "little") + (9).to_bytes(8, "little") + (11).to_bytes(8, "little") + b"\x02\x00"
-        + b"\x01\x00" + b"\x02\x00\x00\x00" + b"\x04\x00\x00\x00" + b"t{}body")
+        + b"\x01\x00" + b"\x02\x00\x00\x00" + b"\x04\x00\x00\x00" + b"\x03" + b"tnsq{}body")
     assert stream_rows.encode_publish_row(b"b", message_id="i", topic="tt", headers={"k": 1}) == (
         b"\x01\x00\x02\x00\x07\x00\x00\x00\x01\x00\x00\x00" + b"itt" + b'{"k":1}' + b"b")
 
 
 @given(st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**64 - 1),
                           st.integers(-(2**63), 2**63 - 1), st.integers(0, 65535), texts, st.binary(max_size=30),
-                          st.binary(max_size=50)), max_size=10))
-def test_read_rows_round_trip(rows: list[tuple[int, int, int, int, str, bytes, bytes]]) -> None:
-    data = b"".join(stream_rows.encode_read_row(p, i, t, a, topic.encode(), h, b) for p, i, t, a, topic, h, b in rows)
+                          st.binary(max_size=50), st.sampled_from(["", "nsq", "mqks", "emqp"])), max_size=10))
+def test_read_rows_round_trip(rows: list[tuple[int, int, int, int, str, bytes, bytes, str]]) -> None:
+    data = b"".join(stream_rows.encode_read_row(p, i, t, a, topic.encode(), h, b, o.encode())
+                    for p, i, t, a, topic, h, b, o in rows)
     assert list(stream_rows.decode_read_rows(data)) == [ReadRow(*row) for row in rows]
     columns = stream_rows.decode_read_columns(data)
     assert list(zip(columns.positions, columns.ids, columns.timestamps_ns, columns.attempts,
                     [topic.decode() for topic in columns.topics], columns.headers, columns.bodies,
-                    strict=True)) == rows
+                    [origin.decode() for origin in columns.origins], strict=True)) == rows
 
 
 def test_a_read_batch_cut_anywhere_is_an_error_not_garbage() -> None:
