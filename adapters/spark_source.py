@@ -98,6 +98,7 @@ class DefaultSource(DataSource):
 class Options:
     gateway: str
     stream: str | None
+    queue: str | None
     topics: tuple[str, ...]
     topic: str | None
     partitions: int
@@ -128,6 +129,7 @@ class Options:
         return cls(
             gateway=options.get("gateway", DEFAULT_GATEWAY),
             stream=options.get("stream"),
+            queue=options.get("queue"),
             topics=topics,
             topic=options.get("topic"),
             partitions=number("partitions", DEFAULT_PARTITIONS) or DEFAULT_PARTITIONS,
@@ -154,8 +156,6 @@ class Options:
 def _rows(options: Options, partition: PositionRange) -> Iterator[Any]:
     """The partition's rows as Arrow record batches, one per read request: no Python object per
     row on Spark's side of the hand-over."""
-    import pyarrow as pa
-
     stream = options.stream_name()
     begin, end = partition.start, partition.end
     with options.client() as client:
@@ -167,19 +167,39 @@ def _rows(options: Options, partition: PositionRange) -> Iterator[Any]:
             if not raw:
                 return
             columns = stream_rows.decode_read_columns(raw)
-            yield pa.RecordBatch.from_arrays([
-                pa.array(columns.positions, pa.int64()),
-                pa.array(columns.topics, pa.binary()).cast(pa.string()),
-                pa.array([f"{message_id:016x}" for message_id in columns.ids], pa.string()),
-                pa.array(columns.bodies, pa.binary()),
-                pa.array(columns.attempts, pa.int32()),
-                pa.array(columns.timestamps_ns, pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
-                  .cast(pa.timestamp("us", tz="UTC"), safe=False),
-                pa.array([_headers(raw_headers) for raw_headers in columns.headers],
-                         pa.map_(pa.string(), pa.string())),
-                pa.array([origin or None for origin in columns.origins], pa.binary()).cast(pa.string()),
-            ], names=COLUMNS)
+            yield _record_batch(columns)
             begin = columns.positions[-1] + 1
+
+
+def _snapshot_rows(options: Options, partition: SnapshotRange) -> Iterator[Any]:
+    begin = partition.start
+    with options.client() as client:
+        while begin < partition.end:
+            try:
+                raw = client.snapshot_rows(partition.snapshot, begin, partition.end)
+            except StreamClientError as error:
+                raise PolymqSourceError(str(error)) from None
+            if not raw:
+                return
+            columns = stream_rows.decode_read_columns(raw)
+            yield _record_batch(columns)
+            begin = columns.positions[-1] + 1
+
+
+def _record_batch(columns: stream_rows.ReadColumns) -> Any:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays([
+        pa.array(columns.positions, pa.int64()),
+        pa.array(columns.topics, pa.binary()).cast(pa.string()),
+        pa.array([f"{message_id:016x}" for message_id in columns.ids], pa.string()),
+        pa.array(columns.bodies, pa.binary()),
+        pa.array(columns.attempts, pa.int32()),
+        pa.array(columns.timestamps_ns, pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+          .cast(pa.timestamp("us", tz="UTC"), safe=False),
+        pa.array([_headers(raw_headers) for raw_headers in columns.headers], pa.map_(pa.string(), pa.string())),
+        pa.array([origin or None for origin in columns.origins], pa.binary()).cast(pa.string()),
+    ], names=COLUMNS)
 
 
 def _headers(raw: bytes) -> list[tuple[str, str]] | None:
@@ -257,21 +277,50 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         _call(self.options, lambda client: client.commit(self.stream, int(end["position"])))
 
 
+@dataclass
+class SnapshotRange(InputPartition):
+    """Rows `[start, end)` of a snapshot of a queue: what one Spark task of a batch read reads."""
+
+    snapshot: str
+    start: int
+    end: int
+
+    def __init__(self, snapshot: str, start: int, end: int) -> None:
+        self.snapshot, self.start, self.end = snapshot, start, end
+
+
 class BatchReader(DataSourceReader):
-    """What a stream holds now, from its start to its end, read without committing anything."""
+    """With `stream`: what the stream holds now, from its start to its end. With `queue` (any
+    queue, a stream too): a snapshot of every message it holds, taken as the read is planned. Either
+    way nothing is consumed or committed."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.stream = options.stream_name()
+        if not options.stream and not options.queue:
+            raise PolymqSourceError("option stream or queue is required: what the batch read reads")
 
     def partitions(self) -> Sequence[InputPartition]:
+        options = self.options
+        if options.queue:
+            def take(client: StreamClient) -> list[SnapshotRange]:
+                taken = client.snapshot(str(options.queue))
+                rows, parts = int(taken["rows"]), options.partitions
+                bounds = sorted({rows * part // parts for part in range(parts + 1)})
+                return [SnapshotRange(taken["snapshot"], low, high)
+                        for low, high in itertools.pairwise(bounds) if low < high]
+
+            return _call(options, take)  # type: ignore[no-any-return]
+        stream = options.stream_name()
+
         def plan(client: StreamClient) -> list[PositionRange]:
-            offsets = client.offsets(self.stream)
-            return _ranges(client, self.stream, int(offsets["start"]), int(offsets["end"]), self.options.partitions)
+            offsets = client.offsets(stream)
+            return _ranges(client, stream, int(offsets["start"]), int(offsets["end"]), options.partitions)
 
-        return _call(self.options, plan)  # type: ignore[no-any-return]
+        return _call(options, plan)  # type: ignore[no-any-return]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if isinstance(partition, SnapshotRange):
+            return _snapshot_rows(self.options, partition)
         assert isinstance(partition, PositionRange)
         return _rows(self.options, partition)
 

@@ -114,6 +114,17 @@ class StreamClient:
         return json.loads(self.request("POST", "/stream/publish", params, b"".join(rows),  # type: ignore[no-any-return]
                                        stream_rows.CONTENT_TYPE))
 
+    def snapshot(self, queue: str) -> dict[str, Any]:
+        """Take a snapshot of what `queue` (any queue) holds: `{"snapshot": id, "rows": n}`."""
+        return self._json("POST", "/stream/snapshot", [("queue", queue)])
+
+    def snapshot_rows(self, snapshot: str, begin: int, until: int) -> bytes:
+        """One read batch of rows `[begin, until)` of a snapshot (fewer when the batch is full)."""
+        return self.request("GET", "/stream/snapshot/read", [("snapshot", snapshot), ("from", begin), ("to", until)])
+
+    def snapshot_close(self, snapshot: str) -> None:
+        self.request("POST", "/stream/snapshot/close", [("snapshot", snapshot)])
+
     def commit(self, stream: str, until: int) -> dict[str, Any]:
         return self._json("POST", "/stream/commit", [("stream", stream), ("to", until)])
 

@@ -344,6 +344,13 @@ class OwnerLog:
     def next_position(self) -> int:
         return (self.segment << records.SEGMENT_SHIFT) | self.next_index
 
+    def peek(self, count: int) -> list[Message]:
+        cursor, spilled = self.cursor, self.spilled
+        try:
+            return self.read(count)
+        finally:
+            self.cursor, self.spilled = cursor, spilled
+
     def start_after(self, position: int) -> None:
         segment = (position >> records.SEGMENT_SHIFT) + 1
         if self.destroyed or self.segment >= segment:

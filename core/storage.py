@@ -65,6 +65,11 @@ class OwnerLog(Protocol):
         """The position the next copy appended will get (every stored copy has a lower one)."""
         ...
 
+    def peek(self, count: int) -> list[Message]:
+        """Up to `count` spilled copies, in order, as `read` gives them, without taking them: the
+        next `read` starts where it did (a snapshot of the queue)."""
+        ...
+
     def start_after(self, position: int) -> None:
         """Give new copies positions above `position` (a stream's committed end before a restart)."""
         ...

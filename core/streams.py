@@ -135,5 +135,16 @@ def commit(engine: Engine, queue: Queue, until: int) -> int:
             return finished
 
 
+def snapshot(queue: Queue) -> list[Message]:
+    """Every message the queue holds now, without taking any: in flight, ready (in order, those on
+    disk read back as copies), then deferred. Any queue, not only streams (a batch read)."""
+    held = [*queue.in_flight.values(), *queue.ready]
+    log = queue.log
+    if log is not None and log.spilled:
+        held += log.peek(log.spilled)
+    held += [message for _, _, message in sorted(queue.deferred)]
+    return held
+
+
 def _position(message: Message) -> int:
     return message.pos

@@ -10,14 +10,19 @@ Errors are nsqd's shape, `{"message": "CODE"}`, plus a `reason` a reader can sho
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import secrets
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import attrs
 
 from polymq.adapters.mqks import MSG_ID_HEADER
 from polymq.codecs import stream_rows
 from polymq.codecs.nsq import ServerLimits
 from polymq.core import streams
 from polymq.core.engine import Engine, Queue
+from polymq.core.message import Message
 from polymq.gateway.nsq_http_api import JSON_TYPE, NeedBody, QueryError, Request, Response, go_json, parse_query
 
 # The origin the engine keeps with rows published here (a Spark job's, mostly): polymq's own HTTP.
@@ -31,7 +36,21 @@ MAX_PARTS = 4096
 # longest name any protocol allows, eMQP's queue names).
 MAX_NAME_BYTES = 1024
 
+# Snapshots (batch reads of any queue) held at once, and how long one is kept after its last read:
+# Spark tells a source nothing when a batch read ends.
+MAX_SNAPSHOTS = 16
+SNAPSHOT_IDLE_S = 600.0
+
 Handler = Callable[[Request, str], Response | NeedBody]
+
+
+@attrs.define
+class Snapshot:
+    """The messages a queue held when a batch read began (references: nothing is taken from it)."""
+
+    queue: str
+    messages: list[Message]
+    used: float  # monotonic seconds of the last read
 Params = dict[bytes, list[bytes]]
 
 
@@ -49,6 +68,7 @@ class StreamHttpApi:
         self.engine = engine
         self.limits = limits  # nsqd's message and body limits hold for rows and batches too
         self._topic_bytes: dict[str, bytes] = {}
+        self._snapshots: dict[str, Snapshot] = {}  # by id, oldest first
 
     def routes(self) -> dict[str, dict[str, Handler]]:
         return {
@@ -58,6 +78,9 @@ class StreamHttpApi:
             "/stream/read": {"GET": self._guarded(self._read)},
             "/stream/commit": {"POST": self._guarded(self._commit)},
             "/stream/publish": {"POST": self._guarded(self._publish)},
+            "/stream/snapshot": {"POST": self._guarded(self._snapshot)},
+            "/stream/snapshot/read": {"GET": self._guarded(self._snapshot_read)},
+            "/stream/snapshot/close": {"POST": self._guarded(self._snapshot_close)},
         }
 
     @staticmethod
@@ -151,18 +174,22 @@ class StreamHttpApi:
             return failure(410, "OFFSET_GONE", f"positions below {floor} of stream {queue.name} were committed "
                                                f"(asked from {begin})")
         messages = streams.read(queue, begin, until, limit)
+        return self._rows(messages, [message.pos for message in messages], queue.name)
+
+    def _rows(self, messages: list[Message], positions: Iterable[int], queue_name: str) -> Response:
+        """A read batch: each message under its position, up to MAX_READ_BYTES (at least one row)."""
         topic_bytes = self._topic_bytes
         encode = stream_rows.encode_read_row
         parts: list[bytes] = []
         size = 0
-        for message in messages:
-            topic = message.topic or queue.name
+        for message, position in zip(messages, positions, strict=False):
+            topic = message.topic or queue_name
             raw_topic = topic_bytes.get(topic)
             if raw_topic is None:
                 raw_topic = topic_bytes[topic] = topic.encode("utf-8", "surrogateescape")
             headers = message.headers
             origin = message.origin
-            row = encode(message.pos, message.id, message.timestamp_ns, message.attempts, raw_topic,
+            row = encode(position, message.id, message.timestamp_ns, message.attempts, raw_topic,
                          json.dumps(headers, separators=(",", ":")).encode() if headers else b"", message.body,
                          origin.encode("ascii", "replace") if origin else b"")
             size += len(row)
@@ -170,6 +197,52 @@ class StreamHttpApi:
                 break
             parts.append(row)
         return Response(200, b"".join(parts), stream_rows.CONTENT_TYPE)
+
+    # -- snapshots of any queue (batch reads) ---------------------------------------------------
+
+    def _snapshot(self, params: Params) -> Response:
+        name = self._name(params, b"queue")
+        queue = self.engine.queue(name)
+        if queue is None:
+            raise streams.StreamError(f"no stream or queue {name}")
+        self._expire_snapshots()
+        while len(self._snapshots) >= MAX_SNAPSHOTS:
+            self._snapshots.pop(next(iter(self._snapshots)))  # the oldest goes
+        taken = Snapshot(name, streams.snapshot(queue), time.monotonic())
+        snapshot_id = secrets.token_hex(8)
+        self._snapshots[snapshot_id] = taken
+        return Response(200, go_json({"snapshot": snapshot_id, "queue": name, "rows": len(taken.messages)}),
+                        JSON_TYPE)
+
+    def _taken(self, params: Params) -> tuple[str, Snapshot]:
+        raw = params.get(b"snapshot")
+        if not raw:
+            raise BadRequest(failure(400, "MISSING_ARG_SNAPSHOT", "snapshot is required"))
+        snapshot_id = raw[0].decode("ascii", "replace")
+        self._expire_snapshots()
+        taken = self._snapshots.get(snapshot_id)
+        if taken is None:
+            raise BadRequest(failure(410, "SNAPSHOT_GONE", f"no snapshot {snapshot_id[:40]} (closed, or idle for "
+                                                           f"{SNAPSHOT_IDLE_S:g} s)"))
+        taken.used = time.monotonic()
+        return snapshot_id, taken
+
+    def _snapshot_read(self, params: Params) -> Response:
+        _, taken = self._taken(params)
+        begin, until = self._int(params, b"from"), self._int(params, b"to")
+        limit = min(self._int(params, b"limit", MAX_READ_ROWS, minimum=1), MAX_READ_ROWS)
+        until = min(until, len(taken.messages), begin + limit)
+        return self._rows(taken.messages[begin:until], range(begin, until), taken.queue)
+
+    def _snapshot_close(self, params: Params) -> Response:
+        snapshot_id, _ = self._taken(params)
+        del self._snapshots[snapshot_id]
+        return Response(200, go_json({"closed": snapshot_id}), JSON_TYPE)
+
+    def _expire_snapshots(self) -> None:
+        limit = time.monotonic() - SNAPSHOT_IDLE_S
+        for snapshot_id in [key for key, taken in self._snapshots.items() if taken.used < limit]:
+            del self._snapshots[snapshot_id]
 
     def _commit(self, params: Params) -> Response:
         queue = self._stream(params)

@@ -178,7 +178,7 @@ def test_errors_a_spark_user_sees(spark: Any, gateway: GatewayProcess, tmp_path:
     with pytest.raises(errors, match=r"127\.0\.0\.1:9: GET /stream/offsets failed"):
         spark.read.format("polymq").option("gateway", "127.0.0.1:9").option("stream", "s").option(
             "timeout", "2").load().collect()
-    with pytest.raises(errors, match="option stream is required"):
+    with pytest.raises(errors, match="option stream or queue is required"):
         spark.read.format("polymq").option("gateway", gateway.nsq_http).load().collect()
     with pytest.raises(errors, match="has no body"):
         spark.createDataFrame([(None,)], "body binary").write.format("polymq").option(
@@ -289,3 +289,24 @@ def test_a_gateway_that_goes_away_mid_query_fails_it_with_its_address_not_a_hang
     with pytest.raises(StreamingQueryException, match=rf"polymq gateway at {address.replace('.', '[.]')}"):
         query.awaitTermination(60)
     assert time.monotonic() - started < 60
+
+
+def test_a_batch_read_of_any_queue_reads_a_snapshot_of_it(spark: Any, gateway: GatewayProcess) -> None:
+    import http.client
+
+    host, port = gateway.nsq_http.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    for path in ("/topic/create?topic=queued", "/channel/create?topic=queued&channel=workers"):
+        connection.request("POST", path)  # an NSQ channel: an ordinary queue
+        response = connection.getresponse()
+        assert response.status == 200, response.read()
+        response.read()
+    connection.close()
+    publish(gateway, "queued", [b"q%d" % number for number in range(5)])
+    frame = (spark.read.format("polymq").option("gateway", gateway.nsq_http).option("queue", "queued/workers")
+             .option("partitions", "2").load())
+    assert frame.rdd.getNumPartitions() == 2
+    rows = frame.orderBy("position").collect()
+    assert [(row.position, bytes(row.body), row.protocol) for row in rows] == [
+        (number, b"q%d" % number, "http") for number in range(5)]
+    assert frame.count() == 5  # a new snapshot: nothing was consumed

@@ -201,3 +201,31 @@ def test_every_message_keeps_the_protocol_it_came_in_by_across_a_restart(tmp_pat
             assert {row.body: row.origin for row in again} == expected
     finally:
         context.term()
+
+
+def test_a_snapshot_of_an_nsq_channel_reads_every_message_and_consumes_none(tmp_path: Path) -> None:
+    with running_gateway("--mem-queue-size", "3", data_dir=tmp_path) as gateway, \
+            StreamClient(gateway.nsq_http) as client:
+        with RawClient(gateway.nsq_tcp) as consumer:
+            consumer.send(b"SUB jobs work\n")
+            consumer.expect_response()
+            for number in range(8):
+                http_pub(gateway.nsq_http, "jobs", b"job %d" % number)
+            consumer.send(b"RDY 1\n")
+            in_flight = consumer.read_message()
+            taken = client.snapshot("jobs/work")
+            assert taken["rows"] == 8 and taken["queue"] == "jobs/work"
+            rows = list(stream_rows.decode_read_rows(client.snapshot_rows(taken["snapshot"], 0, 8)))
+            assert [row.body for row in rows] == [b"job %d" % number for number in range(8)]
+            assert [row.position for row in rows] == list(range(8)) and rows[0].attempts == 1
+            assert [row.body for row in stream_rows.decode_read_rows(
+                client.snapshot_rows(taken["snapshot"], 6, 100))] == [b"job 6", b"job 7"]
+            client.snapshot_close(taken["snapshot"])
+            with pytest.raises(StreamClientError) as gone:
+                client.snapshot_rows(taken["snapshot"], 0, 8)
+            assert gone.value.status == 410 and gone.value.code == "SNAPSHOT_GONE"
+            consumer.send(b"FIN " + in_flight.msg_id + b"\nRDY 10\n")
+            delivered = [consumer.read_message().body for _ in range(7)]
+            assert delivered == [b"job %d" % number for number in range(1, 8)]  # none was taken
+        with pytest.raises(StreamClientError, match="no stream or queue nope"):
+            client.snapshot("nope")

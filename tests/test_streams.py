@@ -175,3 +175,26 @@ def test_dedup_groups_survive_a_restart_within_the_window(open_store: Callable[.
     clock.advance(store.engine.dedup.window_s + 1)
     store = open_store()
     assert store.engine.dedup.groups == {}
+
+
+def test_a_snapshot_holds_every_message_of_any_queue_and_takes_none(open_store: Callable[..., Store],
+                                                                   clock: ManualClock) -> None:
+    store = open_store(mem_queue_size=2)
+    engine = store.engine
+    engine.ensure_queue("jobs")
+    engine.bind("jobs", "t")
+    for number in range(6):
+        engine.publish("t", b"%d" % number)
+        store.commit()
+    engine.publish("t", b"later", delay=30)
+    got: list[Message] = []
+    consumer = engine.attach("jobs", got.append, credit=1)  # one in flight
+    assert bodies(got) == [b"0"] and engine.queue("jobs").spilled  # type: ignore[union-attr]
+    queue = engine.queue("jobs")
+    assert queue is not None
+    taken = streams.snapshot(queue)
+    assert bodies(taken) == [b"0", b"1", b"2", b"3", b"4", b"5", b"later"]
+    assert bodies(streams.snapshot(queue)) == bodies(taken)  # again: nothing was taken
+    consumer.set_credit(10)
+    consumer.finish(got[0].id)
+    assert bodies(got) == [b"0", b"1", b"2", b"3", b"4", b"5"]  # the consumer still gets every one
