@@ -153,30 +153,18 @@ class Options:
 # -- reading -------------------------------------------------------------------------------------
 
 
-def _rows(options: Options, partition: PositionRange) -> Iterator[Any]:
+def _rows(options: Options, partition: PositionRange | SnapshotRange) -> Iterator[Any]:
     """The partition's rows as Arrow record batches, one per read request: no Python object per
     row on Spark's side of the hand-over."""
-    stream = options.stream_name()
-    begin, end = partition.start, partition.end
-    with options.client() as client:
-        while begin < end:
-            try:
-                raw = client.request("GET", "/stream/read", [("stream", stream), ("from", begin), ("to", end)])
-            except StreamClientError as error:
-                raise PolymqSourceError(str(error)) from None
-            if not raw:
-                return
-            columns = stream_rows.decode_read_columns(raw)
-            yield _record_batch(columns)
-            begin = columns.positions[-1] + 1
-
-
-def _snapshot_rows(options: Options, partition: SnapshotRange) -> Iterator[Any]:
     begin = partition.start
     with options.client() as client:
         while begin < partition.end:
             try:
-                raw = client.snapshot_rows(partition.snapshot, begin, partition.end)
+                if isinstance(partition, SnapshotRange):
+                    raw = client.snapshot_rows(partition.snapshot, begin, partition.end)
+                else:
+                    raw = client.request("GET", "/stream/read", [("stream", options.stream_name()),
+                                                                 ("from", begin), ("to", partition.end)])
             except StreamClientError as error:
                 raise PolymqSourceError(str(error)) from None
             if not raw:
@@ -319,9 +307,7 @@ class BatchReader(DataSourceReader):
         return _call(options, plan)  # type: ignore[no-any-return]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        if isinstance(partition, SnapshotRange):
-            return _snapshot_rows(self.options, partition)
-        assert isinstance(partition, PositionRange)
+        assert isinstance(partition, PositionRange | SnapshotRange)
         return _rows(self.options, partition)
 
 

@@ -75,26 +75,12 @@ def encode_read_row(position: int, message_id: int, timestamp_ns: int, attempts:
                           len(origin)) + topic + origin + headers + body
 
 
-def decode_read_rows(data: bytes | memoryview) -> Iterator[ReadRow]:
+def decode_read_rows(data: bytes) -> Iterator[ReadRow]:
     """Every row of a read batch; ValueError on a batch cut short (a broken response)."""
-    view = memoryview(data)
-    offset, end, head = 0, len(view), READ_HEAD.size
-    unpack = READ_HEAD.unpack_from
-    while offset < end:
-        if end - offset < head:
-            raise ValueError(f"a row head cut short at byte {offset}")
-        position, message_id, timestamp_ns, attempts, topic_len, headers_len, body_len, origin_len = unpack(
-            view, offset)
-        start = offset + head
-        topic_end = start + topic_len
-        origin_end = topic_end + origin_len
-        headers_end = origin_end + headers_len
-        offset = headers_end + body_len
-        if offset > end:
-            raise ValueError(f"row at position {position} cut short")
-        yield ReadRow(position, message_id, timestamp_ns, attempts, str(view[start:topic_end], "utf-8"),
-                      bytes(view[origin_end:headers_end]), bytes(view[headers_end:offset]),
-                      str(view[topic_end:origin_end], "ascii"))
+    columns = decode_read_columns(data)
+    for row in zip(columns.positions, columns.ids, columns.timestamps_ns, columns.attempts, columns.topics,
+                   columns.headers, columns.bodies, columns.origins, strict=True):
+        yield ReadRow(*row[:4], row[4].decode("utf-8"), *row[5:7], row[7].decode("ascii"))
 
 
 @attrs.define(slots=True)

@@ -22,13 +22,6 @@ JOB = b'["run", {"path": "jobs", "callable": "work", "args": [], "kwargs": {}}]'
 
 
 @pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.term()
-
-
-@pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
     with running_gateway(data_dir=tmp_path) as process:
         yield process

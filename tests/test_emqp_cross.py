@@ -5,9 +5,7 @@ PZQ consumers of one name compete on one queue."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
-import pytest
 import zmq
 
 from polymq.codecs import emqp, nsq_client
@@ -20,13 +18,6 @@ from support.phpmq_wire import PHPMQWire
 from support.pzq_wire import Consumer, Producer
 
 JOB = b'["run", {"path": "jobs", "callable": "work"}]'
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.term()
 
 
 def ready_worker(context: zmq.Context, gateway: GatewayProcess, queues: list[str], slots: int) -> Worker:

@@ -26,13 +26,6 @@ FLOODERS_PER_SOCKET = 8
 
 
 @pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.term()
-
-
-@pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
     with running_gateway("--emqp-max-message", str(MAX_MESSAGE), data_dir=tmp_path) as process:
         yield process

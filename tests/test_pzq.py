@@ -18,13 +18,6 @@ from support.gateway import GatewayProcess, running_gateway
 from support.pzq_wire import Consumer, Monitor, Producer, endpoint
 
 
-@pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.term()
-
-
 def drain(consumer: Consumer, count: int) -> list[list[bytes]]:
     got = []
     for _ in range(count):

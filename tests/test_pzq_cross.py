@@ -3,9 +3,6 @@ reversible one-body form, and PZQ and PHPMQ consumers competing on one queue."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import zmq
 
 from polymq.codecs import nsq_client
@@ -15,13 +12,6 @@ from support.mqks_wire import MQKSWire
 from support.nsq_wire import RawClient, consumer
 from support.phpmq_wire import PHPMQWire
 from support.pzq_wire import Consumer, Producer
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.term()
 
 
 def test_pzq_producers_reach_nsq_channels_and_mqks_queues_of_the_topic(module_gateway: GatewayProcess,

@@ -20,13 +20,6 @@ MAX_MESSAGE = 4096
 
 
 @pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.term()
-
-
-@pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
     # A short ACK timeout: deliveries that went to a flooder (whoever connects to the send socket is a
     # consumer) come back soon after it has gone.

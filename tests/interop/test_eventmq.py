@@ -43,13 +43,6 @@ def eventmq_env() -> Path:
     return ENV_BIN
 
 
-@pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.term()
-
-
 class JobManager:
     """`emq-jobmanager` in its own session (its worker processes with it), stopped by its PID."""
 
