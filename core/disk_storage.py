@@ -503,7 +503,9 @@ class OwnerLog:
                       taken: list[Message]) -> int:
         """Take the wanted entries of one ADD record; returns how many of its entries are used, or 0 if all."""
         bits = self.skip_bits.get(segment)
-        _, entry_count, _ = records.add_head(payload)
+        first, entry_count, flags = records.add_head(payload)
+        if flags & records.ADD_RUN:
+            return self._take_run(payload, segment, first, entry_count, flags, skip, count, taken)
         used = skip
         for entry in records.decode_add(payload, skip):
             used += 1
@@ -514,6 +516,31 @@ class OwnerLog:
             self.spilled -= 1
             if len(taken) >= count or not self.spilled:
                 break
+        return used if used < entry_count else 0
+
+    def _take_run(self, payload: memoryview, segment: int, first: int, entry_count: int, flags: int, skip: int,
+                  count: int, taken: list[Message]) -> int:
+        """`_take_entries` of a run record (an MPUB-like batch: no headers, attempts, TTL or due time):
+        one Message per copy, straight from the record, no entry object between."""
+        topic, origin, first_id, timestamp, lengths, offset = records.run_layout(payload, flags)
+        bits = self.skip_bits.get(segment)
+        base = segment << records.SEGMENT_SHIFT
+        for number in range(skip):
+            offset += lengths[number]
+        used = skip
+        for number in range(skip, entry_count):
+            end = offset + lengths[number]
+            used += 1
+            index = first + number
+            if bits is None or len(bits) <= index >> 3 or not bits[index >> 3] & (1 << (index & 7)):
+                message = Message(first_id + number, bytes(payload[offset:end]), timestamp, None, None, 0, topic,
+                                  origin)
+                message.pos = base | index
+                taken.append(message)
+                self.spilled -= 1
+                if len(taken) >= count or not self.spilled:
+                    break
+            offset = end
         return used if used < entry_count else 0
 
     def _records(self, segment: int, offset: int, end: int) -> Iterator[tuple[int, int, memoryview]]:

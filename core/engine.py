@@ -291,12 +291,13 @@ class Queue:
         if self.ring and not self.paused:
             self._dispatch()
 
-    def _refill(self) -> bool:
-        """Read spilled copies back into memory; False when none can be read now."""
+    def _refill(self, count: int = 0) -> bool:
+        """Read spilled copies back into memory (`count` of them, else as many as the memory limit
+        allows up to REFILL_BATCH); False when none can be read now."""
         log = self.log
         if log is None or not log.spilled:
             return False
-        messages = log.read(min(REFILL_BATCH, max(1, self.engine.storage.mem_queue_size)))
+        messages = log.read(count or min(REFILL_BATCH, max(1, self.engine.storage.mem_queue_size)))
         if log.may_hold_deferred:  # a topic backlog's log taken over: it can spill deferred copies
             now = self.engine.clock.now()
             for message in messages:

@@ -231,6 +231,18 @@ def decode_add(payload: memoryview, skip: int = 0) -> Iterator[StoredEntry]:
         offset += headers_len + body_len
 
 
+def run_layout(payload: memoryview, flags: int) -> tuple[str | None, str | None, int, int, array, int]:
+    """A run record's topic, origin, first id, timestamp, body lengths and the offset of its first
+    body: what a reader needs to take its messages without an entry object each."""
+    topic, origin, offset = _source(payload, flags)
+    first_id, timestamp = RUN_HEAD.unpack_from(payload, offset)
+    count = ADD_HEAD.unpack_from(payload, 0)[1]
+    lengths = array("I")
+    start = offset + RUN_HEAD.size
+    lengths.frombytes(payload[start : start + 4 * count])
+    return topic, origin, first_id, timestamp, lengths, start + 4 * count
+
+
 def _decode_run(payload: memoryview, first: int, count: int, skip: int, head_end: int,
                 topic: str | None, origin: str | None) -> Iterator[StoredEntry]:
     first_id, timestamp = RUN_HEAD.unpack_from(payload, head_end)

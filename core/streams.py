@@ -75,14 +75,22 @@ def _drop_committed(queue: Queue) -> None:
             return
 
 
+# Copies read back from disk at a time for a reader's range: a whole batch in one pass over the
+# segment (a big record, a publish of thousands of rows, is read and checked once, not per 1,024).
+STREAM_REFILL = 65_536
+
+
 def _load_until(queue: Queue, begin: int, until: int, limit: int | None) -> None:
     """Read spilled copies back until every copy below `until` is in memory, or `limit` copies from
     `begin` are (a reader's batch, not the whole backlog), or none is left."""
     ready = queue.ready
     while queue.spilled and (not ready or ready[-1].pos < until - 1):
-        if limit is not None and len(ready) - bisect.bisect_left(ready, begin, key=_position) >= limit:
-            return
-        if not queue._refill():
+        wanted = STREAM_REFILL
+        if limit is not None:
+            wanted = limit - (len(ready) - bisect.bisect_left(ready, begin, key=_position))
+            if wanted <= 0:
+                return
+        if not queue._refill(min(wanted, STREAM_REFILL)):
             return
 
 
@@ -95,7 +103,7 @@ def end_after(queue: Queue, begin: int, rows: int | None) -> int:
     ready = queue.ready
     first = bisect.bisect_left(ready, begin, key=_position)
     while len(ready) - first <= rows and queue.spilled:  # the copy after the range too: its position
-        if not queue._refill():
+        if not queue._refill(min(STREAM_REFILL, rows + 1 - (len(ready) - first))):
             break
     if len(ready) - first <= rows:
         return latest

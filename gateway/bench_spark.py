@@ -27,6 +27,7 @@ from polymq.codecs import stream_rows
 SCENARIOS = ("endpoints", "stream-read", "batch-write")
 DEFAULT_ROWS = 1_000_000
 DEFAULT_SIZE = 200
+DEFAULT_MAX_ROWS = 250_000  # per micro-batch of the stream read: four batches of the million
 DEFAULT_BATCH = 20_000  # rows per publish request (about 4.4 MB of 200-byte rows: under nsqd's 5 MiB)
 # What the gateway's endpoints are to sustain on a 2-core machine (so Spark, not the gateway, bounds a job).
 TARGET_ENDPOINT_ROWS_PER_S = 200_000
@@ -87,14 +88,16 @@ def endpoints(gateway: str, rows: int, size: int, batch: int) -> list[Result]:
             Result("read endpoint (again)", again, again_seconds)]
 
 
-def stream_read(spark: Any, gateway: str, rows: int, size: int, batch: int, partitions: int) -> Result:
+def stream_read(spark: Any, gateway: str, rows: int, size: int, batch: int, partitions: int,
+                max_rows: int) -> Result:
     name = f"bench-spark-{secrets.token_hex(4)}"
     with StreamClient(gateway) as client:
         client.open(name, [name])
         _fill(client, name, rows, size, batch)
     with tempfile.TemporaryDirectory(prefix="polymq-bench-spark-") as checkpoint:
         query = (spark.readStream.format("polymq").option("gateway", gateway).option("stream", name)
-                 .option("partitions", str(partitions)).load().writeStream.format("noop")
+                 .option("partitions", str(partitions)).option("maxRowsPerTrigger", str(max_rows)).load()
+                 .writeStream.format("noop")
                  .option("checkpointLocation", checkpoint).trigger(availableNow=True))
         started = time.perf_counter()
         running = query.start()
@@ -148,9 +151,11 @@ def _spark(master: str) -> Any:
 @click.option("--master", default="local[2]", show_default=True, help="Spark master.")
 @click.option("--partitions", type=click.IntRange(min=1), default=2, show_default=True,
               help="Partitions of the read and of the DataFrame written.")
+@click.option("--max-rows-per-trigger", "max_rows", type=click.IntRange(min=1), default=DEFAULT_MAX_ROWS,
+              show_default=True, help="The stream read's micro-batch size (the source's maxRowsPerTrigger).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
 def command(gateway: str, scenarios: tuple[str, ...], rows: int, size: int, batch: int, master: str,
-            partitions: int, as_json: bool) -> None:
+            partitions: int, max_rows: int, as_json: bool) -> None:
     """Measure the Spark data source and the gateway's stream endpoints: rows per second."""
     chosen = SCENARIOS if not scenarios or "all" in scenarios else tuple(dict.fromkeys(scenarios))
     results: list[Result] = []
@@ -161,7 +166,7 @@ def command(gateway: str, scenarios: tuple[str, ...], rows: int, size: int, batc
             spark = _spark(master)
             try:
                 if "stream-read" in chosen:
-                    results.append(stream_read(spark, gateway, rows, size, batch, partitions))
+                    results.append(stream_read(spark, gateway, rows, size, batch, partitions, max_rows))
                 if "batch-write" in chosen:
                     results.append(batch_write(spark, gateway, rows, size, partitions))
             finally:
