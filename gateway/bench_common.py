@@ -19,9 +19,10 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
+import click
 
 # --- latency histogram --------------------------------------------------------------------
 #
@@ -441,4 +442,30 @@ CPU_HEADER = "server CPU (usr+sys) + run-queue wait"
 def render_flows(results: Sequence[FlowResult], with_cpu: bool, notes: Sequence[str]) -> str:
     headers = [*FLOW_HEADERS, CPU_HEADER] if with_cpu else list(FLOW_HEADERS)
     return "\n".join([render_table(headers, [r.row(with_cpu) for r in results]), "", *notes])
+
+
+# -- the options every protocol's bench has --------------------------------------------------------
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def scenario_option(scenarios: tuple[str, ...]) -> Callable[[F], F]:
+    return click.option("--scenario", "scenarios", multiple=True, type=click.Choice([*scenarios, "all"]),
+                        help="Scenario to run (repeatable; default all).")
+
+
+def chosen_scenarios(asked: tuple[str, ...], scenarios: tuple[str, ...]) -> tuple[str, ...]:
+    """The scenarios to run, in the bench's own order: all when none (or "all") is asked."""
+    return scenarios if not asked or "all" in asked else tuple(name for name in scenarios if name in asked)
+
+
+def report_options(function: F) -> F:
+    """--server-pid, --json and --progress, in that order."""
+    function = click.option("--progress/--no-progress", default=True, show_default=True,
+                            help="A progress line on stderr (only when stderr is a terminal).")(function)
+    function = click.option("--json", "as_json", is_flag=True,
+                            help="Print the results as JSON instead of a table.")(function)
+    server_pid = click.option("--server-pid", type=int, default=None,
+                              help="PID of a server on this machine: report its CPU use per scenario (Linux /proc).")
+    return server_pid(function)
 

@@ -223,8 +223,7 @@ def verdicts(r: common.FlowResult) -> list[str]:
 @click.command()
 @click.option("--frontend", default="127.0.0.1:47291", show_default=True, help="The frontend socket HOST:PORT.")
 @click.option("--backend", default="127.0.0.1:47290", show_default=True, help="The backend socket HOST:PORT.")
-@click.option("--scenario", "scenarios", multiple=True, type=click.Choice([*SCENARIOS, "all"]),
-              help="Scenario to run (repeatable; default all).")
+@common.scenario_option(SCENARIOS)
 @click.option("--clients", type=click.IntRange(min=1), default=DEFAULT_CLIENTS, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=DEFAULT_WORKERS, show_default=True)
 @click.option("--slots", type=click.IntRange(min=1), default=DEFAULT_SLOTS, show_default=True,
@@ -237,14 +236,12 @@ def verdicts(r: common.FlowResult) -> list[str]:
               show_default=True, help="Seconds between two requests of a client in the latency scenario.")
 @click.option("--size", type=click.IntRange(min=STAMP_DIGITS), default=DEFAULT_SIZE, show_default=True,
               help="Message bytes.")
-@click.option("--server-pid", type=int, default=None, help="The broker's PID: report its CPU (Linux /proc).")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress line on stderr.")
+@common.report_options
 def command(frontend: str, backend: str, scenarios: tuple[str, ...], clients: int, workers: int, slots: int,
             messages: int, latency_messages: int, interval_s: float, size: int, server_pid: int | None,
             as_json: bool, progress: bool) -> None:
     """Measure an eMQP broker: requests through a pool of workers, with and without REPLYs, and latency."""
-    chosen = SCENARIOS if not scenarios or "all" in scenarios else tuple(dict.fromkeys(scenarios))
+    chosen = common.chosen_scenarios(scenarios, SCENARIOS)
     opts = Options(frontend, backend, chosen, clients, workers, slots, messages, latency_messages, interval_s,
                    size, server_pid, progress)
     try:

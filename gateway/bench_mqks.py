@@ -740,11 +740,7 @@ def _address(ctx: click.Context, param: click.Parameter, value: str) -> tuple[st
 @click.option("--processes", type=int, default=None,
               help="Throughput: worker processes to spread the connections over (default: one per connection).")
 @click.option("--prefix", default=DEFAULT_PREFIX, show_default=True, help="Queue and event name prefix.")
-@click.option("--server-pid", type=int, default=None,
-              help="PID of a server on this machine: report its CPU use per scenario (Linux /proc).")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
-@click.option("--progress/--no-progress", default=True, show_default=True,
-              help="Progress line on stderr (only when stderr is a terminal).")
+@common.report_options
 def command(addr: tuple[str, int], scenarios: tuple[str, ...], clients: int, messages: int, latency_clients: int,
             latency_messages: int, interval_s: float, client_messages: int, size: int, processes: int | None,
             prefix: str, server_pid: int | None, as_json: bool, progress: bool) -> None:
@@ -763,7 +759,7 @@ def command(addr: tuple[str, int], scenarios: tuple[str, ...], clients: int, mes
         raise click.BadParameter("must be positive", param_hint="--interval")
     if any(ch.isspace() for ch in prefix) or not prefix:
         raise click.BadParameter("must be non-empty without spaces", param_hint="--prefix")
-    chosen = SCENARIOS if not scenarios or "all" in scenarios else tuple(s for s in SCENARIOS if s in scenarios)
+    chosen = common.chosen_scenarios(scenarios, SCENARIOS)
     opts = BenchOptions(host=addr[0], port=addr[1], scenarios=chosen, clients=clients, messages=messages,
                         latency_clients=latency_clients, latency_messages=latency_messages, interval_s=interval_s,
                         size=size, processes=processes, prefix=prefix, progress=progress and not as_json,

@@ -744,11 +744,7 @@ def _address(ctx: click.Context, param: click.Parameter, value: str | None) -> t
               help="Topic name prefix (each scenario uses a fresh topic).")
 @click.option("--output-buffer-timeout", type=int, default=None, metavar="MS",
               help="IDENTIFY output_buffer_timeout for consumers (default: the server's, 250 ms in nsqd).")
-@click.option("--server-pid", type=int, default=None,
-              help="PID of a server on this machine: report its CPU use per scenario (Linux /proc).")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
-@click.option("--progress/--no-progress", default=True, show_default=True,
-              help="Progress line on stderr (only when stderr is a terminal).")
+@common.report_options
 def command(tcp: tuple[str, int], http: tuple[str, int] | None, scenarios: tuple[str, ...], duration: float | None,
             count: int | None, size: int, batch: int, rdy: int, publishers: int, consumers: int, pub_consumers: int,
             processes: int | None, topic_prefix: str, output_buffer_timeout: int | None, server_pid: int | None,
@@ -770,7 +766,7 @@ def command(tcp: tuple[str, int], http: tuple[str, int] | None, scenarios: tuple
                                  param_hint="--batch")
     if publishers < 1 or consumers < 1 or pub_consumers < 0:
         raise click.BadParameter("need at least one publisher and one consumer")
-    chosen = SCENARIOS if not scenarios or "all" in scenarios else tuple(s for s in SCENARIOS if s in scenarios)
+    chosen = common.chosen_scenarios(scenarios, SCENARIOS)
     opts = BenchOptions(
         host=tcp[0], port=tcp[1], http=http, scenarios=chosen,
         duration_s=None if count is not None else (duration or DEFAULT_DURATION_S), count=count,

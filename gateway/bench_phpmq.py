@@ -205,8 +205,7 @@ def render(results: list[common.FlowResult], with_cpu: bool) -> str:
 
 @click.command()
 @click.option("--addr", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True, help="PHPMQ server HOST:PORT.")
-@click.option("--scenario", "scenarios", multiple=True, type=click.Choice([*SCENARIOS, "all"]),
-              help="Scenario to run (repeatable; default all).")
+@common.scenario_option(SCENARIOS)
 @click.option("--producers", type=click.IntRange(min=1), default=DEFAULT_PRODUCERS, show_default=True,
               help="Producer connections (one process each).")
 @click.option("--consumers", type=click.IntRange(min=1), default=DEFAULT_CONSUMERS, show_default=True,
@@ -221,14 +220,12 @@ def render(results: list[common.FlowResult], with_cpu: bool) -> str:
               help="Each consumer's window (002's count).")
 @click.option("--size", type=click.IntRange(min=STAMP_DIGITS), default=DEFAULT_SIZE, show_default=True,
               help="Content bytes.")
-@click.option("--server-pid", type=int, default=None, help="The server's PID: report its CPU (Linux /proc).")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress line on stderr.")
+@common.report_options
 def command(addr: str, scenarios: tuple[str, ...], producers: int, consumers: int, messages: int,
             latency_messages: int, interval_s: float, window: int, size: int, server_pid: int | None, as_json: bool,
             progress: bool) -> None:
     """Measure a PHPMQ server: throughput end to end, and latency at light load."""
-    chosen = SCENARIOS if not scenarios or "all" in scenarios else tuple(dict.fromkeys(scenarios))
+    chosen = common.chosen_scenarios(scenarios, SCENARIOS)
     opts = Options(common.parse_address(addr, "127.0.0.1"), chosen, producers, consumers, messages,
                    latency_messages, interval_s, window, size, server_pid, progress)
     try:

@@ -233,8 +233,7 @@ def render(results: list[common.FlowResult], with_cpu: bool) -> str:
 @click.command()
 @click.option("--receive", default="127.0.0.1:11131", show_default=True, help="The receive socket HOST:PORT.")
 @click.option("--send", default="127.0.0.1:11132", show_default=True, help="The send socket HOST:PORT.")
-@click.option("--scenario", "scenarios", multiple=True, type=click.Choice([*SCENARIOS, "all"]),
-              help="Scenario to run (repeatable; default all).")
+@common.scenario_option(SCENARIOS)
 @click.option("--producers", type=click.IntRange(min=1), default=DEFAULT_PRODUCERS, show_default=True)
 @click.option("--consumers", type=click.IntRange(min=1), default=DEFAULT_CONSUMERS, show_default=True)
 @click.option("--messages", type=click.IntRange(min=1), default=DEFAULT_MESSAGES, show_default=True,
@@ -247,14 +246,12 @@ def render(results: list[common.FlowResult], with_cpu: bool) -> str:
               help="Messages a producer keeps waiting for their ACK (1: one per round trip).")
 @click.option("--size", type=click.IntRange(min=STAMP_DIGITS), default=DEFAULT_SIZE, show_default=True,
               help="Body bytes.")
-@click.option("--server-pid", type=int, default=None, help="The server's PID: report its CPU (Linux /proc).")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress line on stderr.")
+@common.report_options
 def command(receive: str, send: str, scenarios: tuple[str, ...], producers: int, consumers: int, messages: int,
             latency_messages: int, interval_s: float, in_flight: int, size: int, server_pid: int | None,
             as_json: bool, progress: bool) -> None:
     """Measure a PZQ server: produce and consume with ACKs, both at once, and latency at light load."""
-    chosen = SCENARIOS if not scenarios or "all" in scenarios else tuple(dict.fromkeys(scenarios))
+    chosen = common.chosen_scenarios(scenarios, SCENARIOS)
     opts = Options(receive, send, chosen, producers, consumers, messages, latency_messages, interval_s,
                    in_flight, size, server_pid, progress)
     try:

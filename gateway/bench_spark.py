@@ -23,6 +23,7 @@ import click
 
 from polymq.adapters.stream_client import StreamClient, StreamClientError
 from polymq.codecs import stream_rows
+from polymq.gateway import bench_common as common
 
 SCENARIOS = ("endpoints", "stream-read", "batch-write")
 DEFAULT_ROWS = 1_000_000
@@ -142,8 +143,7 @@ def _spark(master: str) -> Any:
 
 @click.command()
 @click.option("--gateway", default="127.0.0.1:4151", show_default=True, help="The gateway's HTTP API HOST:PORT.")
-@click.option("--scenario", "scenarios", multiple=True, type=click.Choice([*SCENARIOS, "all"]),
-              help="Scenario to run (repeatable; default all).")
+@common.scenario_option(SCENARIOS)
 @click.option("--rows", type=click.IntRange(min=1), default=DEFAULT_ROWS, show_default=True)
 @click.option("--size", type=click.IntRange(min=1), default=DEFAULT_SIZE, show_default=True, help="Body bytes.")
 @click.option("--batch", type=click.IntRange(min=1), default=DEFAULT_BATCH, show_default=True,
@@ -157,7 +157,7 @@ def _spark(master: str) -> Any:
 def command(gateway: str, scenarios: tuple[str, ...], rows: int, size: int, batch: int, master: str,
             partitions: int, max_rows: int, as_json: bool) -> None:
     """Measure the Spark data source and the gateway's stream endpoints: rows per second."""
-    chosen = SCENARIOS if not scenarios or "all" in scenarios else tuple(dict.fromkeys(scenarios))
+    chosen = common.chosen_scenarios(scenarios, SCENARIOS)
     results: list[Result] = []
     try:
         if "endpoints" in chosen:

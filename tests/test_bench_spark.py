@@ -1,0 +1,36 @@
+"""`polymq bench spark`: the endpoints scenario accounts for every row (the Spark scenarios run the
+same source the Spark tests cover, on a JVM of their own); a gateway that is not there is one
+clear line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from support.gateway import running_gateway
+
+BENCH_TIMEOUT_S = 120
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "polymq", "bench", "spark", *args], capture_output=True, text=True,
+                          timeout=BENCH_TIMEOUT_S)
+
+
+def test_the_endpoints_scenario_publishes_and_reads_every_row(tmp_path: Path) -> None:
+    with running_gateway(data_dir=tmp_path) as gateway:
+        done = run_bench("--gateway", gateway.nsq_http, "--scenario", "endpoints", "--rows", "2500", "--batch", "1000",
+                         "--json")
+    assert done.returncode == 0, done.stderr + done.stdout
+    results = {r["scenario"]: r for r in json.loads(done.stdout)}
+    assert list(results) == ["publish endpoint", "read endpoint (first read)", "read endpoint (again)"]
+    assert all(r["rows"] == 2500 and r["seconds"] > 0 and r["rows_per_s"] > 0 for r in results.values())
+
+
+def test_no_gateway_is_one_clear_line() -> None:
+    done = run_bench("--gateway", "127.0.0.1:9", "--scenario", "endpoints", "--rows", "10")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "Error: polymq gateway at 127.0.0.1:9: POST /stream/open failed: [Errno 111] Connection refused"]
