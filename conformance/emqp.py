@@ -28,7 +28,7 @@ import click
 import zmq
 
 from polymq.codecs import emqp
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
+from polymq.conformance.runner import CheckFailed, Registry, address_option, run_checks
 
 DEFAULT_FRONTEND = "127.0.0.1:47291"
 DEFAULT_BACKEND = "127.0.0.1:47290"
@@ -460,23 +460,16 @@ def make_context_factory(frontend: str, backend: str, admin: str | None, pubsub:
     return make
 
 
-def _address(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    if value is None:
-        return None
-    host, port = parse_address(value)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 @click.command()
-@click.option("--frontend", default=DEFAULT_FRONTEND, show_default=True, callback=_address,
+@click.option("--frontend", default=DEFAULT_FRONTEND, show_default=True, callback=address_option,
               help="The frontend socket (clients, schedulers), HOST:PORT.")
-@click.option("--backend", default=DEFAULT_BACKEND, show_default=True, callback=_address,
+@click.option("--backend", default=DEFAULT_BACKEND, show_default=True, callback=address_option,
               help="The backend socket (jobmanagers), HOST:PORT.")
-@click.option("--admin", default=DEFAULT_ADMIN, show_default=True, callback=_address,
+@click.option("--admin", default=DEFAULT_ADMIN, show_default=True, callback=address_option,
               help="The admin socket (emq-cli), HOST:PORT.")
-@click.option("--pubsub-in", default=None, callback=_address,
+@click.option("--pubsub-in", default=None, callback=address_option,
               help="The pub/sub device's input (PUBLISH), HOST:PORT: runs the pubsub checks with --pubsub-out.")
-@click.option("--pubsub-out", default=None, callback=_address,
+@click.option("--pubsub-out", default=None, callback=address_option,
               help="The pub/sub device's PUB socket, HOST:PORT.")
 @click.option("--only", default=None, help="run only checks whose name contains this substring (e.g. core)")
 @click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=float,

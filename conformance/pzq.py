@@ -29,7 +29,7 @@ import click
 import zmq
 
 from polymq.codecs import pzq
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
+from polymq.conformance.runner import CheckFailed, Registry, address_option, run_checks
 
 DEFAULT_RECEIVE = "127.0.0.1:11131"
 DEFAULT_SEND = "127.0.0.1:11132"
@@ -320,17 +320,12 @@ def make_context_factory(receive: str, send: str, monitor: str, timeout: float, 
     return make
 
 
-def _address(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    host, port = parse_address(value)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 @click.command()
-@click.option("--receive", default=DEFAULT_RECEIVE, show_default=True, callback=_address,
+@click.option("--receive", default=DEFAULT_RECEIVE, show_default=True, callback=address_option,
               help="The receive socket (producers), HOST:PORT.")
-@click.option("--send", default=DEFAULT_SEND, show_default=True, callback=_address,
+@click.option("--send", default=DEFAULT_SEND, show_default=True, callback=address_option,
               help="The send socket (consumers), HOST:PORT.")
-@click.option("--monitor", default=DEFAULT_MONITOR, show_default=True, callback=_address,
+@click.option("--monitor", default=DEFAULT_MONITOR, show_default=True, callback=address_option,
               help="The monitor socket, HOST:PORT.")
 @click.option("--only", default=None, help="run only checks whose name contains this substring (e.g. core)")
 @click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=float,

@@ -138,6 +138,14 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def address_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: `HOST:PORT` as given, checked, with an IPv6 host in brackets (a ZeroMQ endpoint)."""
+    if value is None:
+        return None
+    host, port = parse_address(value)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 # Bytes one socket read asks for in the suites (any value works: they reassemble their frames).
 RECV_SIZE = 65536
 

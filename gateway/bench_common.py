@@ -140,6 +140,16 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(headers), rule, *(line(row) for row in rows)])
 
 
+# Every benchmark message starts with the wall-clock ns it was sent at (19 digits until the year
+# 2286), so the receiving side measures latency from the body alone.
+STAMP_DIGITS = 19
+
+
+def stamped_body(size: int) -> bytes:
+    """A body of `size` bytes (at least the stamp) that starts with the time it is made."""
+    return b"%019d" % time.time_ns() + b"x" * max(0, size - STAMP_DIGITS)
+
+
 def parse_address(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
     """`HOST:PORT`, `:PORT` or `[v6]:PORT`."""
     host, sep, port = text.rpartition(":")

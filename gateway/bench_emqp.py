@@ -38,7 +38,7 @@ DEFAULT_MESSAGES = 40_000  # per client
 DEFAULT_LATENCY_MESSAGES = 2_000  # per client
 DEFAULT_INTERVAL_S = 0.001  # light load: one request every ms per client
 DEFAULT_SIZE = 100
-STAMP_DIGITS = 19
+STAMP_DIGITS = common.STAMP_DIGITS
 POLL_MS = 50
 STALL_S = 15.0
 # A worker that gets no ACK for its INFORM in this long has no broker to talk to.
@@ -62,10 +62,6 @@ class Plan:
     interval_s: float
     slots: int
     reply: bool
-
-
-def _payload(size: int) -> bytes:
-    return b"%019d" % time.time_ns() + b"x" * max(0, size - STAMP_DIGITS)
 
 
 def client_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
@@ -92,7 +88,7 @@ def client_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str,
             next_at += plan.interval_s
         for _ in range(1 if plan.interval_s else min(CLIENT_BATCH, plan.messages - sent)):
             send(sock, emqp.client_message(emqp.REQUEST, b"%d-%d" % (plan.slot, sent), plan.queue, headers,
-                                           _payload(plan.size)))
+                                           common.stamped_body(plan.size)))
             sent += 1
         while sock.poll(0):  # the "dispatched" REPLYs
             bench_zmq.receive(sock)

@@ -68,7 +68,7 @@ TARGET_SPEEDUP = 10
 TARGET_P99_US = 2_000
 
 # The send time at the start of each body: wall-clock ns, 19 digits until the year 2286.
-STAMP_DIGITS = 19
+STAMP_DIGITS = common.STAMP_DIGITS
 MIN_SIZE = STAMP_DIGITS
 FILLER = b"x"
 # Throughput publishers send this many lines per sendall (one timestamp per chunk).

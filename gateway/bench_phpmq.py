@@ -33,7 +33,7 @@ DEFAULT_LATENCY_MESSAGES = 4_000  # per producer
 DEFAULT_INTERVAL_S = 0.0005  # light load: one message every 0.5 ms per producer
 DEFAULT_WINDOW = 1_000
 DEFAULT_SIZE = 64
-STAMP_DIGITS = 19  # wall-clock ns at the start of each content, until the year 2286
+STAMP_DIGITS = common.STAMP_DIGITS
 # Messages a producer writes at once in the throughput scenario (one sendall).
 SEND_BATCH = 200
 RECV_SIZE = 256 * 1024
@@ -59,11 +59,6 @@ class Plan:
     interval_s: float  # producer: 0 = as fast as possible
 
 
-def _content(size: int) -> bytes:
-    stamp = b"%019d" % time.time_ns()
-    return stamp + b"x" * max(0, size - STAMP_DIGITS)
-
-
 def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
     queue = plan.queue.encode()
     with socket.create_connection(plan.address) as sock:
@@ -79,13 +74,13 @@ def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
                 delay = next_at - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                sock.sendall(phpmq.send(queue, _content(plan.size)))
+                sock.sendall(phpmq.send(queue, common.stamped_body(plan.size)))
                 sent += 1
                 shared.counters[plan.slot] = sent
         else:
             while sent < plan.messages and not shared.stop.value:
                 count = min(SEND_BATCH, plan.messages - sent)
-                sock.sendall(b"".join(phpmq.send(queue, _content(plan.size)) for _ in range(count)))
+                sock.sendall(b"".join(phpmq.send(queue, common.stamped_body(plan.size)) for _ in range(count)))
                 sent += count
                 shared.counters[plan.slot] = sent
         seconds = time.monotonic() - started

@@ -32,7 +32,7 @@ DEFAULT_LATENCY_MESSAGES = 2_000  # per producer
 DEFAULT_INTERVAL_S = 0.001  # light load: one message every ms per producer
 DEFAULT_IN_FLIGHT = 64  # messages a producer keeps waiting for their ACK
 DEFAULT_SIZE = 100  # the original's measurements used 100-byte bodies
-STAMP_DIGITS = 19
+STAMP_DIGITS = common.STAMP_DIGITS
 POLL_MS = 50
 STALL_S = 15.0
 # A run that saw no ACK and no delivery at all after this long has no server to talk to.
@@ -56,10 +56,6 @@ class Plan:
     interval_s: float
 
 
-def _body(size: int) -> bytes:
-    return b"%019d" % time.time_ns() + b"x" * max(0, size - STAMP_DIGITS)
-
-
 def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
@@ -77,7 +73,7 @@ def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
                 if delay > 0:
                     break
                 next_at += plan.interval_s
-            bench_zmq.send(sock, [b"%d" % sent, pzq.DELIMITER, _body(plan.size)])
+            bench_zmq.send(sock, [b"%d" % sent, pzq.DELIMITER, common.stamped_body(plan.size)])
             sent += 1
         if sock.poll(POLL_MS if not plan.interval_s else 1):
             while True:
