@@ -266,14 +266,15 @@ def _consume(conn: RawClient, flow: Flow) -> None:
         seen: set[bytes] = set()
         deadline = time.monotonic() + 60.0
         while time.monotonic() < deadline:
-            if flow.producer_done.is_set() and seen >= set(flow.published):
-                # Everything arrived; wait a little for any duplicate.
-                try:
-                    message = conn.read_message(timeout=0.3)
-                except TimeoutError:
+            # The last message may arrive before the producer has its OK: poll briefly, and once
+            # everything published has arrived, wait a little longer for any duplicate.
+            everything = flow.producer_done.is_set() and seen >= set(flow.published)
+            try:
+                message = conn.read_message(timeout=0.3)
+            except TimeoutError:
+                if everything:
                     return
-            else:
-                message = conn.read_message(timeout=10.0)
+                continue
             flow.deliveries.append(message)
             seen.add(message.body)
             conn.send(nc.fin(message.msg_id))

@@ -84,9 +84,12 @@ class RawClient:
     def _buffer(self) -> bytearray:
         return self._plain if self._decompressor is not None else self._raw
 
-    def _read_exact(self, n: int, deadline: float) -> bytes:
+    def _fill(self, n: int, deadline: float) -> None:
         while len(self._buffer()) < n:
             self._recv(deadline)
+
+    def _read_exact(self, n: int, deadline: float) -> bytes:
+        self._fill(n, deadline)
         buffer = self._buffer()
         data = bytes(buffer[:n])
         del buffer[:n]
@@ -95,9 +98,13 @@ class RawClient:
     def read_frame(self, timeout: float | None = None, *, skip_heartbeats: bool = True) -> client.Frame:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
-            size = _SIZE.unpack(self._read_exact(4, deadline))[0]
+            # Nothing is taken from the buffer until the whole frame is there, so a timeout
+            # leaves the stream intact for the next read.
+            self._fill(4, deadline)
+            size = _SIZE.unpack_from(self._buffer())[0]
             assert 4 <= size <= client.MAX_FRAME_SIZE, f"bad frame size {size}"
-            payload = self._read_exact(size, deadline)
+            self._fill(4 + size, deadline)
+            payload = self._read_exact(4 + size, deadline)[4:]
             frame = client.Frame(_SIZE.unpack_from(payload)[0], payload[4:])
             if frame.is_response and frame.data == HEARTBEAT:
                 self.heartbeats += 1
