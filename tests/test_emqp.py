@@ -99,9 +99,12 @@ def test_highest_weight_first_and_equal_weights_in_turn(gateway: GatewayProcess,
             Client(context, frontend(gateway)) as client:
         first.inform([(7, "even")])
         second.inform([(7, "even")])
+        # One after the other: ZeroMQ fair-queues the two peers, so READYs sent together may be
+        # read in either order; the slot that waited longest is served first.
         first.ready(2)
+        wait_until(lambda: slots(context, gateway, first) == 2, "first's slots")
         second.ready(2)
-        wait_until(lambda: slots(context, gateway, first) == 2 and slots(context, gateway, second) == 2, "slots")
+        wait_until(lambda: slots(context, gateway, second) == 2, "second's slots")
         sent = [client.request("even", b"[%d]" % index) for index in range(4)]
         assert [first.job()[3], first.job()[3]] == [sent[0], sent[2]]
         assert [second.job()[3], second.job()[3]] == [sent[1], sent[3]]
