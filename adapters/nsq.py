@@ -1,11 +1,11 @@
 """NSQ V2 sessions: codec commands to engine calls, engine deliveries to message frames.
 
-One `NSQSession` per TCP connection, two tasks each: the reader parses everything a read
-returned and handles it synchronously (engine calls never await), appending reply frames to the
-output list; the writer sends that list as one write. Message frames follow nsqd's output
-buffering (docs/protocols/nsq.md): they are flushed when the buffer fills, when the client's in-flight
-count reaches its RDY, or when `output_buffer_timeout` passes. Heartbeats are sent every
-`heartbeat_interval`, and a client that says nothing for two intervals is closed .
+One `NSQSession` per TCP connection, on the shared session skeleton (adapters/session.py): the
+reader parses everything a read returned and handles it synchronously (engine calls never
+await); IDENTIFY's upgrades and AUTH are the commands that wait. Message frames follow nsqd's
+output buffering (docs/protocols/nsq.md): they are flushed when the buffer fills, when the
+client's in-flight count reaches its RDY, or when `output_buffer_timeout` passes. Heartbeats are
+sent every `heartbeat_interval`, and a client that says nothing for two intervals is closed.
 
 Topic `t` is engine topic `t`; channel `c` of topic `t` is engine queue `t/c` bound to `t`
 (docs/architecture.md). Unlike nsqd, a disconnected consumer's in-flight messages return to the
@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import socket
 import ssl
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
 import h11
 import trio
 
+from polymq.adapters.session import Listener, StreamSession
 from polymq.adapters.transport import SocketTransport, StreamTransport, Transport
 from polymq.codecs import nsq
 from polymq.codecs.compression import (
@@ -47,11 +47,6 @@ ORIGIN = "nsq"  # the protocol the engine keeps with what comes in here
 
 log = logging.getLogger("polymq.nsq")
 
-# How much one read asks the socket for: large enough that an MPUB of 200 x 200 B arrives in a
-# few reads, small enough to keep one client from monopolising the loop.
-READ_SIZE = 256 * 1024
-# The reader stops reading while this much output waits for a slow client (bounded memory).
-MAX_PENDING_OUTPUT = 8 * 1024 * 1024
 # Bound on an auth server's reply body (nsqd reads it whole; a reply is a few hundred bytes).
 MAX_AUTH_REPLY = 1024 * 1024
 # nsqd's auth HTTP client timeouts (--http-client-connect-timeout 2 s, request timeout 5 s).
@@ -104,8 +99,10 @@ class AuthError(Exception):
     pass
 
 
-class NSQServer:
+class NSQServer(Listener):
     """Everything the NSQ listeners share: the engine, limits, the sessions."""
+
+    log = log
 
     def __init__(
         self,
@@ -115,11 +112,11 @@ class NSQServer:
         ssl_context: ssl.SSLContext | None = None,
         auth_http_address: str | None = None,
     ) -> None:
+        super().__init__()
         self.engine = engine
         self.limits = limits
         self.ssl_context = ssl_context
         self.auth_http_address = auth_http_address
-        self.sessions: set[NSQSession] = set()
         self.tcp_port = 0
         self.http_port = 0
         self.start_time = int(time.time())
@@ -129,23 +126,11 @@ class NSQServer:
     def auth_enabled(self) -> bool:
         return self.auth_http_address is not None
 
-    async def handle_connection(self, transport: SocketTransport) -> None:
-        session = NSQSession(self, transport)
-        self.sessions.add(session)
-        try:
-            await session.run()
-        except Exception:
-            # A bug in one session must not end the accept loop, i.e. the whole gateway.
-            log.exception("%s: session failed", session.remote_address)
-        finally:
-            self.sessions.discard(session)
+    def new_session(self, transport: Transport) -> NSQSession:
+        return NSQSession(self, transport)
 
     def client_stats(self) -> list[dict[str, Any]]:
-        return [session.stats() for session in list(self.sessions)]
-
-    async def shutdown(self) -> None:
-        for session in list(self.sessions):
-            session.close("server shutting down")
+        return [session.stats() for session in list(self.sessions)]  # type: ignore[attr-defined]
 
     async def query_auth(self, secret: bytes, remote_ip: str, tls: bool) -> AuthState:
         """nsqd's auth call: GET /auth?common_name=&remote_ip=&secret=&tls= (docs/protocols/nsq.md)."""
@@ -204,27 +189,24 @@ async def _http_get(host: str, port: int, target: str) -> bytes:
         return bytes(body)
 
 
-class _Close(Exception):
-    """Ends the session after the output written so far has been flushed."""
-
-
 class _Fatal(Exception):
-    """A command's fatal error: sent (after the answers to earlier publishes) by the read loop."""
+    """A command's fatal error: sent after the answers to earlier publishes (`_send_fatal`)."""
 
     def __init__(self, error: nsq.ProtocolError) -> None:
         super().__init__(error.frame_text.decode("utf-8", "replace"))
         self.error = error
 
 
-class NSQSession:
+class NSQSession(StreamSession):
+    log = log
+
     def __init__(self, server: NSQServer, transport: Transport) -> None:
+        super().__init__(server.engine, transport)
         self.server = server
-        self.engine = server.engine
         self.limits = server.limits
-        self.transport: Transport = transport
         self.ssl_stream: trio.SSLStream[trio.SocketStream] | None = None
         self.codec = nsq.ServerConnection(server.limits)
-        self.remote_address = transport.peer
+        self.remote_address = self.peer
         self.connect_ts = int(time.time())
         # Negotiated settings (IDENTIFY); defaults are nsqd's.
         self.client_id = self.remote_address.rsplit(":", 1)[0]
@@ -244,71 +226,36 @@ class NSQSession:
         self.topic: str | None = None
         self.channel: str | None = None
         self.pub_counts: dict[str, int] = {}
-        # Output: frames waiting for the writer.
-        self._out: list[bytes] = []
-        self._out_bytes = 0
-        self._urgent = False  # flush at once (responses, errors, RDY reached)
-        self._flush_deadline = math.inf  # output_buffer_timeout for buffered messages
-        self._wake = trio.Event()
-        self._drained = trio.Event()
-        self._sending = False  # a task is inside `_flush`
-        self._send_started: float | None = None  # engine clock time the current send began
-        self._last_read = 0.0
         self._tick: Timer | None = None
         self._read_check: Timer | None = None
         self._refill = False  # FINs of this read freed credit: dispatch once at the end
-        # The read loop is handling a read: output it queues is flushed when it is done, so
-        # there is no need to wake the writer task for it (one task switch less per command).
-        self._reading = False
-        self._close_after_flush: str | None = None
-        # Deliveries from a durable channel wait for their STATE record before they are sent (`_flush`).
+        # Deliveries from a durable channel wait for their STATE record before they are sent.
         self._durable_channel = False
-        self._delivered_unstored = False
         # Publishes waiting for the storage: (command name, why it was refused or None), in order.
         self._pending_publishes: deque[tuple[str, str | None]] = deque()
         self._compressor: DeflateCompressor | SnappyCompressor | None = None
         self._decompressor: DeflateDecompressor | SnappyDecompressor | None = None
-        self._cancel_scope: trio.CancelScope | None = None
-        self._closing_reason: str | None = None
+        self._last_read = self.engine.clock.now()
+        self._schedule_tick()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        self._last_read = self.engine.clock.now()
-        self._schedule_tick()
-        try:
-            async with trio.open_nursery() as nursery:
-                self._cancel_scope = nursery.cancel_scope
-                nursery.start_soon(self._write_loop)
-                try:
-                    await self._read_loop()
-                except _Close as close:
-                    self._closing_reason = str(close)
-                    if self.consumer is not None:
-                        self.consumer.set_credit(0)  # no message frames after a fatal error frame
-                await self._drain_output()
-                nursery.cancel_scope.cancel()
-        # `except*`: the nursery wraps its tasks' errors in an ExceptionGroup (trio's strict groups).
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError,
-                 trio.TooSlowError, _Close) as group:
-            log.debug("%s: connection ended: %r", self.remote_address, group.exceptions)
-        finally:
-            log.debug("%s: closed: %s", self.remote_address, self._closing_reason or "client went away")
-            for timer in (self._tick, self._read_check):
-                if timer is not None:
-                    timer.cancel()
-            if self.consumer is not None:
-                self.consumer.detach()
-                self.consumer = None
-            with trio.CancelScope(shield=True):
-                with trio.move_on_after(1):
-                    await self.transport.aclose()
+    def closed(self) -> None:
+        for timer in (self._tick, self._read_check):
+            if timer is not None:
+                timer.cancel()
+        if self.consumer is not None:
+            self.consumer.detach()
+            self.consumer = None
 
-    def close(self, reason: str) -> None:
-        """Close from outside the session (channel deleted, shutdown, a deadline passed)."""
-        self._closing_reason = reason
-        if self._cancel_scope is not None:
-            self._cancel_scope.cancel()
+    def drain_timeout(self) -> float:
+        return max(self.heartbeat_interval, 1.0)
+
+    def _end(self, reason: str) -> None:
+        """A fatal error or a corrupt stream: what is queued goes out, then the connection closes."""
+        if self.consumer is not None:
+            self.consumer.set_credit(0)  # no message frames after a fatal error frame
+        self.stop(reason)
 
     def _schedule_tick(self) -> None:
         if self._tick is not None:
@@ -329,14 +276,13 @@ class NSQSession:
         self._tick = None
         now = self.engine.clock.now()
         interval = self.heartbeat_interval
-        if self._send_started is not None and now - self._send_started >= interval:
+        if self.send_started is not None and now - self.send_started >= interval:
             self.close("write deadline exceeded")
             return
-        self._send(nsq.FRAME_HEARTBEAT)
-        self._wake.set()
+        self.send(nsq.FRAME_HEARTBEAT)
         read_deadline = self._last_read + 2 * interval
         if now >= read_deadline - TICK_TOLERANCE_S:
-            self._close_after_flush = READ_TIMEOUT_REASON
+            self.stop(READ_TIMEOUT_REASON)
             return
         if read_deadline < now + interval and self._read_check is None:
             # The deadline falls before the next tick: check it at the exact time, as nsqd does.
@@ -347,136 +293,62 @@ class NSQSession:
         self._read_check = None
         interval = self.heartbeat_interval
         if interval > 0 and self.engine.clock.now() - self._last_read >= 2 * interval - TICK_TOLERANCE_S:
-            self._close_after_flush = READ_TIMEOUT_REASON
-            self._wake.set()
+            self.stop(READ_TIMEOUT_REASON)
 
     # -- reading -----------------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
-        codec = self.codec
-        clock = self.engine.clock
-        while True:
-            data = await self.transport.receive_some(READ_SIZE)
-            if not data:
-                return
-            self._last_read = clock.now()
-            if self._decompressor is not None:
-                try:
-                    data = self._decompressor.decompress(data)
-                except DecompressionError as exc:
-                    raise _Close(f"bad compressed stream: {exc}") from exc
-            codec.receive_data(data)
-            # What this read changes is written at its end, by this task (publishes answered from here).
-            self._start_reading()
+    def handle(self, data: bytes) -> Awaitable[None] | None:
+        if not data:
+            return None
+        self._last_read = self.engine.clock.now()
+        if self._decompressor is not None:
             try:
-                while True:
-                    event = codec.next_event()
-                    if event is nsq.NEED_DATA:
-                        break
-                    if isinstance(event, nsq.ProtocolError):
-                        if event.fatal:
-                            await self._send_fatal(event)
-                        self._send_error(event)
-                        continue
-                    if isinstance(event, nsq.CloseSilently):
-                        raise _Close(event.reason)
-                    handler = self._handlers[type(event)]
-                    try:
-                        result = handler(self, event)
-                        if result is not None:  # a command that must await (IDENTIFY upgrade, AUTH)
-                            self._stop_reading()
-                            await result
-                            self._start_reading()
-                    except _Fatal as fatal:
-                        self.codec.closed()
-                        await self._send_fatal(fatal.error)
-                if self._refill:
-                    self._refill = False
-                    if self.consumer is not None:
-                        self.consumer.refill()
-            finally:
-                self._stop_reading()
-            if self._urgent and not self._sending:
-                # The writer is idle: answer from here, saving a task switch per round trip.
-                await self._flush()
-            elif self._out:
-                self._wake.set()
-            if self._out_bytes > MAX_PENDING_OUTPUT:
-                self._drained = trio.Event()
-                self._urgent = True
-                self._wake.set()
-                await self._drained.wait()
+                data = self._decompressor.decompress(data)
+            except DecompressionError as exc:
+                self._end(f"bad compressed stream: {exc}")
+                return None
+        self.codec.receive_data(data)
+        return self.resume()
 
-    def _start_reading(self) -> None:
-        self._reading = True
-        self.engine.storage.hold_work()
+    def resume(self) -> Awaitable[None] | None:
+        codec = self.codec
+        handlers = self._handlers
+        while self._stopping is None:
+            event = codec.next_event()
+            if event is nsq.NEED_DATA:
+                break
+            if isinstance(event, nsq.ProtocolError):
+                if event.fatal:
+                    return self._send_fatal(event)
+                self._send_error(event)
+                continue
+            if isinstance(event, nsq.CloseSilently):
+                self._end(event.reason)
+                return None
+            try:
+                result = handlers[type(event)](self, event)
+            except _Fatal as fatal:
+                codec.closed()
+                return self._send_fatal(fatal.error)
+            if result is not None:  # a command that must wait (IDENTIFY's upgrade, AUTH)
+                return self._waited(result)
+        if self._refill:
+            self._refill = False
+            if self.consumer is not None:
+                self.consumer.refill()
+        return None
 
-    def _stop_reading(self) -> None:
-        """Before anything awaits: what the read changed so far is written (acknowledging publishes
-        that need no fdatasync), and the committer takes over again."""
-        if self._reading:
-            self.engine.storage.release_work()
-            self._reading = False
+    async def _waited(self, pending: Awaitable[None]) -> None:
+        try:
+            await pending
+        except _Fatal as fatal:
+            self.codec.closed()
+            await self._send_fatal(fatal.error)
 
     # -- writing -----------------------------------------------------------------------------
 
-    def _send(self, frame: bytes) -> None:
-        self._out.append(frame)
-        self._out_bytes += len(frame)
-        self._urgent = True
-
     def _send_error(self, error: nsq.ProtocolError) -> None:
-        self._send(nsq.frame_error(error))
-
-    async def _write_loop(self) -> None:
-        while True:
-            if self._out and not self._sending and (self._urgent or trio.current_time() >= self._flush_deadline):
-                await self._flush()
-                continue
-            if self._close_after_flush is not None and not self._out and not self._sending:
-                self.close(self._close_after_flush)
-                return
-            if self._out and not self._urgent and self._flush_deadline < math.inf:
-                with trio.move_on_at(self._flush_deadline):
-                    await self._wake.wait()
-            else:
-                await self._wake.wait()
-            self._wake = trio.Event()
-
-    async def _flush(self) -> None:
-        """Send everything queued. Only one task sends at a time (`_sending`)."""
-        self._sending = True
-        self._send_started = self.engine.clock.now()
-        try:
-            while self._out:
-                if self._delivered_unstored:
-                    # A message leaves only once the record of its delivery (its attempts) is written,
-                    # so a process crash can never bring it back with fewer attempts than a client saw.
-                    self._delivered_unstored = False
-                    self.engine.storage.write_now()
-                frames = self._out
-                self._out = []
-                data = b"".join(frames)
-                self._out_bytes -= len(data)
-                self._urgent = bool(self._out)
-                self._flush_deadline = math.inf
-                if self._compressor is not None:
-                    data = self._compressor.compress(data)
-                await self.transport.send_all(data)
-        finally:
-            self._sending = False
-            self._send_started = None
-        self._drained.set()
-        if self._close_after_flush is not None:
-            self._wake.set()
-
-    async def _drain_output(self) -> None:
-        with trio.move_on_after(max(self.heartbeat_interval, 1.0)):
-            while self._sending:  # the writer is mid-send: its loop sends what is queued too
-                self._drained = trio.Event()
-                await self._drained.wait()
-            if self._out:
-                await self._flush()
+        self.send(nsq.frame_error(error))
 
     async def _stored(self) -> None:
         """Wait until everything reported to the storage so far is stored under its policy."""
@@ -488,21 +360,13 @@ class NSQSession:
     def _deliver(self, message: Message) -> None:
         body = message.body
         header = nsq.frame_message_header(message.timestamp_ns, message.attempts, b"%016x" % message.id, len(body))
-        out = self._out
-        out.append(header)
-        out.append(body)
-        self._out_bytes += len(header) + len(body)
-        if self._durable_channel:
-            self._delivered_unstored = True
         consumer = self.consumer
-        if self._out_bytes >= self.output_buffer_size or (consumer is not None and consumer.available() <= 0):
-            self._urgent = True
-            if not self._reading:
-                self._wake.set()
-        elif self._flush_deadline == math.inf and self.output_buffer_timeout > 0:
-            self._flush_deadline = trio.current_time() + self.output_buffer_timeout
-            if not self._reading:
-                self._wake.set()
+        # Positional arguments: this runs once per message.
+        if (self._out_bytes + len(header) + len(body) >= self.output_buffer_size
+                or (consumer is not None and consumer.available() <= 0)):
+            self.send_delivery(header, body, self._durable_channel, None)
+        else:
+            self.send_delivery(header, body, self._durable_channel, self.output_buffer_timeout)
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -518,9 +382,9 @@ class NSQSession:
         self._schedule_tick()
         tls = command.tls_v1 and self.limits.tls_available
         if not command.feature_negotiation:
-            self._send(nsq.FRAME_OK)
+            self.send(nsq.FRAME_OK)
             return None
-        self._send(nsq.frame_response(nsq.identify_response(command, self.limits, tls=tls)))
+        self.send(nsq.frame_response(nsq.identify_response(command, self.limits, tls=tls)))
         if not (tls or command.deflate or command.snappy):
             return None
         return self._upgrade(tls, command)
@@ -528,18 +392,11 @@ class NSQSession:
     async def _upgrade(self, tls: bool, command: nsq.Identify) -> None:
         """After the IDENTIFY reply: TLS handshake, then compression, each confirmed by `OK`.
 
-        The writer is held off (`_sending`) for the whole sequence, so nothing else (a heartbeat,
-        say) can slip between the reply, the handshake and the `OK` the client waits for.
+        The writer is held off (`exclusive_output`) for the whole sequence, so nothing else (a
+        heartbeat, say) can slip between the reply, the handshake and the `OK` the client waits for.
         """
-        while self._sending:
-            self._drained = trio.Event()
-            await self._drained.wait()
-        self._sending = True
+        reply = await self.exclusive_output()
         try:
-            reply = b"".join(self._out)
-            self._out.clear()
-            self._out_bytes = 0
-            self._urgent = False
             await self.transport.send_all(reply)
             leftover = self.codec.take_buffered()
             if tls:
@@ -562,18 +419,18 @@ class NSQSession:
                 self._decompressor = SnappyDecompressor()
                 self.snappy = True
             if self._compressor is not None:
+                self.output_encoder = self._compressor.compress
                 await self.transport.send_all(self._compressor.compress(nsq.FRAME_OK))
                 if leftover and self._decompressor is not None:
                     try:
                         leftover = self._decompressor.decompress(leftover)
                     except DecompressionError as exc:
-                        raise _Close(f"bad compressed stream: {exc}") from exc
+                        self._end(f"bad compressed stream: {exc}")
+                        return
             if leftover:
                 self.codec.receive_data(leftover)
         finally:
-            self._sending = False
-        if self._out:
-            self._wake.set()
+            self.release_output()
 
     def _auth(self, command: nsq.Auth) -> Any:
         if self.auth is not None:
@@ -594,7 +451,7 @@ class NSQSession:
         self._auth_secret = secret
         reply = {"identity": state.identity, "identity_url": state.identity_url,
                  "permission_count": len(state.authorizations)}
-        self._send(nsq.frame_response(json.dumps(reply, separators=(",", ":")).encode()))
+        self.send(nsq.frame_response(json.dumps(reply, separators=(",", ":")).encode()))
 
     def _fatal(self, code: str, text: str) -> None:
         raise _Fatal(nsq.fatal(code, text))
@@ -602,11 +459,10 @@ class NSQSession:
     async def _send_fatal(self, error: nsq.ProtocolError) -> None:
         """The last frame: after the answers to earlier publishes, as nsqd answers one command at a time."""
         if self._pending_publishes:
-            self._stop_reading()
             await self._stored()
-        if self._close_after_flush is None:  # else a failed publish's fatal error went out already
+        if self._stopping is None:  # else a failed publish's fatal error went out already
             self._send_error(error)
-        raise _Close(error.frame_text.decode("utf-8", "replace"))
+        self._end(error.frame_text.decode("utf-8", "replace"))
 
     def _check_auth(self, command: str, topic: str, channel: str = "") -> Any:
         """nsqd's CheckAuth; returns an awaitable when the cached authorization has expired."""
@@ -660,7 +516,7 @@ class NSQSession:
         )
         self._durable_channel = self.consumer.queue.durable
         self.codec.subscribed()
-        self._send(nsq.FRAME_OK)
+        self.send(nsq.FRAME_OK)
 
     async def _after(self, pending: Any, then: Callable[[], None]) -> None:
         await pending
@@ -711,7 +567,7 @@ class NSQSession:
         if self.consumer is not None:
             self.consumer.set_credit(0)
         self.codec.closing()
-        self._send(nsq.FRAME_CLOSE_WAIT)
+        self.send(nsq.FRAME_CLOSE_WAIT)
 
     def _nop(self, command: nsq.Nop) -> None:
         pass
@@ -737,39 +593,16 @@ class NSQSession:
 
     def _ack_publish(self, error: OSError | None) -> None:
         name, refused = self._pending_publishes.popleft()
-        if self._close_after_flush is not None:
+        if self._stopping is not None:
             return  # a fatal error went out already: nothing may follow it
         if error is None and refused is None:
-            self._send(nsq.FRAME_OK)
+            # From a storage callback this goes out at once (`now`); in a read, at its end.
+            self.send(nsq.FRAME_OK, now=True)
         else:
             # nsqd: `E_PUB_FAILED PUB failed <error>`, fatal (E_MPUB_FAILED, E_DPUB_FAILED alike).
             reason = refused or (error.strerror if error is not None and error.strerror else str(error))
-            self._send_error(nsq.fatal(f"E_{name}_FAILED", f"{name} failed {reason}"))
-            self._close_after_flush = f"{name} failed: {reason}"
-        if not self._reading:  # else the read loop flushes when it has handled the whole read
-            self._send_now()
-
-    def _send_now(self) -> None:
-        """Send the queued output from here (a storage callback) when the writer is idle; else wake it.
-
-        Saves the writer task's turn on every acknowledgement that waited for an fdatasync.
-        """
-        if self._sending or self._delivered_unstored or self._compressor is not None or len(self._out) != 1:
-            self._wake.set()
-            return
-        data = self._out[0]
-        sent = self.transport.try_send(data)
-        if sent == len(data):
-            self._out.clear()
-            self._out_bytes = 0
-            self._urgent = False
-            if self._close_after_flush is not None:
-                self._wake.set()
-            return
-        if sent:
-            self._out[0] = data[sent:]
-            self._out_bytes -= sent
-        self._wake.set()
+            self.send(nsq.frame_error(nsq.fatal(f"E_{name}_FAILED", f"{name} failed {reason}")), now=True)
+            self._end(f"{name} failed: {reason}")
 
     def _pub(self, command: nsq.Pub) -> Any:
         pending = self._check_auth("PUB", command.topic)

@@ -4,30 +4,38 @@ One session per connection, two tasks. The reader hands everything a read return
 protocol (`handle`), which works synchronously (engine calls never await) and queues its answers
 with `send`; while it does, the store holds its commits (`Storage.hold_work`) and writes what
 the read changed when it is done, then the reader flushes the answers itself when the writer is
-idle (one task switch less per request/response round trip). The writer task sends output that
-arrives outside a read (deliveries caused by other connections, timers) as one write.
+idle (one task switch less per request/response round trip). A command that must wait (a TLS
+handshake, an auth server, the store) is an awaitable `handle` returns: the store is released
+while it runs, and `resume` carries on with the rest of the read. The writer task sends output
+that arrives outside a read (deliveries caused by other connections, timers) as one write.
+
+Output is urgent (answers: sent at the end of the read, or at once) or buffered (deliveries a
+protocol lets wait, like NSQ's `output_buffer_timeout`: sent when something urgent goes, or at
+their deadline). A protocol may encode what goes out (compression) with `output_encoder`.
 
 The store barrier: a delivery of a durable queue that waits for an acknowledgement leaves only
-once the record of its attempts is written (`delivered_unstored`), so a process crash never
-brings it back with fewer attempts than a client saw. Output is bounded: past
-`MAX_PENDING_OUTPUT` the reader stops reading until a slow client has taken it.
+once the record of its attempts is written (`unstored`), so a process crash never brings it back
+with fewer attempts than a client saw. Output is bounded: past `MAX_PENDING_OUTPUT` the reader
+stops reading until a slow client has taken it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from polymq.adapters.transport import SocketTransport, Transport
 from polymq.core.engine import Engine
 
-# How much one read asks the socket for: large enough for a batch of requests in a few reads,
-# small enough to keep one client from monopolising the loop.
+# How much one read asks the socket for: large enough for a batch of requests (an NSQ MPUB of
+# 200 x 200 B) in a few reads, small enough to keep one client from monopolising the loop.
 READ_SIZE = 256 * 1024
 # The reader stops reading while this much output waits for a slow client (bounded memory).
 MAX_PENDING_OUTPUT = 8 * 1024 * 1024
-# At the end, output still queued gets this long to go out.
+# At the end, output still queued gets this long to go out (`drain_timeout`).
 DRAIN_TIMEOUT_S = 1.0
 
 
@@ -41,21 +49,32 @@ class StreamSession:
         self.transport = transport
         self.peer = transport.peer
         self.out: list[bytes] = []
+        self.output_encoder: Callable[[bytes], bytes] | None = None
         self._out_bytes = 0
+        self._urgent = False  # queued output to send at the end of the read, or at once
+        self._flush_at = math.inf  # trio time by which buffered output must go
         self._wake = trio.Event()
         self._drained = trio.Event()
-        self._sending = False  # a task is inside `_flush`
+        self._sending = False  # a task is inside `_flush` (or holds `exclusive_output`)
+        self.send_started: float | None = None  # engine clock time the write under way began
         self._reading = False  # output queued while handling a read is flushed when it is done
         self._closed = False
         self._stopping: str | None = None  # why the session ends after its output is sent
+        self.closing_reason: str | None = None
         self._delivered_unstored = False
         self._cancel_scope: trio.CancelScope | None = None
 
     # -- what a protocol provides --------------------------------------------------------------
 
-    def handle(self, data: bytes) -> None:
-        """Everything one read returned (b"" at the end of the stream), synchronously."""
+    def handle(self, data: bytes) -> Awaitable[None] | None:
+        """Everything one read returned (b"" at the end of the stream), synchronously.
+
+        Returns an awaitable when a command must wait; `resume` goes on once it is done."""
         raise NotImplementedError
+
+    def resume(self) -> Awaitable[None] | None:
+        """Go on with the read after an awaitable `handle` (or an earlier `resume`) returned."""
+        return None
 
     def closed(self) -> None:
         """The connection is gone: give back what the session held (consumers, deliveries)."""
@@ -67,6 +86,9 @@ class StreamSession:
     def after_send(self, token: object) -> None:
         """That output was written (e.g. an auto-ack consumer's credit comes back now)."""
 
+    def drain_timeout(self) -> float:
+        return DRAIN_TIMEOUT_S
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -77,23 +99,31 @@ class StreamSession:
                 await self._read_loop()
                 await self._drain_output()
                 nursery.cancel_scope.cancel()
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+        # `except*`: the nursery wraps its tasks' errors in an ExceptionGroup (trio's strict groups).
+        # OSError covers ssl.SSLError; TooSlowError is a deadline of a command that waited.
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as group:
             self.log.debug("%s: connection ended: %r", self.peer, group.exceptions)
         finally:
             self._closed = True
+            self.log.debug("%s: closed: %s", self.peer, self.closing_reason or self._stopping or "client went away")
             self.closed()
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await self.transport.aclose()
 
-    def close(self) -> None:
-        """End the session now, from outside (shutdown, a deleted queue)."""
+    def close(self, reason: str | None = None) -> None:
+        """End the session now, from outside (shutdown, a deleted queue, a deadline)."""
+        if reason is not None:
+            self.closing_reason = reason
         if self._cancel_scope is not None:
             self._cancel_scope.cancel()
 
     def stop(self, reason: str) -> None:
-        """End the session once the output queued so far is sent (a protocol error, say)."""
+        """End the session once the output queued so far is sent (a protocol error, say).
+
+        Nothing more of the input is handled: `handle` checks `_stopping` between requests."""
         if self._stopping is None:
             self._stopping = reason
+            self._wake.set()
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -105,46 +135,114 @@ class StreamSession:
             # What this read changes is written at its end, by this task (`release_work`).
             storage.hold_work()
             try:
-                self.handle(data)
+                pending = self.handle(data)
+                while pending is not None:
+                    # Before anything awaits, what the read changed so far is written
+                    # (acknowledging what needs no fdatasync) and the committer takes over again.
+                    self._reading = False
+                    storage.release_work()
+                    await pending
+                    storage.hold_work()
+                    self._reading = True
+                    pending = self.resume()
             finally:
-                storage.release_work()
-                self._reading = False
+                if self._reading:
+                    storage.release_work()
+                    self._reading = False
             if not data or self._stopping is not None:
                 return
-            if self.out and not self._sending:
+            if self._urgent and not self._sending:
                 await self._flush()  # answer from here: one task switch less per round trip
+            elif self.out:
+                self._wake.set()  # buffered output: the writer keeps its deadline
             if self._out_bytes > MAX_PENDING_OUTPUT:
                 self._drained = trio.Event()
+                self._urgent = True
                 self._wake.set()
                 await self._drained.wait()
 
     # -- writing -------------------------------------------------------------------------------
 
-    def send(self, chunk: bytes) -> None:
+    @property
+    def output_bytes(self) -> int:
+        return self._out_bytes
+
+    def send(self, chunk: bytes, *, now: bool = False) -> None:
+        """Queue an answer. Outside a read it goes at once: with `now` from here (a storage
+        callback saves the writer task's turn), else by the writer."""
         self.out.append(chunk)
         self._out_bytes += len(chunk)
+        self._urgent = True
+        if self._reading:
+            return
+        if now:
+            self._send_now()
+        elif not self._wake.is_set():
+            self._wake.set()
+
+    def send_delivery(self, chunk: bytes, body: bytes | None = None, unstored: bool = False,
+                      flush_within: float | None = None) -> None:
+        """Queue a delivery (`chunk`, then `body` when given: no copy to join them).
+
+        With `unstored` it leaves only once its attempt record is written. `flush_within` lets it
+        wait for more: None sends it like an answer; > 0 at most that long; 0 until something
+        urgent goes or the reader blocks on its output."""
+        out = self.out
+        out.append(chunk)
+        size = len(chunk)
+        if body is not None:
+            out.append(body)
+            size += len(body)
+        self._out_bytes += size
+        if unstored:
+            self._delivered_unstored = True
+        if flush_within is None:
+            self._urgent = True
+        elif flush_within > 0 and self._flush_at == math.inf:
+            self._flush_at = trio.current_time() + flush_within
+        else:
+            return
         if not self._reading and not self._wake.is_set():
             self._wake.set()
 
-    def send_delivery(self, chunk: bytes, *, unstored: bool) -> None:
-        """`send` for a delivery; with `unstored` it leaves only once its attempt record is written."""
-        self.out.append(chunk)
-        self._out_bytes += len(chunk)
-        if unstored:
-            self._delivered_unstored = True
-        if not self._reading and not self._wake.is_set():
+    def _send_now(self) -> None:
+        """Send the queued output from here when the writer is idle and it is one chunk; else wake it."""
+        if self._sending or self._delivered_unstored or self.output_encoder is not None or len(self.out) != 1:
             self._wake.set()
+            return
+        data = self.out[0]
+        sent = self.transport.try_send(data)
+        if sent == len(data):
+            self.out.clear()
+            self._out_bytes = 0
+            self._urgent = False
+            if self._stopping is not None:
+                self._wake.set()  # the writer ends the session
+            return
+        if sent:
+            self.out[0] = data[sent:]
+            self._out_bytes -= sent
+        self._wake.set()
 
     async def _write_loop(self) -> None:
         while True:
-            if self.out and not self._sending:
+            if self.out and not self._sending and (self._urgent or trio.current_time() >= self._flush_at):
                 await self._flush()
                 continue
-            await self._wake.wait()
+            if self._stopping is not None and not self.out and not self._sending:
+                self.close()
+                return
+            if self.out and not self._urgent and self._flush_at < math.inf:
+                with trio.move_on_at(self._flush_at):
+                    await self._wake.wait()
+            else:
+                await self._wake.wait()
             self._wake = trio.Event()
 
     async def _flush(self) -> None:
+        """Send everything queued. Only one task sends at a time (`_sending`)."""
         self._sending = True
+        self.send_started = self.engine.clock.now()
         try:
             while self.out:
                 token = self.before_send()
@@ -155,19 +253,44 @@ class StreamSession:
                 self.out = []
                 data = b"".join(chunks)
                 self._out_bytes -= len(data)
+                self._urgent = False
+                self._flush_at = math.inf
+                if self.output_encoder is not None:
+                    data = self.output_encoder(data)
                 await self.transport.send_all(data)
                 self.after_send(token)
         finally:
             self._sending = False
+            self.send_started = None
         self._drained.set()
+        if self._stopping is not None:
+            self._wake.set()
 
     async def _drain_output(self) -> None:
-        with trio.move_on_after(DRAIN_TIMEOUT_S):
-            while self._sending:
+        with trio.move_on_after(self.drain_timeout()):
+            while self._sending:  # the writer is mid-send: its loop sends what is queued too
                 self._drained = trio.Event()
                 await self._drained.wait()
             if self.out:
                 await self._flush()
+
+    async def exclusive_output(self) -> bytes:
+        """Hold the output for a hand-over (a TLS upgrade): waits for the writer to be idle and
+        returns what is queued, which the caller sends itself. `release_output` ends the hold."""
+        while self._sending:
+            self._drained = trio.Event()
+            await self._drained.wait()
+        self._sending = True
+        data = b"".join(self.out)
+        self.out = []
+        self._out_bytes = 0
+        self._urgent = False
+        return data
+
+    def release_output(self) -> None:
+        self._sending = False
+        if self.out:
+            self._wake.set()
 
 
 class Listener:
@@ -194,5 +317,4 @@ class Listener:
 
     async def shutdown(self) -> None:
         for session in list(self.sessions):
-            session.close()
-
+            session.close("server shutting down")
