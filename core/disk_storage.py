@@ -126,6 +126,10 @@ class OwnerLog:
         # entries of that record already taken).
         self.spilled = 0
         self.cursor: tuple[int, int, int] | None = None
+        # The ADD record the cursor stands in (segment, offset, payload): a refill takes at most a
+        # batch of its copies, and a big record (an MPUB, a stream's publish) would be read and
+        # CRC-checked again for every batch otherwise.
+        self._held: tuple[int, int, memoryview] | None = None
         self.skip_bits: dict[int, bytearray] = {}  # positions the reader must pass over
         self._read_fd: tuple[int, int] | None = None  # (segment, fd)
         self.on_readable: Callable[[], None] | None = None
@@ -385,6 +389,7 @@ class OwnerLog:
         self.unlinks.extend(old)
         self.spilled = 0
         self.cursor = None
+        self._held = None
         self.skip_bits.clear()
         self._close_reader()
         self._mark_dirty()
@@ -482,12 +487,13 @@ class OwnerLog:
                 self.spilled = 0
                 break
             stopped = False
-            for record_offset, record_type, payload in self._records(segment, offset, end):
+            for record_offset, record_type, payload in self._records_from(segment, offset, end, skip):
                 offset = record_offset
                 if record_type == records.ADD:
                     skip = self._take_entries(payload, segment, skip, count, now, wall, taken)
                     if skip:
                         stopped = True  # part of this record is still to come
+                        self._held = (segment, record_offset, payload)
                         break
                 offset = record_offset + records.HEADER.size + len(payload)
                 skip = 0
@@ -497,7 +503,18 @@ class OwnerLog:
             if not stopped:
                 offset, skip = end, 0
         self.cursor = (segment, offset, skip)
+        if not skip:
+            self._held = None
         return taken
+
+    def _records_from(self, segment: int, offset: int, end: int, skip: int) -> Iterator[tuple[int, int, memoryview]]:
+        """`_records`, starting with the held record when the cursor stands in it (records never change)."""
+        held = self._held
+        if skip and held is not None and held[0] == segment and held[1] == offset:
+            payload = held[2]
+            yield offset, records.ADD, payload
+            offset += records.HEADER.size + len(payload)
+        yield from self._records(segment, offset, end)
 
     def _take_entries(self, payload: memoryview, segment: int, skip: int, count: int, now: float, wall: int,
                       taken: list[Message]) -> int:

@@ -631,6 +631,37 @@ def test_spilled_queue_delivers_everything_in_order(open_store: Callable[..., St
     assert queue.depth == 0
 
 
+def test_a_big_spilled_record_is_read_from_disk_once_across_refills(open_store: Callable[..., Store],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """One MPUB-sized record of 20,000 copies read back 100 at a time (the memory limit): each refill
+    goes on in the record it stopped in, in order, passing over finished copies, without reading it again."""
+    store = new_bound_store(open_store, mem_queue_size=100)
+    payloads = [b"big-%05d-" % number + b"x" * 200 for number in range(20_000)]
+    store.engine.publish_many("t", payloads)  # one ADD record, about 4.5 MB
+    store.commit()
+    consumer, got = consume(store.engine, "q", credit=300)
+    finished = set(range(0, 300, 3))
+    for number in sorted(finished):
+        consumer.finish(got[number].id, refill=False)
+    store.close()  # the rest of the 300 in flight come back, attempts 1
+
+    store = open_store(mem_queue_size=100)
+    read_back = 0
+    pread = os.pread
+
+    def counting_pread(fd: int, length: int, offset: int) -> bytes:
+        nonlocal read_back
+        data = pread(fd, length, offset)
+        read_back += len(data)
+        return data
+
+    monkeypatch.setattr(os, "pread", counting_pread)
+    got = delivered(store.engine, "q")
+    assert [m.body for m in got] == [p for number, p in enumerate(payloads) if number not in finished]
+    record_size = sum(len(p) for p in payloads)
+    assert read_back < 2 * record_size, f"{read_back} bytes read back for a {record_size}-byte record"
+
+
 def test_restore_spilled_queue_with_finished_messages(open_store: Callable[..., Store]) -> None:
     store = new_bound_store(open_store, mem_queue_size=5)
     payloads = names("m", 100)
