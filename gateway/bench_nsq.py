@@ -727,7 +727,8 @@ def _address(ctx: click.Context, param: click.Parameter, value: str | None) -> t
 @click.option("--scenario", "scenarios", multiple=True, type=click.Choice([*SCENARIOS, "all"]),
               help="Scenario to run (repeatable; default all: mpub, sub, pub, pubsub).")
 @click.option("--duration", type=float, default=None,
-              help=f"Seconds of publishing per scenario (default {DEFAULT_DURATION_S:g}; sub drains what mpub left).")
+              help=f"Seconds per scenario (default {DEFAULT_DURATION_S:g}): publishing, or for sub consuming "
+                   "what mpub left (with --count, sub consumes all of it).")
 @click.option("--count", type=int, default=None, help="Messages per scenario instead of a duration.")
 @click.option("--size", type=int, default=DEFAULT_SIZE, show_default=True, help="Message body bytes.")
 @click.option("--batch", type=int, default=DEFAULT_BATCH, show_default=True, help="Messages per MPUB.")
