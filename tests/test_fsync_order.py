@@ -1,4 +1,4 @@
-"""With `--fsync=always`, every publish `OK` is sent only after the record's write was fsync'd.
+"""With `--fsync=always`, every publish `OK` (NSQ; an MQKS confirm) is sent only after the record's write was fsync'd.
 
 A kill -9 test cannot show this (the page cache survives a process kill), so the gateway runs
 under strace and `support.syscall_trace.check_fsync_order` checks the order of its system calls:
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from polymq.codecs import nsq_client as client
 
 from support import syscall_trace
+from support.mqks_wire import MQKSWire
 from support.nsq_wire import RawClient
 from support.syscall_trace import (
     EXTRA_ACK,
@@ -24,11 +26,15 @@ from support.syscall_trace import (
     NOT_WRITTEN,
     OK_FRAME,
     WRITE_AFTER_ACK,
+    AckFinder,
     CheckReport,
     StraceError,
     Syscall,
+    TracedProcess,
     check_fsync_order,
     decode_c_string,
+    mqks_acks,
+    nsq_acks,
     parse_trace,
     split_args,
     strace_command,
@@ -41,6 +47,7 @@ BURST_EVERY, BURST_SIZE = 20, 10  # every 20th round, 10 pipelined PUBs (provoke
 MPUB_EVERY, MPUB_SIZE = 4, 4  # every 4th round, an MPUB of 4 on the second connection
 EXPECTED_ACKS = SINGLE_PUBS + (SINGLE_PUBS // BURST_EVERY) * BURST_SIZE + SINGLE_PUBS // MPUB_EVERY
 EXPECTED_RECORDS = EXPECTED_ACKS - SINGLE_PUBS // MPUB_EVERY + (SINGLE_PUBS // MPUB_EVERY) * MPUB_SIZE
+Publishes = dict[str, list[list[bytes]]]  # client address -> the tokens of each publish, in order
 CLIENT_TIMEOUT = 20.0  # every syscall of interest stops in strace; fsync may be slow on CI disks
 
 
@@ -82,13 +89,34 @@ def publish_workload(address: str) -> dict[str, list[list[bytes]]]:
     return sent
 
 
-def _gateway_command(data_dir: Path, fsync: str) -> list[str]:
+def mqks_publish_workload(address: tuple[str, int]) -> dict[str, list[list[bytes]]]:
+    """Confirmed MQKS publishes, one at a time and in pipelined bursts, to an event a queue is bound
+    to (and nobody consumes: a copy delivered in the turn it came would need no record)."""
+    with MQKSWire(address, timeout=CLIENT_TIMEOUT) as setup:
+        setup.send(b"c0 consume --confirm fsync_q fsync_e")
+        assert setup.line() == b"c0 ok "
+        setup.send(b"x0 delete_consumer --confirm c0")
+        assert setup.line() == b"x0 ok "
+    singles: list[list[bytes]] = []
+    with MQKSWire(address, timeout=CLIENT_TIMEOUT) as publisher:
+        host, port = publisher.sock.getsockname()[:2]
+        for round_ in range(SINGLE_PUBS):
+            burst = [_token() for _ in range(BURST_SIZE if round_ % BURST_EVERY == BURST_EVERY - 1 else 1)]
+            publisher.send(b"".join(b"m%d publish --confirm fsync_e fsync-order %s\n" % (len(singles) + i, token)
+                                    for i, token in enumerate(burst)))
+            for i in range(len(burst)):
+                assert publisher.line() == b"m%d ok " % (len(singles) + i)
+            singles.extend([token] for token in burst)
+    return {f"{host}:{port}": singles}
+
+
+def _gateway_command(data_dir: Path, fsync: str, *, mqks: bool = False) -> list[str]:
     return [
         sys.executable, "-m", "polymq", "serve",
         "--bind", "127.0.0.1",
         "--nsq-tcp-port", "0",
         "--nsq-http-port", "0",
-        "--mqks-port", "-1",
+        "--mqks-port", "0" if mqks else "-1",
         "--phpmq-port", "-1",
         "--phpmq-console-port", "-1",
         "--no-pzq",
@@ -98,8 +126,10 @@ def _gateway_command(data_dir: Path, fsync: str) -> list[str]:
     ]
 
 
-def _traced_run(command: list[str], workdir: Path) -> tuple[CheckReport, list[str]]:
-    """Run `command` (its data dir is workdir/data) under strace, publish, check the trace.
+def _traced_run(command: list[str], workdir: Path, workload: Callable[[TracedProcess], Publishes] | None = None,
+                acks_in: AckFinder = nsq_acks) -> tuple[CheckReport, list[str]]:
+    """Run `command` (its data dir is workdir/data) under strace, publish (NSQ unless `workload`
+    says otherwise), check the trace.
 
     The trace stays in `workdir` (pytest's tmp_path, kept for the last runs) for inspection.
     """
@@ -108,13 +138,13 @@ def _traced_run(command: list[str], workdir: Path) -> tuple[CheckReport, list[st
     failure: Exception | None = None
     with traced_process(command, workdir / "trace.txt") as server:
         try:
-            sent = publish_workload(server.nsq_tcp)
+            sent = workload(server) if workload is not None else publish_workload(server.nsq_tcp)
         except Exception as exc:  # shown with the server's whole output once it has stopped
             failure = exc
     if failure is not None:
         raise AssertionError("publishing failed; server output:\n" + "\n".join(server.log_lines[-60:])) from failure
     # The trace is complete here: strace exited after the server did.
-    return check_fsync_order(server.events(), data_dir, sent), server.log_lines
+    return check_fsync_order(server.events(), data_dir, sent, acks_in), server.log_lines
 
 
 # -- the gateway -------------------------------------------------------------------------------
@@ -132,6 +162,15 @@ def test_fsync_always_syncs_every_record_before_its_ack(tmp_path: Path, syncs: s
     assert report.records_checked == EXPECTED_RECORDS, report.describe()
     trace = tmp_path / "trace.txt"
     assert not report.violations, f"{report.describe()}\ntrace: {trace}\ngateway output:\n" + "\n".join(log[-20:])
+
+
+def test_mqks_confirms_wait_for_the_fsync(tmp_path: Path) -> None:
+    report, log = _traced_run(_gateway_command(tmp_path / "data", "always", mqks=True), tmp_path,
+                              lambda server: mqks_publish_workload(server.host_port("mqks")), mqks_acks)
+    expected = SINGLE_PUBS + (SINGLE_PUBS // BURST_EVERY) * (BURST_SIZE - 1)
+    assert (report.acks_checked, report.records_checked) == (expected, expected), report.describe()
+    assert not report.violations, f"{report.describe()}\ntrace: {tmp_path / 'trace.txt'}\ngateway output:\n" + \
+        "\n".join(log[-20:])
 
 
 def test_fsync_never_is_caught_by_the_checker(tmp_path: Path) -> None:

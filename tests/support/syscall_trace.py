@@ -37,7 +37,7 @@ import signal
 import struct
 import subprocess
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -404,8 +404,8 @@ def _in_dir(path: str | None, root: str) -> bool:
     return path is not None and path.startswith(root)
 
 
-def _acks(stream: _Stream) -> list[Syscall]:
-    """For each OK response frame on a socket, the call that sent its first byte."""
+def nsq_acks(stream: _Stream) -> list[Syscall]:
+    """For each NSQ `OK` response frame on a socket, the call that sent its first byte."""
     acks: list[Syscall] = []
     data = stream.data
     offset = 0
@@ -420,14 +420,31 @@ def _acks(stream: _Stream) -> list[Syscall]:
     return acks
 
 
+def mqks_acks(stream: _Stream) -> list[Syscall]:
+    """For each MQKS confirm (`{id} ok ` with nothing after it) on a socket, the call that sent its first byte."""
+    acks: list[Syscall] = []
+    data = stream.data
+    offset = 0
+    while (end := data.find(b"\n", offset)) >= 0:
+        if data[offset:end].endswith(b" ok ") and b" " not in data[offset:end - 4]:
+            acks.append(stream.covering(offset, offset + 1)[0])
+        offset = end + 1
+    return acks
+
+
+AckFinder = Callable[[_Stream], list[Syscall]]
+
+
 def check_fsync_order(
-    events: Sequence[Syscall], data_dir: str | os.PathLike[str], publishes: Mapping[str, Sequence[Sequence[bytes]]]
+    events: Sequence[Syscall], data_dir: str | os.PathLike[str], publishes: Mapping[str, Sequence[Sequence[bytes]]],
+    acks_in: AckFinder = nsq_acks,
 ) -> CheckReport:
     """Check that each publish's OK was sent only after its record was written and synced.
 
     `publishes` maps a client's address as the server sees it ("127.0.0.1:PORT") to its
     publishes in send order, each the body tokens it carried (one for PUB, several for MPUB); the
-    n-th OK response frame the server sent on that connection acknowledges the n-th publish.
+    n-th acknowledgement the server sent on that connection (`acks_in` finds them: NSQ `OK`
+    frames by default) acknowledges the n-th publish.
 
     A record passes when some data-dir file has: writes carrying the token's bytes that all
     returned before an fsync/fdatasync of that same file path began, and that sync returned
@@ -458,7 +475,7 @@ def check_fsync_order(
     violations: list[Violation] = []
     acks_checked = records_checked = 0
     for connection, sent in publishes.items():
-        acks = _acks(sockets[connection]) if connection in sockets else []
+        acks = acks_in(sockets[connection]) if connection in sockets else []
         if len(acks) > len(sent):
             violations.append(
                 Violation(EXTRA_ACK, connection, len(sent), None, f"{len(acks)} OK frames for {len(sent)} publishes")
