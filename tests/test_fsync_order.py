@@ -1,4 +1,4 @@
-"""With `--fsync=always`, every publish `OK` (NSQ; an MQKS confirm) is sent only after the record's write was fsync'd.
+"""With `--fsync=always`, every publish acknowledgement (NSQ `OK`, MQKS confirm, PZQ producer ACK) waits for the fsync.
 
 A kill -9 test cannot show this (the page cache survives a process kill), so the gateway runs
 under strace and `support.syscall_trace.check_fsync_order` checks the order of its system calls:
@@ -8,11 +8,13 @@ write of the record to a data-dir file -> fsync/fdatasync of that file -> send o
 from __future__ import annotations
 
 import secrets
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import zmq
 
 from polymq.codecs import nsq_client as client
 
@@ -36,6 +38,7 @@ from support.syscall_trace import (
     mqks_acks,
     nsq_acks,
     parse_trace,
+    pzq_acks,
     split_args,
     strace_command,
     traced_process,
@@ -110,7 +113,36 @@ def mqks_publish_workload(address: tuple[str, int]) -> dict[str, list[list[bytes
     return {f"{host}:{port}": singles}
 
 
-def _gateway_command(data_dir: Path, fsync: str, *, mqks: bool = False) -> list[str]:
+def pzq_publish_workload(address: str) -> dict[str, list[list[bytes]]]:
+    """PZQ producer messages, one at a time and in pipelined bursts, each waiting for its ACK.
+
+    The DEALER connects from a port chosen here (ZeroMQ's `source;destination` endpoint), so the
+    trace's connection can be told by its address."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        source_port = probe.getsockname()[1]
+    context = zmq.Context()
+    producer = context.socket(zmq.DEALER)
+    producer.setsockopt(zmq.LINGER, 0)
+    producer.setsockopt(zmq.RCVTIMEO, int(CLIENT_TIMEOUT * 1000))
+    sent: list[list[bytes]] = []
+    try:
+        producer.connect(f"tcp://127.0.0.1:{source_port};{address}")
+        for round_ in range(SINGLE_PUBS):
+            burst = [_token() for _ in range(BURST_SIZE if round_ % BURST_EVERY == BURST_EVERY - 1 else 1)]
+            ids = [b"p%d" % (len(sent) + i) for i in range(len(burst))]
+            for message_id, token in zip(ids, burst, strict=True):
+                producer.send_multipart([message_id, b"", b"fsync-order " + token])
+            for message_id in ids:
+                assert producer.recv_multipart() == [message_id, b"1", b""]
+            sent.extend([token] for token in burst)
+    finally:
+        producer.close(linger=0)
+        context.term()
+    return {f"127.0.0.1:{source_port}": sent}
+
+
+def _gateway_command(data_dir: Path, fsync: str, *, mqks: bool = False, pzq: bool = False) -> list[str]:
     return [
         sys.executable, "-m", "polymq", "serve",
         "--bind", "127.0.0.1",
@@ -119,7 +151,8 @@ def _gateway_command(data_dir: Path, fsync: str, *, mqks: bool = False) -> list[
         "--mqks-port", "0" if mqks else "-1",
         "--phpmq-port", "-1",
         "--phpmq-console-port", "-1",
-        "--no-pzq",
+        *(["--pzq", "--pzq-receive-port", "0", "--pzq-send-port", "-1", "--pzq-monitor-port", "-1"]
+          if pzq else ["--no-pzq"]),
         "--no-emqp",
         "--data-dir", str(data_dir),
         f"--fsync={fsync}",
@@ -164,13 +197,30 @@ def test_fsync_always_syncs_every_record_before_its_ack(tmp_path: Path, syncs: s
     assert not report.violations, f"{report.describe()}\ntrace: {trace}\ngateway output:\n" + "\n".join(log[-20:])
 
 
-def test_mqks_confirms_wait_for_the_fsync(tmp_path: Path) -> None:
-    report, log = _traced_run(_gateway_command(tmp_path / "data", "always", mqks=True), tmp_path,
-                              lambda server: mqks_publish_workload(server.host_port("mqks")), mqks_acks)
+def _check_single_publishes(report: CheckReport, log: list[str], fsync: str, workdir: Path) -> None:
+    """The MQKS and PZQ workloads: every publish acknowledged and checked; with `never`, the
+    checker must see each acknowledgement come before any fdatasync (it is not vacuous)."""
     expected = SINGLE_PUBS + (SINGLE_PUBS // BURST_EVERY) * (BURST_SIZE - 1)
     assert (report.acks_checked, report.records_checked) == (expected, expected), report.describe()
-    assert not report.violations, f"{report.describe()}\ntrace: {tmp_path / 'trace.txt'}\ngateway output:\n" + \
+    if fsync == "never":
+        assert report.violations and {v.kind for v in report.violations} == {NOT_SYNCED}, report.describe()
+        return
+    assert not report.violations, f"{report.describe()}\ntrace: {workdir / 'trace.txt'}\ngateway output:\n" + \
         "\n".join(log[-20:])
+
+
+@pytest.mark.parametrize("fsync", ["always", "never"])
+def test_mqks_confirms_wait_for_the_fsync(tmp_path: Path, fsync: str) -> None:
+    report, log = _traced_run(_gateway_command(tmp_path / "data", fsync, mqks=True), tmp_path,
+                              lambda server: mqks_publish_workload(server.host_port("mqks")), mqks_acks)
+    _check_single_publishes(report, log, fsync, tmp_path)
+
+
+@pytest.mark.parametrize("fsync", ["always", "never"])
+def test_pzq_producer_acks_wait_for_the_fsync(tmp_path: Path, fsync: str) -> None:
+    report, log = _traced_run(_gateway_command(tmp_path / "data", fsync, pzq=True), tmp_path,
+                              lambda server: pzq_publish_workload(server.addresses["pzq-receive"]), pzq_acks)
+    _check_single_publishes(report, log, fsync, tmp_path)
 
 
 def test_fsync_never_is_caught_by_the_checker(tmp_path: Path) -> None:

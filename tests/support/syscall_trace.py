@@ -432,6 +432,42 @@ def mqks_acks(stream: _Stream) -> list[Syscall]:
     return acks
 
 
+# ZMTP 3 (ZeroMQ's wire protocol): a 64-byte greeting, then frames of a flags byte (MORE, LONG,
+# COMMAND) and a 1- or 8-byte size.
+ZMTP_GREETING = 64
+ZMTP_MORE, ZMTP_LONG, ZMTP_COMMAND = 0x01, 0x02, 0x04
+
+
+def pzq_acks(stream: _Stream) -> list[Syscall]:
+    """For each PZQ producer ACK `[id, '1', '']` a ZeroMQ socket sent, the call that sent its first byte."""
+    acks: list[Syscall] = []
+    data = stream.data
+    offset = ZMTP_GREETING
+    frames: list[bytes] = []
+    start = offset
+    while offset + 2 <= len(data):
+        flags = data[offset]
+        if flags & ZMTP_LONG:
+            if offset + 9 > len(data):
+                break
+            head, size = 9, int.from_bytes(data[offset + 1 : offset + 9], "big")
+        else:
+            head, size = 2, data[offset + 1]
+        end = offset + head + size
+        if end > len(data):
+            break
+        if not flags & ZMTP_COMMAND:  # commands (READY, PING) are not messages
+            if not frames:
+                start = offset
+            frames.append(bytes(data[offset + head : end]))
+            if not flags & ZMTP_MORE:
+                if len(frames) == 3 and frames[1:] == [b"1", b""]:
+                    acks.append(stream.covering(start, start + 1)[0])
+                frames = []
+        offset = end
+    return acks
+
+
 AckFinder = Callable[[_Stream], list[Syscall]]
 
 
