@@ -348,10 +348,17 @@ class OwnerLog:
     def next_position(self) -> int:
         return (self.segment << records.SEGMENT_SHIFT) | self.next_index
 
-    def peek(self, count: int) -> list[Message]:
+    def peek_pages(self, page: int) -> Iterator[list[Message]]:
+        """Every spilled copy, `page` at a time, without taking any: the reader's place is back
+        where it was once the pages end or the caller closes the iterator. Consume it in one go:
+        nothing may read this log in between."""
         cursor, spilled = self.cursor, self.spilled
         try:
-            return self.read(count)
+            while self.spilled:
+                taken = self.read(page)
+                if not taken:
+                    break
+                yield taken
         finally:
             self.cursor, self.spilled = cursor, spilled
 

@@ -12,7 +12,7 @@ Ephemeral topics and queues get no log and are never reported. `MemoryStorage` k
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -65,9 +65,10 @@ class OwnerLog(Protocol):
         """The position the next copy appended will get (every stored copy has a lower one)."""
         ...
 
-    def peek(self, count: int) -> list[Message]:
-        """Up to `count` spilled copies, in order, as `read` gives them, without taking them: the
-        next `read` starts where it did (a snapshot of the queue)."""
+    def peek_pages(self, page: int) -> Iterator[list[Message]]:
+        """Every spilled copy, `page` at a time, in order, as `read` gives them, without taking
+        them: once the pages end or the iterator is closed, the next `read` starts where it did
+        (a snapshot of the queue)."""
         ...
 
     def start_after(self, position: int) -> None:

@@ -18,6 +18,12 @@ from collections.abc import Iterable
 from polymq.core.engine import STREAM_COMMITTED_OPTION, STREAM_OPTION, Engine, Queue
 from polymq.core.message import Message
 
+# Copies a snapshot reads back from disk at a time, checking its memory budget after each page.
+SNAPSHOT_PAGE = 4096
+# What one message read back costs besides its body: its object and list slot come to 187 bytes
+# for 200-byte messages without headers (tracemalloc, 10,000 read back); rounded up for headers.
+MESSAGE_OVERHEAD = 256
+
 
 class StreamError(Exception):
     """A stream operation that cannot be done: the message says why, for the reader to show."""
@@ -143,15 +149,33 @@ def commit(engine: Engine, queue: Queue, until: int) -> int:
             return finished
 
 
-def snapshot(queue: Queue) -> list[Message]:
+class SnapshotTooLarge(StreamError):
+    pass
+
+
+def snapshot(queue: Queue, max_read_back: int) -> tuple[list[Message], int]:
     """Every message the queue holds now, without taking any: in flight, ready (in order, those on
-    disk read back as copies), then deferred. Any queue, not only streams (a batch read)."""
+    disk read back as copies), then deferred. Any queue, not only streams (a batch read).
+
+    Returns the messages and the memory the copies read back from disk take (bodies plus
+    `MESSAGE_OVERHEAD` each); past `max_read_back` bytes it stops reading and raises
+    SnapshotTooLarge (what is in memory already costs a snapshot nothing but references)."""
     held = [*queue.in_flight.values(), *queue.ready]
+    read_back = 0
     log = queue.log
     if log is not None and log.spilled:
-        held += log.peek(log.spilled)
+        pages = log.peek_pages(SNAPSHOT_PAGE)
+        try:
+            for page in pages:
+                read_back += sum(len(message.body) for message in page) + MESSAGE_OVERHEAD * len(page)
+                if read_back > max_read_back:
+                    raise SnapshotTooLarge(
+                        f"a snapshot of {queue.name} would read back more than {max_read_back >> 20} MiB from disk")
+                held += page
+        finally:
+            pages.close()  # the log's reader goes back to where it was
     held += [message for _, _, message in sorted(queue.deferred)]
-    return held
+    return held, read_back
 
 
 def _position(message: Message) -> int:

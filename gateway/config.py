@@ -33,6 +33,7 @@ from polymq.codecs.nsq import ServerLimits
 from polymq.codecs.phpmq import MAX_CONTENT as PHPMQ_MAX_CONTENT
 from polymq.core.dedup import DEFAULT_WINDOW_S as DEFAULT_DEDUP_WINDOW_S
 from polymq.core.disk_storage import MEM_QUEUE_SIZE, FsyncPolicy
+from polymq.gateway.stream_http_api import DEFAULT_SNAPSHOT_MEMORY
 
 # polymq binds loopback unless told otherwise (nsqd binds every interface).
 DEFAULT_BIND = "127.0.0.1"
@@ -131,6 +132,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("storage.dedup_window_s", "--dedup-window", click.FloatRange(min=1), DEFAULT_DEDUP_WINDOW_S,
            "Seconds a publishing writer's row groups are remembered (a Spark batch replayed later than this "
            "after its first try may publish its rows again); kept in the store."),
+    Option("storage.snapshot_memory_mb", "--snapshot-memory", click.IntRange(min=1), DEFAULT_SNAPSHOT_MEMORY >> 20,
+           "MiB the batch-read snapshots of queues held at once may take for the messages they read back "
+           "from disk; a snapshot past it is refused (HTTP 413)."),
     Option("storage.in_memory", "--in-memory", click.BOOL, False,
            "Keep nothing on disk (benchmarks, throwaway tests): a restart starts empty."),
     # NSQ
@@ -276,6 +280,7 @@ class StorageConfig:
     fsync: FsyncPolicy = attrs.field(factory=FsyncPolicy)
     mem_queue_size: int = MEM_QUEUE_SIZE
     dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S
+    snapshot_memory_mb: int = DEFAULT_SNAPSHOT_MEMORY >> 20
     in_memory: bool = False
 
 

@@ -167,14 +167,14 @@ def hypercorn_config() -> Config:
     return config
 
 
-async def serve_nsq_http(engine: Engine, nsq: NSQServer, sock: socket.socket, *,
+async def serve_nsq_http(engine: Engine, nsq: NSQServer, sock: socket.socket, snapshot_memory: int, *,
                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve the nsqd HTTP API on `sock` (bound and listening) until cancelled."""
     config = hypercorn_config()
     gc_pauses = GcPauses()
     gc_pauses.install()
     api = NsqHttpApi(engine, nsq, bind_host=sock.getsockname()[0], gc_pauses=gc_pauses,
-                     extra_routes=StreamHttpApi(engine, lambda: nsq.limits).routes())
+                     extra_routes=StreamHttpApi(engine, lambda: nsq.limits, snapshot_memory=snapshot_memory).routes())
     app = wrap_app(NsqHttpApp(api), config.wsgi_max_body_size, "asgi")
     try:
         async with trio.open_nursery() as nursery:

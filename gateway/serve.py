@@ -304,7 +304,7 @@ async def run_gateway(
                     await nursery.start(serve_tcp, nsq.handle_connection, sock)
                 elif name == "nsq-http":
                     nsq.http_port = port
-                    await nursery.start(serve_nsq_http, engine, nsq, sock)
+                    await nursery.start(serve_nsq_http, engine, nsq, sock, config.storage.snapshot_memory_mb << 20)
                 elif name == "mqks":
                     mqks.host, mqks.port = host, port
                     await nursery.start(serve_tcp, mqks.handle_connection, sock)

@@ -40,6 +40,9 @@ MAX_NAME_BYTES = 1024
 # Spark tells a source nothing when a batch read ends.
 MAX_SNAPSHOTS = 16
 SNAPSHOT_IDLE_S = 600.0
+# Memory the snapshots held at once may take for the messages they read back from disk (those
+# still in memory cost them only references); `--snapshot-memory` sets it.
+DEFAULT_SNAPSHOT_MEMORY = 1024 * 1024 * 1024
 
 Handler = Callable[[Request, str], Response | NeedBody]
 
@@ -51,6 +54,7 @@ class Snapshot:
     queue: str
     messages: list[Message]
     used: float  # monotonic seconds of the last read
+    read_back: int  # bytes of memory its copies read back from disk take
 Params = dict[bytes, list[bytes]]
 
 
@@ -64,9 +68,11 @@ class BadRequest(Exception):
 
 
 class StreamHttpApi:
-    def __init__(self, engine: Engine, limits: Callable[[], ServerLimits]) -> None:
+    def __init__(self, engine: Engine, limits: Callable[[], ServerLimits], *,
+                 snapshot_memory: int = DEFAULT_SNAPSHOT_MEMORY) -> None:
         self.engine = engine
         self.limits = limits  # nsqd's message and body limits hold for rows and batches too
+        self.snapshot_memory = snapshot_memory
         self._topic_bytes: dict[str, bytes] = {}
         self._snapshots: dict[str, Snapshot] = {}  # by id, oldest first
 
@@ -208,7 +214,14 @@ class StreamHttpApi:
         self._expire_snapshots()
         while len(self._snapshots) >= MAX_SNAPSHOTS:
             self._snapshots.pop(next(iter(self._snapshots)))  # the oldest goes
-        taken = Snapshot(name, streams.snapshot(queue), time.monotonic())
+        held = sum(taken.read_back for taken in self._snapshots.values())
+        try:
+            messages, read_back = streams.snapshot(queue, self.snapshot_memory - held)
+        except streams.SnapshotTooLarge as error:
+            raise BadRequest(failure(413, "SNAPSHOT_TOO_LARGE", f"{error} (--snapshot-memory "
+                                     f"{self.snapshot_memory >> 20} MiB, {held >> 20} MiB held by open snapshots): "
+                                     "read it as a stream, or close other snapshots")) from error
+        taken = Snapshot(name, messages, time.monotonic(), read_back)
         snapshot_id = secrets.token_hex(8)
         self._snapshots[snapshot_id] = taken
         return Response(200, go_json({"snapshot": snapshot_id, "queue": name, "rows": len(taken.messages)}),

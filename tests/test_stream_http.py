@@ -229,3 +229,29 @@ def test_a_snapshot_of_an_nsq_channel_reads_every_message_and_consumes_none(tmp_
             assert delivered == [b"job %d" % number for number in range(1, 8)]  # none was taken
         with pytest.raises(StreamClientError, match="no stream or queue nope"):
             client.snapshot("nope")
+
+
+def test_snapshots_read_back_from_disk_only_as_much_as_their_memory_allows(tmp_path: Path) -> None:
+    """600 messages of 1,000 bytes on disk take about 0.75 MiB as a snapshot: one fits in 1 MiB,
+    a second while the first is open does not, and once the first is closed it does."""
+    with running_gateway("--mem-queue-size", "2", "--snapshot-memory", "1", data_dir=tmp_path) as gateway, \
+            StreamClient(gateway.nsq_http) as client:
+        host, port = gateway.nsq_http.rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=5)
+        for create in ("/topic/create?topic=big", "/channel/create?topic=big&channel=work"):
+            connection.request("POST", create)
+            assert connection.getresponse().read() == b""
+        bodies = [b"%04d" % number + b"x" * 996 for number in range(600)]
+        connection.request("POST", "/mpub?topic=big", body=b"\n".join(bodies))
+        assert connection.getresponse().read() == b"OK"
+        connection.close()
+        first = client.snapshot("big/work")
+        assert first["rows"] == 600
+        with pytest.raises(StreamClientError) as refused:
+            client.snapshot("big/work")
+        assert refused.value.status == 413 and refused.value.code == "SNAPSHOT_TOO_LARGE"
+        assert "--snapshot-memory 1 MiB" in str(refused.value)
+        rows = stream_rows.decode_read_rows(client.snapshot_rows(first["snapshot"], 0, 600))
+        assert [row.body for row in rows] == bodies  # the open one reads whole
+        client.snapshot_close(first["snapshot"])
+        assert client.snapshot("big/work")["rows"] == 600

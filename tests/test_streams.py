@@ -177,6 +177,28 @@ def test_dedup_groups_survive_a_restart_within_the_window(open_store: Callable[.
     assert store.engine.dedup.groups == {}
 
 
+def test_a_snapshot_past_its_memory_is_refused_and_takes_nothing(open_store: Callable[..., Store],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streams, "SNAPSHOT_PAGE", 3)  # read back 3 at a time, checking after each
+    store = open_store(mem_queue_size=2)
+    engine = store.engine
+    engine.ensure_queue("jobs")
+    engine.bind("jobs", "t")
+    payloads = [b"job %02d " % number + b"x" * 93 for number in range(20)]  # 100 bytes each
+    engine.publish_many("t", payloads)
+    store.commit()
+    queue = engine.queue("jobs")
+    assert queue is not None and queue.log is not None and queue.log.spilled == 18
+    cost = 100 + streams.MESSAGE_OVERHEAD
+    taken, read_back = streams.snapshot(queue, 18 * cost)
+    assert bodies(taken) == payloads and read_back == 18 * cost
+    with pytest.raises(streams.SnapshotTooLarge, match="jobs would read back more than"):
+        streams.snapshot(queue, 18 * cost - 1)
+    got: list[Message] = []
+    engine.attach("jobs", got.append, credit=100)
+    assert bodies(got) == payloads  # the refused snapshot left the reader where it was
+
+
 def test_a_snapshot_holds_every_message_of_any_queue_and_takes_none(open_store: Callable[..., Store],
                                                                    clock: ManualClock) -> None:
     store = open_store(mem_queue_size=2)
@@ -192,9 +214,11 @@ def test_a_snapshot_holds_every_message_of_any_queue_and_takes_none(open_store: 
     assert bodies(got) == [b"0"] and engine.queue("jobs").spilled  # type: ignore[union-attr]
     queue = engine.queue("jobs")
     assert queue is not None
-    taken = streams.snapshot(queue)
+    spilled = queue.log.spilled  # type: ignore[union-attr]
+    taken, read_back = streams.snapshot(queue, 1 << 20)
     assert bodies(taken) == [b"0", b"1", b"2", b"3", b"4", b"5", b"later"]
-    assert bodies(streams.snapshot(queue)) == bodies(taken)  # again: nothing was taken
+    assert spilled and read_back == spilled * (1 + streams.MESSAGE_OVERHEAD)  # one-byte bodies from disk
+    assert bodies(streams.snapshot(queue, 1 << 20)[0]) == bodies(taken)  # again: nothing was taken
     consumer.set_credit(10)
     consumer.finish(got[0].id)
     assert bodies(got) == [b"0", b"1", b"2", b"3", b"4", b"5"]  # the consumer still gets every one
