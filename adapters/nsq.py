@@ -538,18 +538,25 @@ class NSQSession(StreamSession):
         self._send_error(nsq.non_fatal(code, name + b" " + raw_id + b" failed " + outcome.value.encode()))
 
     def _fin(self, command: nsq.Fin) -> None:
+        self._finish([command.msg_id])
+
+    def _fins(self, command: nsq.Fins) -> None:
+        self._finish(command.msg_ids)
+
+    def _finish(self, raw_ids: list[bytes]) -> None:
         # Inline rather than `_target`: one FIN per delivered message, no tuple or call to spare.
         consumer = self.consumer
-        message_id = parse_message_id(command.msg_id)
-        if consumer is None or message_id is None:
-            outcome = Outcome.NOT_IN_FLIGHT
-        else:
-            # The freed credit is used once per read (`_refill` in the read loop), not per FIN.
-            outcome = consumer.finish(message_id, refill=False)
-        if outcome is Outcome.OK:
-            self._refill = True
-        else:
-            self._ack_failed(b"FIN", "E_FIN_FAILED", command.msg_id, outcome)
+        for raw_id in raw_ids:
+            message_id = parse_message_id(raw_id)
+            if consumer is None or message_id is None:
+                outcome = Outcome.NOT_IN_FLIGHT
+            else:
+                # The freed credit is used once per read (`_refill` at its end), not per FIN.
+                outcome = consumer.finish(message_id, refill=False)
+            if outcome is Outcome.OK:
+                self._refill = True
+            else:
+                self._ack_failed(b"FIN", "E_FIN_FAILED", raw_id, outcome)
 
     def _req(self, command: nsq.Req) -> None:
         target = self._target(command.msg_id)
@@ -643,6 +650,7 @@ class NSQSession(StreamSession):
         nsq.Sub: _sub,
         nsq.Rdy: _rdy,
         nsq.Fin: _fin,
+        nsq.Fins: _fins,
         nsq.Req: _req,
         nsq.Touch: _touch,
         nsq.Cls: _cls,

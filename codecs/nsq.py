@@ -25,6 +25,8 @@ FRAME_TYPE_ERROR = 1
 FRAME_TYPE_MESSAGE = 2
 
 MSG_ID_LENGTH = 16
+# `FIN <id>\n`: a consumer's FINs come in runs of such lines, parsed as one event (`Fins`).
+FIN_LINE_LENGTH = 4 + MSG_ID_LENGTH + 1
 # Message frame data: int64 ns timestamp, uint16 attempts, 16-byte id, then the body.
 MESSAGE_HEADER = struct.Struct(">iiqH")  # frame size, frame type, timestamp, attempts
 MESSAGE_OVERHEAD = 8 + 2 + MSG_ID_LENGTH  # bytes of message data before the body
@@ -167,6 +169,13 @@ class Fin:
 
 
 @attrs.frozen(slots=True)
+class Fins:
+    """Consecutive plain `FIN <id>` lines (two or more), in order: each as a `Fin` would be."""
+
+    msg_ids: list[bytes]
+
+
+@attrs.frozen(slots=True)
 class Req:
     msg_id: bytes
     timeout_ms: int  # already clamped to 0..max_req_timeout_ms, as nsqd does
@@ -216,7 +225,7 @@ class _NeedData:
 
 NEED_DATA = _NeedData()
 
-Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Req | Touch | Cls | Nop
+Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Fins | Req | Touch | Cls | Nop
 Event = Command | ProtocolError | CloseSilently | _NeedData
 
 # The only error codes after which nsqd keeps the connection (docs/protocols/nsq.md).
@@ -393,6 +402,11 @@ class ServerConnection:
         if self._pending is not None:
             return self._continue_body()
         pos = self._pos
+        if (buffer.startswith(b"FIN ", pos) and self.state in (ClientState.SUBSCRIBED, ClientState.CLOSING)
+                and not (self.limits.tls_required and not self.tls_active)):
+            fins = self._fins(buffer, pos)
+            if fins is not None:
+                return fins
         newline = buffer.find(b"\n", pos)
         if newline < 0:
             if len(buffer) - pos >= MAX_LINE_LENGTH:
@@ -408,6 +422,23 @@ class ServerConnection:
         if isinstance(event, ProtocolError) and event.fatal:
             return self._fail(event)
         return event
+
+    def _fins(self, buffer: bytearray, pos: int) -> Fin | Fins | None:
+        """The run of plain FIN lines at `pos` without splitting each (a consumer sends one per
+        message). A line with anything else (`\r`, spaces, more params) is left to the general path."""
+        msg_ids: list[bytes] = []
+        end = len(buffer)
+        newline = FIN_LINE_LENGTH - 1
+        while pos + FIN_LINE_LENGTH <= end and buffer[pos + newline] == 10 and buffer.startswith(b"FIN ", pos):
+            msg_id = bytes(buffer[pos + 4 : pos + 4 + MSG_ID_LENGTH])
+            if not msg_id.isalnum():
+                break
+            msg_ids.append(msg_id)
+            pos += FIN_LINE_LENGTH
+        if not msg_ids:
+            return None
+        self._pos = pos
+        return Fin(msg_ids[0]) if len(msg_ids) == 1 else Fins(msg_ids)
 
     def _fail(self, error: ProtocolError) -> ProtocolError:
         self.state = ClientState.CLOSED

@@ -329,6 +329,27 @@ def test_fin_req_touch(state: str) -> None:
     assert one(client.req(MSG_ID, 100), state=state) == nsq.Req(MSG_ID, 100)
 
 
+def test_a_run_of_fins_is_one_event_and_anything_unusual_ends_it() -> None:
+    ids = [b"%016x" % number for number in range(5)]
+    odd = b"\x00\x01\xff" + b"z" * 13
+    conn = connect(state="subscribed")
+    stream = b"".join(client.fin(i) for i in ids[:3]) + b"FIN " + ids[3] + b"\r\n" + client.fin(ids[4]) \
+        + b"FIN " + odd + b"\n" + client.fin(ids[0]) + client.fin(ids[1]) + client.nop()
+    assert pull(conn, stream) == [nsq.Fins(ids[:3]), nsq.Fin(ids[3]), nsq.Fin(ids[4]), nsq.Fin(odd),
+                                  nsq.Fins(ids[:2]), nsq.Nop()]
+    assert conn.buffered == 0
+    conn = connect(state="subscribed")
+    assert pull(conn, client.fin(ids[0]) + client.fin(ids[1])[:-3]) == [nsq.Fin(ids[0])]  # the rest: not yet
+    assert pull(conn, client.fin(ids[1])[-3:]) == [nsq.Fin(ids[1])]
+
+
+def test_a_run_of_fins_before_sub_is_the_general_error() -> None:
+    conn = connect(state="init")
+    events = pull(conn, client.fin(MSG_ID) + client.fin(MSG_ID))
+    assert events == [nsq.fatal("E_INVALID", "cannot FIN in current state")]
+    assert_stopped(conn)
+
+
 def test_message_id_is_opaque_16_bytes() -> None:
     odd = b"\x00\x01\xff" + b"z" * 13
     assert one(b"FIN " + odd + b"\n", state="subscribed") == nsq.Fin(odd)

@@ -137,6 +137,10 @@ def drive(conn: nsq.ServerConnection, chunks: list[bytes], on_event: Callable[[o
             event = conn.next_event()
             if event is nsq.NEED_DATA:
                 break
+            if isinstance(event, nsq.Fins):  # a run of FINs: each as its own FIN would parse
+                for msg_id in event.msg_ids:
+                    on_event(nsq.Fin(msg_id))
+                continue
             on_event(event)
             if isinstance(event, nsq.Sub):
                 conn.subscribed()
