@@ -4,6 +4,7 @@ store brings back after a restart."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from polymq.core.clock import ManualClock
 from polymq.core.disk_io import FileWriter
 from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import Engine
-from polymq.core.schedules import InvalidSchedule
+from polymq.core.schedules import InvalidSchedule, next_cron
 
 
 def make(storage: DiskStorage | None = None, clock: ManualClock | None = None) -> tuple[Engine, ManualClock]:
@@ -77,6 +78,16 @@ def test_a_cron_expression_fires_at_the_times_it_names() -> None:
     assert bodies(engine) == [b"cron"]
     advance(engine, clock, 1)  # 22:20:00
     assert bodies(engine) == [b"cron", b"cron"]
+
+
+def test_cron_expressions_name_utc_times_whatever_the_machine_s_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    noon_utc = 1_795_608_000.0  # 2026-11-25 12:00:00 UTC
+    for zone in ("Asia/Tokyo", "America/New_York", "UTC"):
+        monkeypatch.setenv("TZ", zone)
+        time.tzset()
+        assert next_cron("0 9 * * *", noon_utc) == noon_utc + 21 * 3600  # 09:00 UTC the next day
+    monkeypatch.undo()
+    time.tzset()
 
 
 def test_the_same_key_replaces_and_remove_stops() -> None:
