@@ -28,11 +28,16 @@ import attrs
 from polymq.adapters.session import Listener, StreamSession
 from polymq.adapters.transport import Transport
 from polymq.codecs import phpmq
-from polymq.core.engine import MAX_ATTEMPTS_OPTION, Consumer, Engine, Message, Queue
+from polymq.core.engine import AUTO_DELETE_EMPTY_OPTION, MAX_ATTEMPTS_OPTION, Consumer, Engine, Message, Queue
 
 ORIGIN = "phpmq"  # the protocol the engine keeps with what comes in here
 
 log = logging.getLogger("polymq.phpmq")
+
+
+# How long an empty queue nobody consumes is kept: long enough for a consumer to reconnect
+# without its queue being made again, short enough that throwaway queue names do not pile up.
+FORGET_EMPTY_AFTER_S = 60.0
 
 
 @attrs.frozen
@@ -50,6 +55,9 @@ class PHPMQLimits:
     # Deliveries after which a message that comes back is dead-lettered (0: no limit); set on the
     # queues PHPMQ creates.
     max_attempts: int = 0
+    # Seconds after its last consumer left that a queue PHPMQ created is forgotten if it is empty
+    # (the original keeps no empty queue: a queue is its rows); None: kept forever.
+    forget_empty_after: float | None = FORGET_EMPTY_AFTER_S
 
 
 class PHPMQServer(Listener):
@@ -71,8 +79,13 @@ class PHPMQServer(Listener):
         queue = engine.queue(name)
         if queue is None or name not in queue.topics:
             if queue is None:
-                options = {MAX_ATTEMPTS_OPTION: self.limits.max_attempts} if self.limits.max_attempts else None
-                queue = engine.ensure_queue(name, options=options)
+                options: dict[str, object] = {}
+                if self.limits.max_attempts:
+                    options[MAX_ATTEMPTS_OPTION] = self.limits.max_attempts
+                forget = self.limits.forget_empty_after
+                if forget is not None:
+                    options[AUTO_DELETE_EMPTY_OPTION] = True
+                queue = engine.ensure_queue(name, auto_delete=forget, options=options)
             engine.bind(name, name)
         return queue
 

@@ -57,6 +57,10 @@ MAX_ATTEMPTS_OPTION = "max_attempts"
 # and the position below which its reader has committed everything.
 STREAM_OPTION = "stream"
 STREAM_COMMITTED_OPTION = "stream_committed"
+# Queue option: auto-delete the queue only when it is empty (nothing ready, on disk, deferred or
+# in flight), and its own topic with it when nothing else is bound to that or waits in it (PHPMQ's
+# queues: the original keeps no empty queue).
+AUTO_DELETE_EMPTY_OPTION = "auto_delete_empty"
 
 
 def dead_letter_topic(queue_name: str) -> str:
@@ -671,7 +675,7 @@ class Queue:
                 self._dispatch()
         if not self.consumers and self.auto_delete is not None and not self.deleted:
             if self.auto_delete <= 0:
-                self.engine.delete_queue(self.name)
+                self._auto_delete()
             else:
                 self._delete_timer = self.engine.timers.schedule(
                     self.engine.clock.now() + self.auto_delete, self._auto_delete
@@ -679,8 +683,18 @@ class Queue:
 
     def _auto_delete(self) -> None:
         self._delete_timer = None
-        if not self.consumers and not self.deleted and self.auto_delete is not None:
-            self.engine.delete_queue(self.name)
+        if self.consumers or self.deleted or self.auto_delete is None:
+            return
+        engine = self.engine
+        if not self.options.get(AUTO_DELETE_EMPTY_OPTION):
+            engine.delete_queue(self.name)
+            return
+        if self.depth or self.in_flight or self.deferred:
+            return  # kept: a consumer that comes and goes again starts the countdown again
+        engine.delete_queue(self.name)
+        topic = engine.topics.get(self.name)
+        if topic is not None and not topic.queues and not topic.depth:
+            engine.delete_topic(self.name)
 
     # -- administration ------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from click.core import ParameterSource
 from polymq.adapters import emqp as emqp_adapter
 from polymq.adapters.emqp import EMQPLimits
 from polymq.adapters.mqks import MQKSLimits
+from polymq.adapters.phpmq import FORGET_EMPTY_AFTER_S as PHPMQ_FORGET_EMPTY_AFTER_S
 from polymq.adapters.phpmq import PHPMQLimits
 from polymq.adapters.pzq import DEFAULT_ACK_TIMEOUT_S, DEFAULT_MAX_MESSAGE, DEFAULT_WINDOW, PZQLimits
 from polymq.codecs.mqks import MAX_LINE_LENGTH as MQKS_MAX_LINE_LENGTH
@@ -207,6 +208,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("phpmq.max_attempts", "--phpmq-max-attempts", click.IntRange(min=0), 0,
            "Deliveries after which a message that comes back again goes to the dead-letter queue "
            "<queue>.dead (0 = no limit); set on the queues PHPMQ creates."),
+    Option("phpmq.forget_empty_after_s", "--phpmq-forget-empty", click.FloatRange(min=-1),
+           PHPMQ_FORGET_EMPTY_AFTER_S,
+           "Seconds after its last consumer left that an empty queue PHPMQ created is deleted, with its "
+           "topic when nothing else uses it (the original keeps no empty queue; -1 = keep them)."),
     Option("phpmq.console_port", "--phpmq-console-port", PORT, DEFAULT_PHPMQ_CONSOLE_PORT,
            "PHPMQ maintenance console TCP port (0 = any free, -1 = off)."),
     Option("phpmq.console_bind", "--phpmq-console-bind", click.STRING, DEFAULT_BIND,
@@ -343,6 +348,7 @@ class PHPMQConfig:
     generation: str = "pinned"
     ack_timeout_ms: int = 0
     max_attempts: int = 0
+    forget_empty_after_s: float = PHPMQ_FORGET_EMPTY_AFTER_S
     console_port: int = DEFAULT_PHPMQ_CONSOLE_PORT
     console_bind: str = DEFAULT_BIND
     console_destructive: bool = True
@@ -351,7 +357,8 @@ class PHPMQConfig:
         return PHPMQLimits(max_content=self.max_content, max_window=self.max_window,
                            current_generation=self.generation == "current",
                            ack_timeout=self.ack_timeout_ms / 1000 if self.ack_timeout_ms else None,
-                           max_attempts=self.max_attempts)
+                           max_attempts=self.max_attempts,
+                           forget_empty_after=None if self.forget_empty_after_s < 0 else self.forget_empty_after_s)
 
 
 @attrs.frozen

@@ -17,7 +17,7 @@ from polymq.core import records
 from polymq.core.clock import ManualClock
 from polymq.core.disk_io import FileWriter
 from polymq.core.disk_storage import DiskStorage
-from polymq.core.engine import Consumer, CreditMode, CreditPool, Engine, Message, Outcome
+from polymq.core.engine import AUTO_DELETE_EMPTY_OPTION, Consumer, CreditMode, CreditPool, Engine, Message, Outcome
 
 
 class Recorder:
@@ -1004,6 +1004,47 @@ def test_auto_delete_zero_deletes_at_once_when_the_last_consumer_goes() -> None:
     assert engine.queue("q") is not None
     second.detach()
     assert engine.queue("q") is None
+
+
+def test_auto_delete_of_an_empty_queue_keeps_one_that_holds_messages() -> None:
+    engine, clock = make()
+    engine.ensure_queue("q", auto_delete=5.0, options={AUTO_DELETE_EMPTY_OPTION: True})
+    engine.bind("q", "q")
+    consumer, got = attach(engine, "q", credit=1)
+    pub(engine, "q", b"one")
+    pub(engine, "q", b"two")
+    consumer.detach()  # "one" goes back: two messages wait
+    advance(engine, clock, 5.0)
+    assert engine.queue("q") is not None and "q" in engine.topics
+    again, got = attach(engine, "q", credit=10)
+    assert got.bodies == [b"one", b"two"]
+    pub(engine, "q", b"later", delay=30.0)
+    for body in (b"one", b"two"):
+        again.finish(got.id_of(body))
+    again.detach()
+    advance(engine, clock, 5.0)
+    assert engine.queue("q") is not None  # one deferred message: kept
+    last, got = attach(engine, "q", credit=10)
+    advance(engine, clock, 30.0)
+    assert got.bodies == [b"later"]
+    last.finish(got.id_of(b"later"))
+    last.detach()
+    advance(engine, clock, 4.999)
+    assert engine.queue("q") is not None
+    advance(engine, clock, 0.001)
+    assert engine.queue("q") is None and "q" not in engine.topics  # empty: gone, with its own topic
+
+
+def test_auto_delete_of_an_empty_queue_leaves_a_topic_others_use() -> None:
+    engine, _ = make()
+    engine.ensure_queue("q", auto_delete=0.0, options={AUTO_DELETE_EMPTY_OPTION: True})
+    engine.bind("q", "q")
+    engine.ensure_queue("other")
+    engine.bind("other", "q")
+    consumer, _ = attach(engine, "q", credit=1)
+    consumer.detach()
+    assert engine.queue("q") is None
+    assert "q" in engine.topics and engine.queue("other") is not None
 
 
 def test_configure_queue_changes_auto_delete() -> None:

@@ -3,8 +3,10 @@ generations, TTL, requeue, dead letters, bad input and restarts (docs/protocols/
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -275,3 +277,42 @@ def test_unacknowledged_messages_ttls_and_dead_letters_survive_kill_9(tmp_path: 
         reader.consume("orders.dead", 1)
         [letter] = reader.deliveries(1)
         assert (letter.content, letter.message_id) == (b"poison", poison.message_id)
+
+
+def _topics(http: str) -> set[str]:
+    with urllib.request.urlopen(f"http://{http}/stats?format=json", timeout=5) as reply:
+        return {topic["topic_name"] for topic in json.load(reply)["topics"]}
+
+
+def _wait_gone(http: str, queue: str) -> None:
+    deadline = time.monotonic() + 5
+    while queue in _topics(http):
+        assert time.monotonic() < deadline, f"{queue} still there"
+        time.sleep(0.01)
+
+
+def test_an_emptied_queue_nobody_consumes_is_forgotten_one_that_holds_messages_is_kept(tmp_path: Path) -> None:
+    kept, emptied = unique("kept"), unique("emptied")
+    with running_gateway("--phpmq-forget-empty", "0", data_dir=tmp_path) as gateway:
+        with wire(gateway) as producer, wire(gateway) as consumer:
+            producer.publish(kept, b"waits")
+            producer.publish(emptied, b"one")
+            producer.publish(emptied, b"two")
+            producer.barrier()
+            consumer.consume(kept, 1)
+            consumer.deliveries(1)  # not acked: it goes back when the window moves on
+            consumer.consume(emptied, 10)
+            for delivery in consumer.deliveries(2):
+                consumer.ack(emptied, delivery.message_id)
+            consumer.barrier()
+        _wait_gone(gateway.nsq_http, emptied)
+        assert queue_stats(gateway.nsq_http, kept)["depth"] == 1
+    with running_gateway("--phpmq-forget-empty", "0", data_dir=tmp_path) as gateway:
+        assert emptied not in _topics(gateway.nsq_http)  # gone from the store too
+        with wire(gateway) as consumer:
+            consumer.consume(kept, 1)
+            [delivery] = consumer.deliveries(1)
+            assert delivery.content == b"waits"
+            consumer.ack(kept, delivery.message_id)
+            consumer.barrier()
+        _wait_gone(gateway.nsq_http, kept)
