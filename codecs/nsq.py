@@ -25,6 +25,7 @@ FRAME_TYPE_ERROR = 1
 FRAME_TYPE_MESSAGE = 2
 
 MSG_ID_LENGTH = 16
+_HEX_DIGITS = b"0123456789abcdef"
 # `FIN <id>\n`: a consumer's FINs come in runs of such lines, parsed as one event (`Fins`).
 FIN_LINE_LENGTH = 4 + MSG_ID_LENGTH + 1
 # Message frame data: int64 ns timestamp, uint16 attempts, 16-byte id, then the body.
@@ -303,6 +304,26 @@ def frame_message_header(timestamp_ns: int, attempts: int, msg_id: bytes, body_l
         MESSAGE_HEADER.pack(body_len + MESSAGE_OVERHEAD + 4, FRAME_TYPE_MESSAGE, timestamp_ns, attempts)
         + msg_id
     )
+
+
+def frame_message_header_of(timestamp_ns: int, attempts: int, message_id: int, body_len: int) -> bytes:
+    """`frame_message_header` for a numeric id, shown as NSQ shows ids: 16 lowercase hex digits."""
+    return (
+        MESSAGE_HEADER.pack(body_len + MESSAGE_OVERHEAD + 4, FRAME_TYPE_MESSAGE, timestamp_ns, attempts)
+        + b"%016x" % message_id
+    )
+
+
+def message_id_number(raw: bytes) -> int:
+    """The number a 16-character lowercase hex id names (as `frame_message_header_of` writes ids);
+    -1 for anything else, which names no message."""
+    if len(raw) != MSG_ID_LENGTH or raw.strip(_HEX_DIGITS):
+        return -1
+    return int(raw, 16)
+
+
+def message_id_numbers(raws: list[bytes]) -> list[int]:
+    return [message_id_number(raw) for raw in raws]
 
 
 def frame_message(timestamp_ns: int, attempts: int, msg_id: bytes, body: bytes) -> bytes:

@@ -179,6 +179,17 @@ class Consumer:
         that handles a whole read of acks dispatches once for all of them."""
         return self.queue._finish(self, message_id, refill)
 
+    def finish_many(self, message_ids: list[int]) -> list[tuple[int, Outcome]]:
+        """`finish` each (refill=False), in order; returns (index, outcome) of those that failed.
+        A negative id names no message."""
+        queue = self.queue
+        failed: list[tuple[int, Outcome]] = []
+        for index, message_id in enumerate(message_ids):
+            outcome = queue._finish(self, message_id, False) if message_id >= 0 else Outcome.NOT_IN_FLIGHT
+            if outcome is not Outcome.OK:
+                failed.append((index, outcome))
+        return failed
+
     def refill(self) -> None:
         """Deliver what this consumer's credit allows now."""
         self.queue._consumer_changed(self)

@@ -1006,6 +1006,17 @@ def test_auto_delete_zero_deletes_at_once_when_the_last_consumer_goes() -> None:
     assert engine.queue("q") is None
 
 
+def test_finish_many_finishes_in_order_and_reports_what_it_could_not() -> None:
+    engine, _ = make()
+    consumer, got = sub(engine, "t", "c", credit=10)
+    for body in (b"a", b"b", b"c"):
+        pub(engine, "t", body)
+    ids = [got.id_of(b"a"), -1, got.id_of(b"c"), got.id_of(b"a"), 10**12]
+    assert consumer.finish_many(ids) == [(1, Outcome.NOT_IN_FLIGHT), (3, Outcome.NOT_IN_FLIGHT),
+                                         (4, Outcome.NOT_IN_FLIGHT)]
+    assert list(consumer.in_flight) == [got.id_of(b"b")]
+
+
 def test_auto_delete_of_an_empty_queue_keeps_one_that_holds_messages() -> None:
     engine, clock = make()
     engine.ensure_queue("q", auto_delete=5.0, options={AUTO_DELETE_EMPTY_OPTION: True})

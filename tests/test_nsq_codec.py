@@ -350,6 +350,13 @@ def test_a_run_of_fins_before_sub_is_the_general_error() -> None:
     assert_stopped(conn)
 
 
+def test_message_ids_as_numbers_and_back() -> None:
+    assert nsq.message_id_numbers([b"000000000000002a", b"ffffffffffffffff", b"000000000000002A", b"2a",
+                                   b"+00000000000002a", b"0x0000000000002a", b" 00000000000002a"]) == \
+        [42, 2**64 - 1, -1, -1, -1, -1, -1]
+    assert nsq.frame_message_header_of(7, 3, 42, 5) == nsq.frame_message_header(7, 3, b"000000000000002a", 5)
+
+
 def test_message_id_is_opaque_16_bytes() -> None:
     odd = b"\x00\x01\xff" + b"z" * 13
     assert one(b"FIN " + odd + b"\n", state="subscribed") == nsq.Fin(odd)
