@@ -59,6 +59,7 @@ READ_TIMEOUT_REASON = "client timed out: no data for two heartbeat intervals"
 # A TLS handshake gets at least this long (or one heartbeat interval, if longer).
 TLS_HANDSHAKE_TIMEOUT_S = 5.0
 
+
 def queue_name(topic: str, channel: str) -> str:
     return f"{topic}/{channel}"
 
