@@ -372,11 +372,12 @@ class MQKSSession(StreamSession):
             def stored(error: OSError | None) -> None:
                 if self._closed:
                     return
+                if error is None:
+                    # One write for the batch; from a storage callback it goes out at once (`now`).
+                    self.send(b"".join(mqks.ok_line(request_id) for request_id in confirms), now=True)
+                    return
                 for request_id in confirms:
-                    if error is None:
-                        self._ok(request_id)
-                    else:
-                        self._error(request_id, f"publish not stored: {error}")
+                    self._error(request_id, f"publish not stored: {error}")
 
             storage.sync(stored)  # written at the end of this read (`release_work`)
 
