@@ -163,10 +163,6 @@ class StreamSession:
 
     # -- writing -------------------------------------------------------------------------------
 
-    @property
-    def output_bytes(self) -> int:
-        return self._out_bytes
-
     def send(self, chunk: bytes, *, now: bool = False) -> None:
         """Queue an answer. Outside a read it goes at once: with `now` from here (a storage
         callback saves the writer task's turn), else by the writer."""

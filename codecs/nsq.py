@@ -308,10 +308,7 @@ def frame_message_header(timestamp_ns: int, attempts: int, msg_id: bytes, body_l
 
 def frame_message_header_of(timestamp_ns: int, attempts: int, message_id: int, body_len: int) -> bytes:
     """`frame_message_header` for a numeric id, shown as NSQ shows ids: 16 lowercase hex digits."""
-    return (
-        MESSAGE_HEADER.pack(body_len + MESSAGE_OVERHEAD + 4, FRAME_TYPE_MESSAGE, timestamp_ns, attempts)
-        + b"%016x" % message_id
-    )
+    return frame_message_header(timestamp_ns, attempts, b"%016x" % message_id, body_len)
 
 
 def message_id_number(raw: bytes) -> int:
