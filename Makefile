@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 # the pure-Python modules stay in use and the message says so; an edited source is used as it is
 # until the next compile.
 $(COMPILED): $(STAMP) $(wildcard core/*.py codecs/*.py)
-	-$(BIN)/python -m polymq.gateway.compile && touch $(COMPILED)
+	-$(BIN)/python tools/mypyc_build.py && touch $(COMPILED)
 
 install: $(STAMP) $(COMPILED)
 

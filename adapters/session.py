@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 from collections.abc import Awaitable, Callable
 
 import trio
 
-from polymq.adapters.transport import SocketTransport, Transport
+from polymq.adapters.transport import SocketTransport, Transport, serve_tcp, stop_listening
 from polymq.core.engine import Engine
 
 # How much one read asks the socket for: large enough for a batch of requests (an NSQ MPUB of
@@ -314,3 +315,26 @@ class Listener:
     async def shutdown(self) -> None:
         for session in list(self.sessions):
             session.close("server shutting down")
+
+
+class TcpService:
+    """The service of a protocol that serves session listeners on TCP sockets the gateway bound:
+    run accepts on each, stop refuses new clients and then ends every session."""
+
+    def __init__(self, served: list[tuple[socket.socket, Listener]]) -> None:
+        self.served = served
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for sock, listener in self.served:
+                await nursery.start(serve_tcp, listener.handle_connection, sock)
+            task_status.started()
+
+    async def stop(self) -> None:
+        for sock, _ in self.served:
+            stop_listening(sock)
+        for _, listener in self.served:
+            await listener.shutdown()
+
+    def connections(self) -> int:
+        return sum(len(listener.sessions) for _, listener in self.served)

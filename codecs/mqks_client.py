@@ -1,6 +1,6 @@
 """MQKS wire codec, client side: request lines out, response lines in. Sans-IO.
 
-Used by polymq's MQKS client (`polymq.adapters.mqks_client`), the conformance suite and the
+Used by polymq's MQKS client (`polymq.clients.mqks`), the conformance suite and the
 tests. Shapes follow docs/protocols/mqks.md
 """
 

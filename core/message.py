@@ -8,6 +8,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from polymq.core.engine import Consumer
 
+# The header that carries a publisher's own id for a message (an MQKS `msg_id`, a Spark row's id):
+# protocols that show a publisher's id show this one.
+PUBLISHER_ID_HEADER = "msg_id"
+
 
 class Message:
     """One copy of a message in one queue (or in a topic's backlog).

@@ -1,45 +1,72 @@
-"""The `polymq` command: serve, config, bench, conformance."""
+"""The `polymq` command: serve, config, bench, conformance.
+
+The bench and conformance commands are the protocols' own (their units name them), imported only
+when one is asked for: `polymq serve` loads no benchmark or conformance code.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from polymq import __version__
-from polymq.conformance.emqp import command as conformance_emqp
-from polymq.conformance.mqks import command as conformance_mqks
-from polymq.conformance.nsq import command as conformance_nsq
-from polymq.conformance.phpmq import command as conformance_phpmq
-from polymq.conformance.pzq import command as conformance_pzq
-from polymq.gateway.bench_emqp import command as bench_emqp
-from polymq.gateway.bench_mqks import command as bench_mqks
-from polymq.gateway.bench_nsq import command as bench_nsq
-from polymq.gateway.bench_phpmq import command as bench_phpmq
-from polymq.gateway.bench_pzq import command as bench_pzq
-from polymq.gateway.bench_spark import command as bench_spark
-from polymq.gateway.bench_versus import command as bench_versus
+from polymq.adapters.protocol import load_command
+from polymq.adapters.registry import protocols
 from polymq.gateway.serve import command as serve
 from polymq.gateway.serve import config_command
 
+# Benchmarks that belong to no one protocol: listed by the bench package itself.
+BENCH_PACKAGE = "polymq.bench"
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are "module:attribute" targets, imported when used."""
+
+    def __init__(self, *args: object, targets: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._targets = targets  # a callable returning {name: target}, asked only when needed
+
+    def _all(self) -> dict[str, str]:
+        return self._targets()  # type: ignore[operator,no-any-return]
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(self._all())
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = self._all().get(name)
+        return load_command(target) if target is not None else None
+
+
+def _bench_targets() -> dict[str, str]:
+    found = {unit.name: unit.bench for unit in protocols() if unit.bench is not None}
+    found.update(importlib.import_module(BENCH_PACKAGE).COMMANDS)
+    return found
+
+
+def _conformance_targets() -> dict[str, str]:
+    return {unit.name: unit.conformance for unit in protocols() if unit.conformance is not None}
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="polymq")
+@click.version_option(__version__, "--version", "-V", prog_name="polymq")
 def main() -> None:
-    """polymq: one gateway for NSQ V2 (TCP and HTTP), MQKS, PHPMQ, PZQ and eMQP over one queue engine.
+    """polymq: one gateway for many message-queue protocols over one queue engine.
 
     \b
-    polymq serve         run the gateway (every built protocol, default ports, loopback)
+    polymq serve         run the gateway (every protocol, default ports, loopback)
     polymq config        print the effective configuration as TOML
     polymq bench         measure a server of a protocol (throughput and latency)
     polymq conformance   black-box checks of a server of a protocol, against any address
     """
 
 
-@main.group()
+@main.group(cls=LazyGroup, targets=_bench_targets)
 def bench() -> None:
     """Measure throughput and latency of any server of a protocol (polymq or the original)."""
 
 
-@main.group()
+@main.group(cls=LazyGroup, targets=_conformance_targets)
 def conformance() -> None:
     """Run black-box conformance checks against any server of a protocol.
 
@@ -49,15 +76,4 @@ def conformance() -> None:
 
 main.add_command(serve, "serve")
 main.add_command(config_command, "config")
-bench.add_command(bench_emqp, "emqp")
-bench.add_command(bench_mqks, "mqks")
-bench.add_command(bench_nsq, "nsq")
-bench.add_command(bench_phpmq, "phpmq")
-bench.add_command(bench_pzq, "pzq")
-bench.add_command(bench_spark, "spark")
-bench.add_command(bench_versus, "versus-nsqd")
-conformance.add_command(conformance_nsq, "nsq")
-conformance.add_command(conformance_mqks, "mqks")
-conformance.add_command(conformance_phpmq, "phpmq")
-conformance.add_command(conformance_pzq, "pzq")
-conformance.add_command(conformance_emqp, "emqp")
+main.help = (main.help or "") + "\n\nProtocols: " + "; ".join(unit.title for unit in protocols()) + "."

@@ -1,12 +1,14 @@
-"""The gateway's options: one table, read from flags, `POLYMQ_*` variables and a TOML file.
+"""The gateway's options: read from flags, `POLYMQ_*` variables and a TOML file.
 
-Every option has a key in the config file (`[storage] fsync`), a flag (`--fsync`) and an
-environment variable named after the flag (`POLYMQ_FSYNC`). A flag wins over a variable, a
-variable over the file, the file over the default. Every value, wherever it came from, is checked
-by the same click type, and an error names the option and its source (the flag, the variable, or
-the file and line). The checked values are structured with cattrs into the attrs classes below.
-`polymq config --show` prints the effective config as TOML, each option with its help as a
-comment; `polymq.example.toml` is that output for the defaults. See docs/operations.md.
+Every option is declared once, as a `Setting` of a section: the gateway's own sections below, and
+one section per protocol, whose settings its unit declares (adapters/protocol.py). From that one
+declaration come its key in the config file (`[storage] fsync`), its flag (`--fsync`), its
+environment variable named after the flag (`POLYMQ_FSYNC`), its help and its check. A flag wins
+over a variable, a variable over the file, the file over the default. Every value, wherever it came
+from, is checked by the same click type, and an error names the option, what was given and what
+is expected, and where (the flag, the variable, or the file and line). `polymq config --show`
+prints the effective config as TOML, each option with its help as a comment;
+`polymq.example.toml` is that output for the defaults. See docs/operations.md.
 """
 
 from __future__ import annotations
@@ -18,49 +20,21 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
-import cattrs
 import click
 import tomli_w
 from click.core import ParameterSource
 
-from polymq.adapters import emqp as emqp_adapter
-from polymq.adapters.emqp import EMQPLimits
-from polymq.adapters.mqks import MQKSLimits
-from polymq.adapters.phpmq import FORGET_EMPTY_AFTER_S as PHPMQ_FORGET_EMPTY_AFTER_S
-from polymq.adapters.phpmq import PHPMQLimits
-from polymq.adapters.pzq import DEFAULT_ACK_TIMEOUT_S, DEFAULT_MAX_MESSAGE, DEFAULT_WINDOW, PZQLimits
-from polymq.codecs.mqks import MAX_LINE_LENGTH as MQKS_MAX_LINE_LENGTH
-from polymq.codecs.nsq import ServerLimits
-from polymq.codecs.phpmq import MAX_CONTENT as PHPMQ_MAX_CONTENT
+from polymq.adapters.protocol import PORT, Setting, options_class
+from polymq.adapters.registry import protocols
 from polymq.core.dedup import DEFAULT_WINDOW_S as DEFAULT_DEDUP_WINDOW_S
 from polymq.core.disk_storage import MEM_QUEUE_SIZE, FsyncPolicy
-from polymq.gateway.stream_http_api import DEFAULT_SNAPSHOT_MEMORY
+from polymq.gateway.stream_http_api import DEFAULT_MAX_BATCH, DEFAULT_MAX_ROW, DEFAULT_SNAPSHOT_MEMORY
 
 # polymq binds loopback unless told otherwise (nsqd binds every interface).
 DEFAULT_BIND = "127.0.0.1"
-# nsqd's default ports.
-DEFAULT_NSQ_TCP_PORT = 4150
-DEFAULT_NSQ_HTTP_PORT = 4151
-# The original MQKS's first worker: a one-worker deployment listens on 25000.
-DEFAULT_MQKS_PORT = 25000
-# The original PHPMQ server's message-queue port and maintenance console (its config/phpmq.default.xml).
-DEFAULT_PHPMQ_PORT = 9100
-DEFAULT_PHPMQ_CONSOLE_PORT = 9101
-# The ports PZQ deployments use for its receive, send and monitor sockets.
-DEFAULT_PZQ_RECEIVE_PORT = 11131
-DEFAULT_PZQ_SEND_PORT = 11132
-DEFAULT_PZQ_MONITOR_PORT = 11133
-# EventMQ's ports (its conf.py): jobmanagers, clients and schedulers, emq-cli.
-DEFAULT_EMQP_BACKEND_PORT = 47290
-DEFAULT_EMQP_FRONTEND_PORT = 47291
-DEFAULT_EMQP_ADMIN_PORT = 47293
-# emq-pubsub's: publishers in, subscribers out.
-DEFAULT_EMQP_PUBSUB_IN_PORT = 47298
-DEFAULT_EMQP_PUBSUB_OUT_PORT = 47299
-# A listener's port: 0 lets the OS choose a free one, -1 turns the listener off.
-PORT = click.IntRange(min=-1, max=65535)
+# The gateway's own HTTP listener (the Spark stream API): 4171 stays free for nsqadmin.
+DEFAULT_HTTP_PORT = 4181
 ENV_PREFIX = "POLYMQ_"
-NSQ_DEFAULTS = ServerLimits()
 
 
 class FsyncType(click.ParamType):
@@ -75,26 +49,61 @@ class FsyncType(click.ParamType):
             self.fail(f"must be always, never or interval:MS (MS > 0), not {value!r}", param, ctx)
 
 
-class AddressType(click.ParamType):
-    name = "host:port"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        text = str(value)
-        host, sep, port = text.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            self.fail(f"must be host:port, not {text!r}", param, ctx)
-        return text
+# The gateway's own sections: "" is the top of the file.
+GATEWAY_SECTIONS: dict[str, tuple[Setting, ...]] = {
+    "": (
+        Setting("bind", "--bind", click.STRING, DEFAULT_BIND, "Address every listener binds to (loopback by default)."),
+    ),
+    "storage": (
+        Setting("data_dir", "--data-dir", click.Path(file_okay=False, path_type=Path), Path("data"),
+                "Where the embedded durable store keeps its files (created if missing; a relative path in a "
+                "config file is relative to that file)."),
+        Setting("fsync", "--fsync", FsyncType(), FsyncPolicy(),
+                "always: acknowledge after fdatasync (group commit); interval:MS: acknowledge after the write, "
+                "fdatasync every MS (an OS crash or power cut loses at most MS of acknowledged publishes); "
+                "never: leave it to the OS (a process crash loses nothing, an OS crash may)."),
+        Setting("mem_queue_size", "--mem-queue-size", click.IntRange(min=0), MEM_QUEUE_SIZE,
+                "Messages per queue and topic kept in memory; the rest are read back from disk (nsqd's flag)."),
+        Setting("dedup_window_s", "--dedup-window", click.FloatRange(min=1), DEFAULT_DEDUP_WINDOW_S,
+                "Seconds a publishing writer's row groups are remembered (a Spark batch replayed later than this "
+                "after its first try may publish its rows again); kept in the store."),
+        Setting("snapshot_memory_mb", "--snapshot-memory", click.IntRange(min=1), DEFAULT_SNAPSHOT_MEMORY >> 20,
+                "MiB the batch-read snapshots of queues held at once may take for the messages they read back "
+                "from disk; a snapshot past it is refused (HTTP 413)."),
+        Setting("in_memory", "--in-memory", click.BOOL, False,
+                "Keep nothing on disk (benchmarks, throwaway tests): a restart starts empty."),
+    ),
+    "http": (
+        Setting("port", "--admin-port", PORT, DEFAULT_HTTP_PORT,
+                "The gateway's own HTTP listener (the Spark stream API) TCP port (0 = any free, -1 = off)."),
+        Setting("bind", "--admin-bind", click.STRING, DEFAULT_BIND,
+                "Address the gateway's own HTTP listener binds to, whatever --bind says (loopback by default)."),
+        Setting("max_row_size", "--stream-max-row-size", click.IntRange(min=1), DEFAULT_MAX_ROW,
+                "Largest row a Spark job may publish through the stream API, in bytes (nsqd's --max-msg-size)."),
+        Setting("max_batch_size", "--stream-max-batch-size", click.IntRange(min=1), DEFAULT_MAX_BATCH,
+                "Largest batch of rows one stream publish may carry, in bytes (nsqd's --max-body-size)."),
+    ),
+    "log": (
+        Setting("level", "--log-level", click.Choice(["debug", "info", "warning", "error"]), "info",
+                "Least severe log lines written."),
+        Setting("format", "--log-format", click.Choice(["text", "json"]), "text",
+                "text: one line per record for people; json: one JSON object per line for machines."),
+    ),
+}
+# The gateway's own HTTP listener, as the endpoints of protocols are named in log lines.
+HTTP_LISTENER = "http"
 
 
 @attrs.frozen
 class Option:
-    """One option: its key in the config file, its flag, its type, default and help."""
+    """One option of a section, as the command line, the variables and the file see it."""
 
-    key: str  # "section.name", or "name" at the top of the file
-    flag: str  # "--fsync", or "--nsq/--no-nsq" for a switch
-    type: click.ParamType
-    default: Any
-    help: str
+    section: str  # "storage", a protocol's name, or "" for the top of the file
+    setting: Setting
+
+    @property
+    def key(self) -> str:
+        return f"{self.section}.{self.setting.name}" if self.section else self.setting.name
 
     @property
     def name(self) -> str:
@@ -102,12 +111,24 @@ class Option:
         return self.key.replace(".", "__")
 
     @property
-    def section(self) -> str:
-        return self.key.rpartition(".")[0]
+    def field(self) -> str:
+        return self.setting.name
 
     @property
-    def field(self) -> str:
-        return self.key.rpartition(".")[2]
+    def flag(self) -> str:
+        return self.setting.flag
+
+    @property
+    def type(self) -> click.ParamType:
+        return self.setting.type
+
+    @property
+    def default(self) -> Any:
+        return self.setting.default
+
+    @property
+    def help(self) -> str:
+        return self.setting.help
 
     @property
     def envvar(self) -> str:
@@ -115,338 +136,66 @@ class Option:
 
     @property
     def is_switch(self) -> bool:
-        return "/" in self.flag or self.type is click.BOOL
+        return self.setting.is_switch
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option("bind", "--bind", click.STRING, DEFAULT_BIND, "Address every listener binds to (loopback by default)."),
-    # storage
-    Option("storage.data_dir", "--data-dir", click.Path(file_okay=False, path_type=Path), Path("data"),
-           "Where the embedded durable store keeps its files (created if missing; a relative path in a "
-           "config file is relative to that file)."),
-    Option("storage.fsync", "--fsync", FsyncType(), FsyncPolicy(),
-           "always: acknowledge after fdatasync (group commit); interval:MS: acknowledge after the write, "
-           "fdatasync every MS (an OS crash or power cut loses at most MS of acknowledged publishes); "
-           "never: leave it to the OS (a process crash loses nothing, an OS crash may)."),
-    Option("storage.mem_queue_size", "--mem-queue-size", click.IntRange(min=0), MEM_QUEUE_SIZE,
-           "Messages per queue and topic kept in memory; the rest are read back from disk (nsqd's flag)."),
-    Option("storage.dedup_window_s", "--dedup-window", click.FloatRange(min=1), DEFAULT_DEDUP_WINDOW_S,
-           "Seconds a publishing writer's row groups are remembered (a Spark batch replayed later than this "
-           "after its first try may publish its rows again); kept in the store."),
-    Option("storage.snapshot_memory_mb", "--snapshot-memory", click.IntRange(min=1), DEFAULT_SNAPSHOT_MEMORY >> 20,
-           "MiB the batch-read snapshots of queues held at once may take for the messages they read back "
-           "from disk; a snapshot past it is refused (HTTP 413)."),
-    Option("storage.in_memory", "--in-memory", click.BOOL, False,
-           "Keep nothing on disk (benchmarks, throwaway tests): a restart starts empty."),
-    # NSQ
-    Option("nsq.enabled", "--nsq/--no-nsq", click.BOOL, True, "Serve NSQ V2 (TCP and the HTTP API)."),
-    Option("nsq.tcp_port", "--nsq-tcp-port", PORT, DEFAULT_NSQ_TCP_PORT, "NSQ V2 TCP port (0 = any free, -1 = off)."),
-    Option("nsq.http_port", "--nsq-http-port", PORT, DEFAULT_NSQ_HTTP_PORT,
-           "nsqd HTTP API port (0 = any free, -1 = off)."),
-    Option("nsq.msg_timeout_ms", "--msg-timeout", click.IntRange(min=1), NSQ_DEFAULTS.msg_timeout_ms,
-           "Default time a consumer has to FIN a message, in ms (nsqd's --msg-timeout)."),
-    Option("nsq.max_msg_timeout_ms", "--max-msg-timeout", click.IntRange(min=1), NSQ_DEFAULTS.max_msg_timeout_ms,
-           "Longest msg_timeout a client may ask for in IDENTIFY, in ms (nsqd's --max-msg-timeout)."),
-    Option("nsq.max_req_timeout_ms", "--max-req-timeout", click.IntRange(min=0), NSQ_DEFAULTS.max_req_timeout_ms,
-           "Longest REQ and DPUB delay, in ms (nsqd's --max-req-timeout)."),
-    Option("nsq.max_msg_size", "--max-msg-size", click.IntRange(min=1), NSQ_DEFAULTS.max_msg_size,
-           "Largest message body in bytes (nsqd's --max-msg-size)."),
-    Option("nsq.max_body_size", "--max-body-size", click.IntRange(min=1), NSQ_DEFAULTS.max_body_size,
-           "Largest MPUB body in bytes (nsqd's --max-body-size)."),
-    Option("nsq.max_rdy_count", "--max-rdy-count", click.IntRange(min=1), NSQ_DEFAULTS.max_rdy_count,
-           "Largest RDY a client may send (nsqd's --max-rdy-count)."),
-    Option("nsq.max_heartbeat_interval_ms", "--max-heartbeat-interval", click.IntRange(min=1000),
-           NSQ_DEFAULTS.max_heartbeat_interval_ms,
-           "Longest heartbeat_interval a client may ask for, in ms (nsqd's --max-heartbeat-interval)."),
-    Option("nsq.max_output_buffer_size", "--max-output-buffer-size", click.IntRange(min=64),
-           NSQ_DEFAULTS.max_output_buffer_size,
-           "Largest output_buffer_size a client may ask for, in bytes (nsqd's --max-output-buffer-size)."),
-    Option("nsq.min_output_buffer_timeout_ms", "--min-output-buffer-timeout", click.IntRange(min=1),
-           NSQ_DEFAULTS.min_output_buffer_timeout_ms,
-           "Shortest output_buffer_timeout a client may ask for, in ms (nsqd's --min-output-buffer-timeout)."),
-    Option("nsq.max_output_buffer_timeout_ms", "--max-output-buffer-timeout", click.IntRange(min=1),
-           NSQ_DEFAULTS.max_output_buffer_timeout_ms,
-           "Longest output_buffer_timeout a client may ask for, in ms (nsqd's --max-output-buffer-timeout)."),
-    Option("nsq.deflate", "--deflate/--no-deflate", click.BOOL, NSQ_DEFAULTS.deflate_enabled,
-           "Offer deflate compression in IDENTIFY (nsqd's --deflate)."),
-    Option("nsq.max_deflate_level", "--max-deflate-level", click.IntRange(min=1, max=9),
-           NSQ_DEFAULTS.max_deflate_level, "Highest deflate level a client may ask for (nsqd's --max-deflate-level)."),
-    Option("nsq.snappy", "--snappy/--no-snappy", click.BOOL, NSQ_DEFAULTS.snappy_enabled,
-           "Offer snappy compression in IDENTIFY (nsqd's --snappy)."),
-    Option("nsq.tls_cert", "--tls-cert", click.Path(exists=True, dir_okay=False, path_type=Path), None,
-           "PEM certificate: enables the NSQ tls_v1 upgrade."),
-    Option("nsq.tls_key", "--tls-key", click.Path(exists=True, dir_okay=False, path_type=Path), None,
-           "PEM private key of --tls-cert (if not in the certificate's file)."),
-    Option("nsq.tls_required", "--tls-required", click.BOOL, False,
-           "Refuse every NSQ command but IDENTIFY before TLS (needs --tls-cert)."),
-    Option("nsq.auth_http_address", "--auth-http-address", AddressType(), None,
-           "host:port of an nsqd-style auth server: enables AUTH."),
-    # MQKS
-    Option("mqks.enabled", "--mqks/--no-mqks", click.BOOL, True, "Serve MQKS."),
-    Option("mqks.port", "--mqks-port", PORT, DEFAULT_MQKS_PORT, "MQKS TCP port (0 = any free, -1 = off)."),
-    Option("mqks.max_line", "--mqks-max-line", click.IntRange(min=64), MQKS_MAX_LINE_LENGTH,
-           "Longest MQKS request line in bytes; a longer one is answered with an error and skipped."),
-    Option("mqks.consumer_window", "--mqks-consumer-window", click.IntRange(min=1), MQKSLimits().consumer_window,
-           "Deliveries an MQKS consumer may hold: unacknowledged (manual-ack) or not yet written (auto-ack)."),
-    Option("mqks.keep_unconsumed", "--mqks-keep-unconsumed", click.BOOL, False,
-           "Keep events published to a queue bound only by rebind that no one has consumed yet "
-           "(the original MQKS drops them)."),
-    # PHPMQ
-    Option("phpmq.enabled", "--phpmq/--no-phpmq", click.BOOL, True, "Serve PHPMQ."),
-    Option("phpmq.port", "--phpmq-port", PORT, DEFAULT_PHPMQ_PORT, "PHPMQ TCP port (0 = any free, -1 = off)."),
-    Option("phpmq.max_content", "--phpmq-max-content", click.IntRange(min=1), PHPMQ_MAX_CONTENT,
-           "Largest packet content in bytes (a message's body, its queue name); a larger one closes the "
-           "connection before anything is allocated for it."),
-    Option("phpmq.max_window", "--phpmq-max-window", click.IntRange(min=1), PHPMQLimits().max_window,
-           "Largest consume window (002's count) honoured; a larger one is taken as this."),
-    Option("phpmq.generation", "--phpmq-generation", click.Choice(["pinned", "current"]), "pinned",
-           "pinned: deliveries (003) without the TTL packet, as the published client expects, except to "
-           "connections that sent a TTL, 005 or 006; current: every 003 carries the remaining TTL."),
-    Option("phpmq.ack_timeout_ms", "--phpmq-ack-timeout", click.IntRange(min=0), 0,
-           "Time a PHPMQ delivery may stay unacknowledged before it goes back to its queue, in ms "
-           "(0 = never, as the original)."),
-    Option("phpmq.max_attempts", "--phpmq-max-attempts", click.IntRange(min=0), 0,
-           "Deliveries after which a message that comes back again goes to the dead-letter queue "
-           "<queue>.dead (0 = no limit); set on the queues PHPMQ creates."),
-    Option("phpmq.forget_empty_after_s", "--phpmq-forget-empty", click.FloatRange(min=-1),
-           PHPMQ_FORGET_EMPTY_AFTER_S,
-           "Seconds after its last consumer left that an empty queue PHPMQ created is deleted, with its "
-           "topic when nothing else uses it (the original keeps no empty queue; -1 = keep them)."),
-    Option("phpmq.console_port", "--phpmq-console-port", PORT, DEFAULT_PHPMQ_CONSOLE_PORT,
-           "PHPMQ maintenance console TCP port (0 = any free, -1 = off)."),
-    Option("phpmq.console_bind", "--phpmq-console-bind", click.STRING, DEFAULT_BIND,
-           "Address the maintenance console binds to, whatever --bind says (loopback by default: its "
-           "flush commands delete messages)."),
-    Option("phpmq.console_destructive", "--phpmq-console-destructive/--no-phpmq-console-destructive", click.BOOL,
-           True, "Allow the console's flush and flushall (each asks for a yes first)."),
-    # PZQ
-    Option("pzq.enabled", "--pzq/--no-pzq", click.BOOL, True, "Serve PZQ (ZeroMQ)."),
-    Option("pzq.receive_port", "--pzq-receive-port", PORT, DEFAULT_PZQ_RECEIVE_PORT,
-           "PZQ receive socket (producers' DEALERs connect) TCP port (0 = any free, -1 = off)."),
-    Option("pzq.send_port", "--pzq-send-port", PORT, DEFAULT_PZQ_SEND_PORT,
-           "PZQ send socket (consumers' ROUTERs connect) TCP port (0 = any free, -1 = off)."),
-    Option("pzq.monitor_port", "--pzq-monitor-port", PORT, DEFAULT_PZQ_MONITOR_PORT,
-           "PZQ monitor socket (REQ clients ask MONITOR) TCP port (0 = any free, -1 = off)."),
-    Option("pzq.queue", "--pzq-queue", click.STRING, "pzq",
-           "The queue (and topic) PZQ producers publish to and PZQ consumers read."),
-    Option("pzq.ack_timeout_ms", "--pzq-ack-timeout", click.IntRange(min=1), int(DEFAULT_ACK_TIMEOUT_S * 1000),
-           "Time a PZQ consumer has to ACK a delivery before it is sent again, in ms (the original's "
-           "--ack-timeout, 5 s)."),
-    Option("pzq.window", "--pzq-window", click.IntRange(min=1), DEFAULT_WINDOW,
-           "Deliveries each connected PZQ consumer may hold unacknowledged."),
-    Option("pzq.max_message", "--pzq-max-message", click.IntRange(min=1), DEFAULT_MAX_MESSAGE,
-           "Largest producer message (all its frames) in bytes; ZeroMQ drops a larger one as it arrives."),
-    # eMQP
-    Option("emqp.enabled", "--emqp/--no-emqp", click.BOOL, True, "Serve eMQP (EventMQ, ZeroMQ)."),
-    Option("emqp.backend_port", "--emqp-backend-port", PORT, DEFAULT_EMQP_BACKEND_PORT,
-           "eMQP backend socket (jobmanagers connect) TCP port (0 = any free, -1 = off)."),
-    Option("emqp.frontend_port", "--emqp-frontend-port", PORT, DEFAULT_EMQP_FRONTEND_PORT,
-           "eMQP frontend socket (clients and schedulers connect) TCP port (0 = any free, -1 = off)."),
-    Option("emqp.admin_port", "--emqp-admin-port", PORT, DEFAULT_EMQP_ADMIN_PORT,
-           "eMQP admin socket (emq-cli connects) TCP port (0 = any free, -1 = off)."),
-    Option("emqp.pubsub_in_port", "--emqp-pubsub-in-port", PORT, DEFAULT_EMQP_PUBSUB_IN_PORT,
-           "eMQP pub/sub input socket (PUBLISH senders connect) TCP port (0 = any free, -1 = off)."),
-    Option("emqp.pubsub_out_port", "--emqp-pubsub-out-port", PORT, DEFAULT_EMQP_PUBSUB_OUT_PORT,
-           "eMQP pub/sub output socket (ZeroMQ SUBs connect) TCP port (0 = any free, -1 = off)."),
-    Option("emqp.admin_bind", "--emqp-admin-bind", click.STRING, DEFAULT_BIND,
-           "Address the eMQP admin socket binds to, whatever --bind says (loopback by default)."),
-    Option("emqp.admin_disconnect", "--emqp-admin-disconnect/--no-emqp-admin-disconnect", click.BOOL, False,
-           "Let DISCONNECT on the admin socket stop the gateway (no other peer's DISCONNECT ever does)."),
-    Option("emqp.heartbeat_interval_ms", "--emqp-heartbeat-interval", click.IntRange(min=1),
-           int(emqp_adapter.HEARTBEAT_INTERVAL_S * 1000),
-           "Time between the broker's HEARTBEATs to each worker and scheduler, in ms (the original's 3 s)."),
-    Option("emqp.heartbeat_timeout_ms", "--emqp-heartbeat-timeout", click.IntRange(min=1),
-           int(emqp_adapter.HEARTBEAT_TIMEOUT_S * 1000),
-           "Silence after which a worker or scheduler is gone and its jobs go to other workers, in ms "
-           "(the original's 5 s)."),
-    Option("emqp.max_depth", "--emqp-max-depth", click.IntRange(min=0), 0,
-           "Requests a queue may hold waiting for a worker; more are refused with a REPLY (0 = no limit)."),
-    Option("emqp.reroute_unknown", "--emqp-reroute-unknown/--no-emqp-reroute-unknown", click.BOOL, False,
-           "Send a request for a queue nobody consumes to 'default' (the original's rule) instead of "
-           "keeping it in its own queue."),
-    Option("emqp.max_attempts", "--emqp-max-attempts", click.IntRange(min=0), emqp_adapter.DEFAULT_MAX_ATTEMPTS,
-           "Deliveries after which a job whose worker went is moved to <queue>.dead instead of being handed "
-           "out again (0 = no limit); set on the queues eMQP creates."),
-    Option("emqp.max_message", "--emqp-max-message", click.IntRange(min=1), emqp_adapter.DEFAULT_MAX_MESSAGE,
-           "Largest eMQP message (all its frames) in bytes; ZeroMQ drops a larger one as it arrives."),
-    # logs
-    Option("log.level", "--log-level", click.Choice(["debug", "info", "warning", "error"]), "info",
-           "Least severe log lines written."),
-    Option("log.format", "--log-format", click.Choice(["text", "json"]), "text",
-           "text: one line per record for people; json: one JSON object per line for machines."),
-)
+def sections() -> dict[str, tuple[Setting, ...]]:
+    """Every section, the gateway's and then each protocol's, in the order the file lists them."""
+    found = {name: settings for name, settings in GATEWAY_SECTIONS.items() if name != "log"}
+    for unit in protocols():
+        if unit.name in GATEWAY_SECTIONS:
+            raise click.UsageError(f"protocol {unit.name!r} takes the name of a section of the gateway's own")
+        found[unit.name] = unit.all_settings
+    found["log"] = GATEWAY_SECTIONS["log"]
+    return found
+
+
+def all_options() -> tuple[Option, ...]:
+    options = tuple(Option(section, setting) for section, settings in sections().items() for setting in settings)
+    seen: dict[str, Option] = {}
+    for option in options:
+        flag = option.flag.split("/")[0]
+        if flag in seen:
+            raise click.UsageError(f"{option.key} and {seen[flag].key} both use the flag {flag}")
+        seen[flag] = option
+    return options
+
+
+OPTIONS = all_options()
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
-SECTIONS = ("", "storage", "nsq", "mqks", "phpmq", "pzq", "emqp", "log")
+SECTION_CLASSES: dict[str, type] = {name: options_class(name, settings) for name, settings in sections().items()
+                                    if name not in {unit.name for unit in protocols()}}
+SECTION_CLASSES.update({unit.name: unit.options_class for unit in protocols()})
 
 
-@attrs.frozen
-class StorageConfig:
-    data_dir: Path = Path("data")
-    fsync: FsyncPolicy = attrs.field(factory=FsyncPolicy)
-    mem_queue_size: int = MEM_QUEUE_SIZE
-    dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S
-    snapshot_memory_mb: int = DEFAULT_SNAPSHOT_MEMORY >> 20
-    in_memory: bool = False
-
-
-@attrs.frozen
-class NSQConfig:
-    enabled: bool = True
-    tcp_port: int = DEFAULT_NSQ_TCP_PORT
-    http_port: int = DEFAULT_NSQ_HTTP_PORT
-    msg_timeout_ms: int = NSQ_DEFAULTS.msg_timeout_ms
-    max_msg_timeout_ms: int = NSQ_DEFAULTS.max_msg_timeout_ms
-    max_req_timeout_ms: int = NSQ_DEFAULTS.max_req_timeout_ms
-    max_msg_size: int = NSQ_DEFAULTS.max_msg_size
-    max_body_size: int = NSQ_DEFAULTS.max_body_size
-    max_rdy_count: int = NSQ_DEFAULTS.max_rdy_count
-    max_heartbeat_interval_ms: int = NSQ_DEFAULTS.max_heartbeat_interval_ms
-    max_output_buffer_size: int = NSQ_DEFAULTS.max_output_buffer_size
-    min_output_buffer_timeout_ms: int = NSQ_DEFAULTS.min_output_buffer_timeout_ms
-    max_output_buffer_timeout_ms: int = NSQ_DEFAULTS.max_output_buffer_timeout_ms
-    deflate: bool = NSQ_DEFAULTS.deflate_enabled
-    max_deflate_level: int = NSQ_DEFAULTS.max_deflate_level
-    snappy: bool = NSQ_DEFAULTS.snappy_enabled
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_required: bool = False
-    auth_http_address: str | None = None
-
-    def limits(self) -> ServerLimits:
-        return ServerLimits(
-            max_msg_size=self.max_msg_size, max_body_size=self.max_body_size, max_rdy_count=self.max_rdy_count,
-            msg_timeout_ms=self.msg_timeout_ms, max_msg_timeout_ms=self.max_msg_timeout_ms,
-            max_req_timeout_ms=self.max_req_timeout_ms, max_heartbeat_interval_ms=self.max_heartbeat_interval_ms,
-            max_output_buffer_size=self.max_output_buffer_size,
-            min_output_buffer_timeout_ms=self.min_output_buffer_timeout_ms,
-            max_output_buffer_timeout_ms=self.max_output_buffer_timeout_ms,
-            deflate_enabled=self.deflate, max_deflate_level=self.max_deflate_level, snappy_enabled=self.snappy,
-            tls_available=self.tls_cert is not None, tls_required=self.tls_required,
-            auth_enabled=self.auth_http_address is not None,
-        )
-
-
-@attrs.frozen
-class MQKSConfig:
-    enabled: bool = True
-    port: int = DEFAULT_MQKS_PORT
-    max_line: int = MQKS_MAX_LINE_LENGTH
-    consumer_window: int = MQKSLimits().consumer_window
-    keep_unconsumed: bool = False
-
-    def limits(self) -> MQKSLimits:
-        return attrs.evolve(MQKSLimits(), max_line_length=self.max_line, consumer_window=self.consumer_window,
-                            keep_unconsumed_rebound=self.keep_unconsumed)
-
-
-@attrs.frozen
-class PHPMQConfig:
-    enabled: bool = True
-    port: int = DEFAULT_PHPMQ_PORT
-    max_content: int = PHPMQ_MAX_CONTENT
-    max_window: int = PHPMQLimits().max_window
-    generation: str = "pinned"
-    ack_timeout_ms: int = 0
-    max_attempts: int = 0
-    forget_empty_after_s: float = PHPMQ_FORGET_EMPTY_AFTER_S
-    console_port: int = DEFAULT_PHPMQ_CONSOLE_PORT
-    console_bind: str = DEFAULT_BIND
-    console_destructive: bool = True
-
-    def limits(self) -> PHPMQLimits:
-        return PHPMQLimits(max_content=self.max_content, max_window=self.max_window,
-                           current_generation=self.generation == "current",
-                           ack_timeout=self.ack_timeout_ms / 1000 if self.ack_timeout_ms else None,
-                           max_attempts=self.max_attempts,
-                           forget_empty_after=None if self.forget_empty_after_s < 0 else self.forget_empty_after_s)
-
-
-@attrs.frozen
-class PZQConfig:
-    enabled: bool = True
-    receive_port: int = DEFAULT_PZQ_RECEIVE_PORT
-    send_port: int = DEFAULT_PZQ_SEND_PORT
-    monitor_port: int = DEFAULT_PZQ_MONITOR_PORT
-    queue: str = "pzq"
-    ack_timeout_ms: int = int(DEFAULT_ACK_TIMEOUT_S * 1000)
-    window: int = DEFAULT_WINDOW
-    max_message: int = DEFAULT_MAX_MESSAGE
-
-    def limits(self) -> PZQLimits:
-        return PZQLimits(queue=self.queue, ack_timeout=self.ack_timeout_ms / 1000, window=self.window,
-                         max_message=self.max_message)
-
-
-@attrs.frozen
-class EMQPConfig:
-    enabled: bool = True
-    backend_port: int = DEFAULT_EMQP_BACKEND_PORT
-    frontend_port: int = DEFAULT_EMQP_FRONTEND_PORT
-    admin_port: int = DEFAULT_EMQP_ADMIN_PORT
-    pubsub_in_port: int = DEFAULT_EMQP_PUBSUB_IN_PORT
-    pubsub_out_port: int = DEFAULT_EMQP_PUBSUB_OUT_PORT
-    admin_bind: str = DEFAULT_BIND
-    admin_disconnect: bool = False
-    heartbeat_interval_ms: int = int(emqp_adapter.HEARTBEAT_INTERVAL_S * 1000)
-    heartbeat_timeout_ms: int = int(emqp_adapter.HEARTBEAT_TIMEOUT_S * 1000)
-    max_depth: int = 0
-    reroute_unknown: bool = False
-    max_attempts: int = emqp_adapter.DEFAULT_MAX_ATTEMPTS
-    max_message: int = emqp_adapter.DEFAULT_MAX_MESSAGE
-
-    def limits(self) -> EMQPLimits:
-        return EMQPLimits(heartbeat_interval=self.heartbeat_interval_ms / 1000,
-                          heartbeat_timeout=self.heartbeat_timeout_ms / 1000, max_message=self.max_message,
-                          max_depth=self.max_depth, reroute_unknown=self.reroute_unknown,
-                          admin_disconnect=self.admin_disconnect, max_attempts=self.max_attempts)
-
-
-@attrs.frozen
-class LogConfig:
-    level: str = "info"
-    format: str = "text"
+def _default_sections() -> dict[str, Any]:
+    return {name: cls() for name, cls in SECTION_CLASSES.items()}
 
 
 @attrs.frozen
 class Config:
-    bind: str = DEFAULT_BIND
-    storage: StorageConfig = attrs.field(factory=StorageConfig)
-    nsq: NSQConfig = attrs.field(factory=NSQConfig)
-    mqks: MQKSConfig = attrs.field(factory=MQKSConfig)
-    phpmq: PHPMQConfig = attrs.field(factory=PHPMQConfig)
-    pzq: PZQConfig = attrs.field(factory=PZQConfig)
-    emqp: EMQPConfig = attrs.field(factory=EMQPConfig)
-    log: LogConfig = attrs.field(factory=LogConfig)
+    """The effective options: one options object per section (attributes named as its settings)."""
 
-    def port(self, listener: str) -> int | None:
-        """The port of a listener (`nsq-tcp`, `mqks`, `pzq-send`, …); None when it is off."""
-        port, enabled = {
-            "nsq-tcp": (self.nsq.tcp_port, self.nsq.enabled),
-            "nsq-http": (self.nsq.http_port, self.nsq.enabled),
-            "mqks": (self.mqks.port, self.mqks.enabled),
-            "phpmq": (self.phpmq.port, self.phpmq.enabled),
-            "phpmq-console": (self.phpmq.console_port, self.phpmq.enabled),
-            "pzq-receive": (self.pzq.receive_port, self.pzq.enabled),
-            "pzq-send": (self.pzq.send_port, self.pzq.enabled),
-            "pzq-monitor": (self.pzq.monitor_port, self.pzq.enabled),
-            "emqp-backend": (self.emqp.backend_port, self.emqp.enabled),
-            "emqp-frontend": (self.emqp.frontend_port, self.emqp.enabled),
-            "emqp-admin": (self.emqp.admin_port, self.emqp.enabled),
-            "emqp-pubsub-in": (self.emqp.pubsub_in_port, self.emqp.enabled),
-            "emqp-pubsub-out": (self.emqp.pubsub_out_port, self.emqp.enabled),
-        }[listener]
-        return port if enabled and port >= 0 else None
+    sections: Mapping[str, Any] = attrs.field(factory=_default_sections)
 
-    def host(self, listener: str) -> str:
-        """The address a listener binds to: `bind`, but the admin consoles' own for them."""
-        return {"phpmq-console": self.phpmq.console_bind, "emqp-admin": self.emqp.admin_bind}.get(listener, self.bind)
+    @property
+    def bind(self) -> str:
+        return str(self.sections[""].bind)
 
+    @property
+    def storage(self) -> Any:
+        return self.sections["storage"]
 
-converter = cattrs.Converter()
-converter.register_structure_hook(Path, lambda value, _: Path(value))
-converter.register_unstructure_hook(Path, str)
-converter.register_structure_hook(FsyncPolicy, lambda value, _: FsyncType().convert(value, None, None))
-converter.register_unstructure_hook(FsyncPolicy, str)
+    @property
+    def http(self) -> Any:
+        return self.sections["http"]
+
+    @property
+    def log(self) -> Any:
+        return self.sections["log"]
+
+    def protocol(self, name: str) -> Any:
+        return self.sections[name]
 
 
 class ConfigError(click.UsageError):
@@ -490,9 +239,13 @@ def read_file(path: Path) -> dict[str, tuple[Any, str]]:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
     lines = _key_lines(text)
     flat: dict[str, Any] = {}
+    section_names = set(SECTION_CLASSES) - {""}
     for name, value in document.items():
-        if isinstance(value, dict) and name in SECTIONS:
+        if isinstance(value, dict) and name in section_names:
             flat.update({f"{name}.{key}": item for key, item in value.items()})
+        elif name in section_names:
+            raise ConfigError(f"{_where(path, lines, name)}: {name} is a section, not an option: write [{name}] "
+                              "and its options on the lines below it")
         else:
             flat[name] = value
     found: dict[str, tuple[Any, str]] = {}
@@ -505,12 +258,15 @@ def read_file(path: Path) -> dict[str, tuple[Any, str]]:
             raise ConfigError(f"{where}: {key} must be a single value")
         if isinstance(option.type, click.Path) and isinstance(value, str) and not Path(value).is_absolute():
             value = str(path.parent / value)
+        if option.is_switch and not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
         try:
             checked = option.type.convert(value, None, None)
         except click.BadParameter as error:
-            raise ConfigError(f"{where}: {key}: {error.message}") from None
-        if option.is_switch and not isinstance(value, bool):
-            raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
+            wanted = expected(option.type)
+            if wanted is None:  # the type's own message says what it wants
+                raise ConfigError(f"{where}: {key}: {error.message}") from None
+            raise ConfigError(f"{where}: {key} = {value!r}: expected {wanted}") from None
         found[key] = (checked, where)
     return found
 
@@ -569,11 +325,29 @@ def from_command_line(ctx: click.Context, values: Mapping[str, Any]) -> Config:
 
 def build(chosen: Mapping[str, Any]) -> Config:
     """A Config from checked values by dotted key (missing keys keep their defaults)."""
-    nested: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {name: {} for name in SECTION_CLASSES}
     for key, value in chosen.items():
         section, _, field = key.rpartition(".")
-        (nested.setdefault(section, {}) if section else nested)[field] = value
-    return converter.structure(nested, Config)
+        nested[section][field] = value
+    return Config({name: SECTION_CLASSES[name](**values) for name, values in nested.items()})
+
+
+def expected(kind: click.ParamType) -> str | None:
+    """What one of click's types takes, in words (None for a type whose errors say it themselves)."""
+    if isinstance(kind, click.IntRange | click.FloatRange):
+        number = "a whole number" if isinstance(kind, click.IntRange) else "a number"
+        if kind.min is not None and kind.max is not None:
+            return f"{number} from {kind.min} to {kind.max}"
+        if kind.min is not None:
+            return f"{number} of at least {kind.min}"
+        return number
+    if isinstance(kind, click.Choice):
+        return "one of " + ", ".join(map(str, kind.choices))
+    if isinstance(kind, click.Path):
+        return "a path"
+    if kind is click.STRING:
+        return "a text in quotes"
+    return None
 
 
 # -- printing a config --------------------------------------------------------------------------
@@ -591,11 +365,9 @@ def _wrap(text: str, width: int = 98) -> Iterable[str]:
 
 def to_toml(config: Config) -> str:
     """The config as TOML, every option with its help, flag and variable as a comment."""
-    data = converter.unstructure(config)
     out = ["# polymq's configuration: `polymq serve --config FILE`. Flags and POLYMQ_* variables win over",
            "# this file. Printed by `polymq config --show`; every option is described in docs/operations.md."]
-    for section in SECTIONS:
-        values = data[section] if section else data
+    for section, values in config.sections.items():
         out.append("")
         if section:
             out.append(f"[{section}]")
@@ -603,7 +375,9 @@ def to_toml(config: Config) -> str:
             if option.section != section:
                 continue
             out.extend(_wrap(f"{option.help} ({option.flag.split('/')[0]}, {option.envvar})"))
-            value = values[option.field]
+            value = getattr(values, option.field)
+            if isinstance(value, Path | FsyncPolicy):
+                value = str(value)
             if value is None:
                 out.append(f"# {option.field} = (not set)")
             else:

@@ -2,8 +2,8 @@
 
 `text` is for people (`2026-11-24 10:00:00.123 INFO    storage  restored …`), `json` one object
 per line for machines (`{"time": …, "level": …, "component": …, "message": …}`). The component
-is the logger's name below `polymq` (`nsq`, `mqks`, `storage`, `nsq_http` — hypercorn's lines
-are logged there too); the gateway's own lines say `gateway`. See docs/operations.md.
+is the logger's name below `polymq` (a protocol's, `storage`, `http` — hypercorn's lines are
+logged there too); the gateway's own lines say `gateway`. See docs/operations.md.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 import sys
 from pathlib import Path
+from typing import Any
 
 import attrs
 import click
@@ -29,17 +29,8 @@ import trio
 import zmq
 
 import polymq
-from polymq.adapters import emqp as emqp_adapter
-from polymq.adapters import emqp_pubsub
-from polymq.adapters import pzq as pzq_adapter
-from polymq.adapters.emqp import EMQPBroker
-from polymq.adapters.emqp_pubsub import EMQPPubSub
-from polymq.adapters.mqks import MQKSServer
-from polymq.adapters.nsq import NSQServer
-from polymq.adapters.phpmq import PHPMQServer
-from polymq.adapters.phpmq_console import ConsoleServer
-from polymq.adapters.pzq import PZQServer
-from polymq.adapters.transport import serve_tcp, stop_listening
+from polymq.adapters.protocol import Context, Endpoint, GatewayInfo, Protocol, Service, ServiceError
+from polymq.adapters.registry import protocols
 from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
 from polymq.core.clock import SystemClock
 from polymq.core.disk_storage import DiskStorage
@@ -47,25 +38,13 @@ from polymq.core.engine import Engine
 from polymq.core.storage import DataDirInUse, MemoryStorage
 from polymq.gateway import logs
 from polymq.gateway.committer import Committer
-from polymq.gateway.config import Config, click_options, from_command_line, to_toml
-from polymq.gateway.nsq_http import serve_nsq_http
+from polymq.gateway.config import HTTP_LISTENER, OPTIONS_BY_KEY, Config, click_options, from_command_line, to_toml
+from polymq.gateway.http import serve_gateway_http
 
 log = logging.getLogger("polymq")
 
 # The listen backlog; the original MQKS used 256, nsqd the OS default.
 LISTEN_BACKLOG = 1024
-# Each listener's name in the log lines and the flag that moves it.
-LISTENERS = {"nsq-tcp": "--nsq-tcp-port", "nsq-http": "--nsq-http-port", "mqks": "--mqks-port",
-             "phpmq": "--phpmq-port", "phpmq-console": "--phpmq-console-port"}
-# PZQ's ZeroMQ sockets: bound by ZeroMQ, not as TCP listeners of ours.
-ZMQ_LISTENERS = {"pzq-receive": "--pzq-receive-port", "pzq-send": "--pzq-send-port",
-                 "pzq-monitor": "--pzq-monitor-port", "emqp-backend": "--emqp-backend-port",
-                 "emqp-frontend": "--emqp-frontend-port", "emqp-admin": "--emqp-admin-port",
-                 "emqp-pubsub-in": "--emqp-pubsub-in-port", "emqp-pubsub-out": "--emqp-pubsub-out-port"}
-
-
-# eMQP's broker sockets (its pub/sub device's are apart).
-BROKER_SOCKETS = ("emqp-backend", "emqp-frontend", "emqp-admin")
 
 
 class StartupError(Exception):
@@ -77,19 +56,35 @@ class Prepared:
     """What start-up made before serving: bound listeners, the opened store."""
 
     config: Config
-    sockets: dict[str, socket.socket]
+    bound: list[Bound]  # every enabled protocol's endpoints, bound
+    http: socket.socket | None  # the gateway's own HTTP listener
     storage: DiskStorage | MemoryStorage
     committer: Committer | None
-    ssl_context: ssl.SSLContext | None
+
+    def close(self) -> None:
+        for bound in self.bound:
+            bound.close()
+        if self.http is not None:
+            self.http.close()
+        if isinstance(self.storage, DiskStorage):
+            self.storage.close()
+
+
+@attrs.define
+class Bound:
+    """A protocol's endpoints, bound before the store opens, and what its check returned."""
+
+    protocol: Protocol
+    options: Any
+    checked: Any
+    listeners: dict[str, socket.socket] = attrs.Factory(dict)
     zmq: ZmqSockets | None = None
 
     def close(self) -> None:
-        for sock in self.sockets.values():
+        for sock in self.listeners.values():
             sock.close()
         if self.zmq is not None:
             self.zmq.close()
-        if isinstance(self.storage, DiskStorage):
-            self.storage.close()
 
 
 class TimerTask:
@@ -121,7 +116,7 @@ def _why(error: OSError) -> str:
     return (error.strerror or str(error)).lower()
 
 
-def listening_socket(name: str, host: str, port: int) -> socket.socket:
+def listening_socket(name: str, host: str, port: int, flag: str) -> socket.socket:
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -134,7 +129,6 @@ def listening_socket(name: str, host: str, port: int) -> socket.socket:
         sock.listen(LISTEN_BACKLOG)
     except (OSError, OverflowError) as error:
         sock.close()
-        flag = LISTENERS[name]
         if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
             hint = f"stop the process using it, or choose another port with {flag} (-1 turns {name} off)"
         elif isinstance(error, OSError) and error.errno == errno.EACCES:
@@ -181,61 +175,71 @@ def open_storage(config: Config) -> tuple[DiskStorage | MemoryStorage, Committer
     return storage, Committer(storage)
 
 
-def _ssl_context(config: Config) -> ssl.SSLContext | None:
-    nsq = config.nsq
-    if nsq.tls_cert is None:
-        if nsq.tls_required:
-            raise StartupError("--tls-required needs a certificate: give --tls-cert (and --tls-key)")
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+def _flag(protocol: Protocol, setting: str) -> str:
+    return protocol.setting(setting).flag.split("/")[0]
+
+
+def bind_protocol(protocol: Protocol, options: Any, config: Config) -> Bound:
+    """Checks the protocol's options, then binds its endpoints that are on (a port of -1 is off)."""
     try:
-        context.load_cert_chain(str(nsq.tls_cert), str(nsq.tls_key) if nsq.tls_key else None)
-    except (OSError, ssl.SSLError) as error:
-        raise StartupError(f"cannot load the TLS certificate {nsq.tls_cert} (key {nsq.tls_key or 'in the same file'}): "
-                           f"{getattr(error, 'reason', None) or error}") from error
-    return context
+        checked = protocol.check(options) if protocol.check is not None else None
+    except ServiceError as error:
+        raise StartupError(str(error)) from error
+    bound = Bound(protocol, options, checked)
+    zmq_specs: dict[str, SocketSpec] = {}
+    zmq_endpoints: dict[str, Endpoint] = {}
+    try:
+        for endpoint in protocol.endpoints:
+            port = getattr(options, endpoint.port)
+            if port < 0:
+                continue
+            host = getattr(options, endpoint.host) if endpoint.host is not None else config.bind
+            if endpoint.zmq is None:
+                bound.listeners[endpoint.name] = listening_socket(endpoint.name, host, port,
+                                                                  _flag(protocol, endpoint.port))
+            else:
+                zmq_specs[endpoint.name] = attrs.evolve(endpoint.zmq(options), port=port, host=host)
+                zmq_endpoints[endpoint.name] = endpoint
+        if zmq_specs:
+            bound.zmq = zmq_sockets(config.bind, zmq_specs, protocol, zmq_endpoints)
+    except BaseException:
+        bound.close()
+        raise
+    return bound
 
 
 def prepare(config: Config) -> Prepared:
     """Binds every listener, then opens the store; on failure closes what it made and raises StartupError."""
-    ssl_context = _ssl_context(config)
-    sockets: dict[str, socket.socket] = {}
-    zmq_made: ZmqSockets | None = None
+    bound: list[Bound] = []
+    http: socket.socket | None = None
     try:
-        for name in LISTENERS:
-            port = config.port(name)
-            if port is not None:
-                sockets[name] = listening_socket(name, config.host(name), port)
-        specs = zmq_specs(config)
-        if any(spec.port is not None for spec in specs.values()):
-            zmq_made = zmq_sockets(config.bind, specs)
+        for protocol in protocols():
+            options = config.protocol(protocol.name)
+            if options.enabled:
+                bound.append(bind_protocol(protocol, options, config))
+        if config.http.port >= 0:
+            http = listening_socket(HTTP_LISTENER, config.http.bind, config.http.port,
+                                    OPTIONS_BY_KEY["http.port"].flag)
         storage, committer = open_storage(config)
     except BaseException:
-        for sock in sockets.values():
-            sock.close()
-        if zmq_made is not None:
-            zmq_made.close()
+        for made in bound:
+            made.close()
+        if http is not None:
+            http.close()
         raise
-    return Prepared(config, sockets, storage, committer, ssl_context, zmq_made)
+    return Prepared(config, bound, http, storage, committer)
 
 
-def zmq_specs(config: Config) -> dict[str, SocketSpec]:
-    """The ZeroMQ sockets of every ZeroMQ protocol, each at its configured port (None: off)."""
-    ports = {name: config.port(name) for name in ZMQ_LISTENERS}
-    return (pzq_adapter.socket_specs(ports, config.pzq.max_message)
-            | emqp_adapter.socket_specs(ports, config.emqp.max_message, config.host("emqp-admin"))
-            | emqp_pubsub.socket_specs(ports, config.emqp.max_message))
-
-
-def zmq_sockets(host: str, specs: dict[str, SocketSpec]) -> ZmqSockets:
+def zmq_sockets(host: str, specs: dict[str, SocketSpec], protocol: Protocol,
+                endpoints: dict[str, Endpoint]) -> ZmqSockets:
     try:
         return ZmqSockets.bind(host, specs)
     except zmq.ZMQError as error:
-        name = getattr(error, "listener", "pzq")
-        port = specs[name].port if name in specs else None
-        host = (specs[name].host if name in specs else None) or host
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        flag = ZMQ_LISTENERS.get(name, "--pzq-receive-port")
+        name = getattr(error, "listener", next(iter(specs)))
+        spec = specs[name]
+        host = spec.host or host
+        address = f"[{host}]:{spec.port}" if ":" in host else f"{host}:{spec.port}"
+        flag = _flag(protocol, endpoints[name].port)
         why = os.strerror(error.errno).lower() if error.errno else str(error)
         if error.errno == errno.EADDRINUSE:
             hint = f"stop the process using it, or choose another port with {flag} (-1 turns {name} off)"
@@ -247,6 +251,11 @@ def zmq_sockets(host: str, specs: dict[str, SocketSpec]) -> ZmqSockets:
 def _stop_self() -> None:
     """A clean stop asked for through a protocol (eMQP's admin DISCONNECT): as a SIGTERM would."""
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"{host}:{port}"
 
 
 def _in_flight(engine: Engine) -> int:
@@ -276,19 +285,12 @@ async def run_gateway(
                  config.storage.data_dir.absolute(), config.storage.fsync, committer.driver.name, len(engine.topics),
                  len(engine.queues), _stored(engine), clock.now() - started)
     timer_task = TimerTask(engine)
-    nsq = NSQServer(engine, config.nsq.limits(), ssl_context=prepared.ssl_context,
-                    auth_http_address=config.nsq.auth_http_address)
-    mqks = MQKSServer(engine, config.mqks.limits())
-    phpmq = PHPMQServer(engine, config.phpmq.limits())
-    console = ConsoleServer(engine, destructive=config.phpmq.console_destructive)
-    zmq_made = prepared.zmq
-    pzq = (PZQServer(engine, zmq_made, config.pzq.limits())
-           if zmq_made is not None and any(name.startswith("pzq-") for name in zmq_made.sockets) else None)
-    emqp = (EMQPBroker(engine, zmq_made, config.emqp.limits(), stop_gateway=_stop_self)
-            if zmq_made is not None and any(name in zmq_made.sockets for name in BROKER_SOCKETS) else None)
-    pubsub = (EMQPPubSub(engine, zmq_made)
-              if zmq_made is not None and any(name.startswith("emqp-pubsub") for name in zmq_made.sockets) else None)
-    sockets = prepared.sockets
+    http = prepared.http
+    http_address = _address(http) if http is not None else None
+    gateway = GatewayInfo(bind=config.bind, http_address=http_address, stop=_stop_self)
+    services: list[Service] = [
+        bound.protocol.start(Context(engine, bound.options, bound.listeners, bound.zmq, bound.checked, gateway))
+        for bound in prepared.bound]
     in_flight = 0
     # Installed before any listener serves, so a signal at any moment after start-up is a clean stop.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -296,54 +298,32 @@ async def run_gateway(
             nursery.start_soon(timer_task.run)
             if committer is not None:
                 nursery.start_soon(committer.run)
-            for name, sock in sockets.items():
-                host, port = sock.getsockname()[:2]
-                log.info("listening %s %s:%d", name, host, port)
-                if name == "nsq-tcp":
-                    nsq.tcp_port = port
-                    await nursery.start(serve_tcp, nsq.handle_connection, sock)
-                elif name == "nsq-http":
-                    nsq.http_port = port
-                    await nursery.start(serve_nsq_http, engine, nsq, sock, config.storage.snapshot_memory_mb << 20)
-                elif name == "mqks":
-                    mqks.host, mqks.port = host, port
-                    await nursery.start(serve_tcp, mqks.handle_connection, sock)
-                elif name == "phpmq":
-                    await nursery.start(serve_tcp, phpmq.handle_connection, sock)
-                else:
-                    await nursery.start(serve_tcp, console.handle_connection, sock)
-            if zmq_made is not None:
-                for name, address in zmq_made.addresses.items():
-                    log.info("listening %s %s", name, address)
-            if pzq is not None:
-                nursery.start_soon(pzq.run)
-            if emqp is not None:
-                nursery.start_soon(emqp.run)
-            if pubsub is not None:
-                nursery.start_soon(pubsub.run)
+            for bound in prepared.bound:
+                for name, sock in bound.listeners.items():
+                    log.info("listening %s %s", name, _address(sock))
+                if bound.zmq is not None:
+                    for name, address in bound.zmq.addresses.items():
+                        log.info("listening %s %s", name, address)
+            if http is not None:
+                log.info("listening %s %s", HTTP_LISTENER, http_address)
+            for service in services:
+                await nursery.start(service.run)
+            if http is not None:
+                await nursery.start(serve_gateway_http, engine, http, config.http,
+                                    config.storage.snapshot_memory_mb << 20)
             log.info("ready")
             task_status.started(engine)
             async for signum in signals:
                 log.info("received %s, stopping: closing %d connections", signal.Signals(signum).name,
-                         len(nsq.sessions) + len(mqks.sessions) + len(phpmq.sessions))
-                for name, sock in sockets.items():
-                    if name != "nsq-http":  # hypercorn stops its own with the nursery
-                        stop_listening(sock)
+                         sum(service.connections() for service in services))
                 in_flight = _in_flight(engine)
-                await nsq.shutdown()
-                await mqks.shutdown()
-                await phpmq.shutdown()
-                await console.shutdown()
-                if pzq is not None:
-                    pzq.shutdown()  # its in-flight deliveries go back to the queue; its sockets close
-                if emqp is not None:
-                    emqp.shutdown()  # KBYE to its peers; the jobs its workers held go back to their queues
-                if pubsub is not None:
-                    pubsub.shutdown()
+                for service in services:
+                    await service.stop()
                 nursery.cancel_scope.cancel()
                 break
-    if zmq_made is not None:
-        zmq_made.close()  # what the adapters left open, and the ZeroMQ context
+    for bound in prepared.bound:
+        if bound.zmq is not None:
+            bound.zmq.close()  # what the adapters left open, and the ZeroMQ context
     # Sessions are closed and their in-flight messages returned: write and fdatasync it all.
     if committer is not None and isinstance(storage, DiskStorage):
         await committer.flush()
@@ -373,12 +353,11 @@ def _innermost(error: BaseException) -> BaseException:
 @click.option("--debug", is_flag=True, envvar="POLYMQ_DEBUG", help="Show the traceback of a start-up failure.")
 @click.pass_context
 def command(ctx: click.Context, debug: bool, **values: object) -> None:
-    """Run the gateway with every protocol built so far, on loopback by default.
+    """Run the gateway: every protocol on its default ports, on loopback by default.
 
-    NSQ V2 on TCP 4150, the nsqd HTTP API on 4151, MQKS on TCP 25000, PHPMQ on TCP 9100 and its
-    maintenance console on 9101, PZQ on 11131-11133, eMQP on 47290, 47291, 47293 and its pub/sub
-    on 47298-47299, stored durably under --data-dir. Every option is also a POLYMQ_*
-    variable and a key of the --config file (`polymq config --show` prints them all).
+    Stored durably under --data-dir. Every protocol has a --NAME/--no-NAME switch and a flag per
+    port (-1 turns a listener off). Every option is also a POLYMQ_* variable and a key of the
+    --config file (`polymq config --show` prints them all).
     """
     config = from_command_line(ctx, values)
     logs.configure(config.log.level, config.log.format)

@@ -1,4 +1,4 @@
-"""polymq's stream endpoints on the HTTP API port (docs/spark.md), request in, response out.
+"""polymq's stream endpoints on the gateway's own HTTP listener (docs/spark.md), request in, response out.
 
 A reader (the Spark data source) opens a stream (a queue read by position, core/streams.py) bound
 to topics, asks for offsets, splits a range into partitions, reads ranges as binary row batches
@@ -17,13 +17,11 @@ from typing import Any
 
 import attrs
 
-from polymq.adapters.mqks import MSG_ID_HEADER
+from polymq.adapters.http import JSON_TYPE, NeedBody, QueryError, Request, Response, go_json, parse_query
 from polymq.codecs import stream_rows
-from polymq.codecs.nsq import ServerLimits
 from polymq.core import streams
 from polymq.core.engine import Engine, Queue
-from polymq.core.message import Message
-from polymq.gateway.nsq_http_api import JSON_TYPE, NeedBody, QueryError, Request, Response, go_json, parse_query
+from polymq.core.message import PUBLISHER_ID_HEADER, Message
 
 # The origin the engine keeps with rows published here (a Spark job's, mostly): polymq's own HTTP.
 ORIGIN = "http"
@@ -43,6 +41,10 @@ SNAPSHOT_IDLE_S = 600.0
 # Memory the snapshots held at once may take for the messages they read back from disk (those
 # still in memory cost them only references); `--snapshot-memory` sets it.
 DEFAULT_SNAPSHOT_MEMORY = 1024 * 1024 * 1024
+# The largest row and the largest publish batch, by default nsqd's --max-msg-size and
+# --max-body-size (`--stream-max-row-size`, `--stream-max-batch-size`).
+DEFAULT_MAX_ROW = 1024 * 1024
+DEFAULT_MAX_BATCH = 5 * 1024 * 1024
 
 Handler = Callable[[Request, str], Response | NeedBody]
 
@@ -68,10 +70,11 @@ class BadRequest(Exception):
 
 
 class StreamHttpApi:
-    def __init__(self, engine: Engine, limits: Callable[[], ServerLimits], *,
+    def __init__(self, engine: Engine, *, max_row: int = DEFAULT_MAX_ROW, max_batch: int = DEFAULT_MAX_BATCH,
                  snapshot_memory: int = DEFAULT_SNAPSHOT_MEMORY) -> None:
         self.engine = engine
-        self.limits = limits  # nsqd's message and body limits hold for rows and batches too
+        self.max_row = max_row
+        self.max_batch = max_batch
         self.snapshot_memory = snapshot_memory
         self._topic_bytes: dict[str, bytes] = {}
         self._snapshots: dict[str, Snapshot] = {}  # by id, oldest first
@@ -274,12 +277,12 @@ class StreamHttpApi:
         raw_group = params.get(b"dedup")
         group = _valid_name(raw_group[0], "dedup") if raw_group else None
         first = self._int(params, b"first", 0)
-        limits = self.limits()
+        max_row, max_batch = self.max_row, self.max_batch
 
         def complete(body: bytes) -> Response:
-            if len(body) > limits.max_body_size:
-                return failure(413, "BODY_TOO_BIG", f"a batch is at most {limits.max_body_size} bytes")
-            batch = stream_rows.decode_publish_rows(body, limits.max_msg_size)
+            if len(body) > max_batch:
+                return failure(413, "BODY_TOO_BIG", f"a batch is at most {max_batch} bytes")
+            batch = stream_rows.decode_publish_rows(body, max_row)
             if isinstance(batch, stream_rows.Invalid):
                 return failure(400, "BAD_ROW", f"row {batch.row}: {batch.reason}")
             count = len(batch.bodies)
@@ -303,7 +306,7 @@ class StreamHttpApi:
             dedup.remember(group, wanted, store=False)  # at once: a concurrent replay is held back too
             return Response(200, answer, JSON_TYPE, after_sync=True, then=lambda: dedup.store_group(group))
 
-        return NeedBody(limits.max_body_size + 1, complete)
+        return NeedBody(max_batch + 1, complete)
 
     def _publish_rows(self, batch: stream_rows.PublishBatch, own_topics: dict[int, str], default_topic: str | None,
                       start: int, end: int) -> int:
@@ -327,7 +330,7 @@ class StreamHttpApi:
                 if extra is not None and (extra.headers or extra.id is not None):
                     headers = dict(extra.headers) if extra.headers else {}
                     if extra.id is not None:
-                        headers[MSG_ID_HEADER] = extra.id  # the publisher's own id, as MQKS shows it
+                        headers[PUBLISHER_ID_HEADER] = extra.id  # the publisher's own id (MQKS deliveries show it)
                 each_headers.append(headers)
             assert topic is not None
             self.engine.publish_many(topic, bodies[run:stop], each_headers=each_headers, origin=ORIGIN)

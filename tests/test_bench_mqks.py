@@ -14,8 +14,8 @@ from typing import Any
 
 import trio
 
-from polymq.adapters.mqks_client import MQKSClient
-from polymq.gateway.bench_mqks import SCENARIOS
+from polymq.bench.mqks import SCENARIOS
+from polymq.clients.mqks import MQKSClient
 
 from support.gateway import GatewayProcess
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
+from polymq.bench.nsq import SCENARIOS, STAMP, STAMP_MARKER
 from polymq.codecs.nsq import FRAME_CLOSE_WAIT, FRAME_OK, FRAME_TYPE_MESSAGE, MAGIC_V2
-from polymq.gateway.bench_nsq import SCENARIOS, STAMP, STAMP_MARKER
 
 # Messages per pre-built block the sink streams to a subscriber (one sendall each).
 SINK_BLOCK_MESSAGES = 500

@@ -21,7 +21,7 @@ def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_endpoints_scenario_publishes_and_reads_every_row(tmp_path: Path) -> None:
     with running_gateway(data_dir=tmp_path) as gateway:
-        done = run_bench("--gateway", gateway.nsq_http, "--scenario", "endpoints", "--rows", "2500", "--batch", "1000",
+        done = run_bench("--gateway", gateway.http, "--scenario", "endpoints", "--rows", "2500", "--batch", "1000",
                          "--json")
     assert done.returncode == 0, done.stderr + done.stdout
     results = {r["scenario"]: r for r in json.loads(done.stdout)}

@@ -23,7 +23,7 @@ WHERE = "import polymq, polymq.core.engine as e, polymq.codecs.nsq as n; print(p
 
 def test_the_expected_modules_are_in_use() -> None:
     if os.environ.get("POLYMQ_EXPECT_COMPILED"):
-        assert polymq.COMPILED, "the compiled modules are not in use (did `python -m polymq.gateway.compile` fail?)"
+        assert polymq.COMPILED, "the compiled modules are not in use (did `python tools/mypyc_build.py` fail?)"
         assert engine.__file__ is not None and engine.__file__.endswith(".so")
     if os.environ.get("POLYMQ_PURE_PYTHON"):
         assert not polymq.COMPILED

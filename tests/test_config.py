@@ -12,6 +12,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import polymq.adapters.nsq as nsq_unit
 from polymq.codecs import nsq_client
 from polymq.gateway.config import OPTIONS, Config, build, to_toml
 
@@ -96,7 +97,8 @@ def test_the_example_config_is_the_default_config() -> None:
 
 
 def test_nsq_limits_come_from_the_config() -> None:
-    limits = build({"nsq.max_rdy_count": 100, "nsq.snappy": False, "nsq.auth_http_address": "h:1"}).nsq.limits()
+    options = build({"nsq.max_rdy_count": 100, "nsq.snappy": False, "nsq.auth_http_address": "h:1"}).protocol("nsq")
+    limits = nsq_unit.limits(options)
     assert limits.max_rdy_count == 100 and not limits.snappy_enabled and limits.auth_enabled
 
 
@@ -110,7 +112,7 @@ def test_a_protocol_is_turned_off_and_another_moved_by_the_config_file(tmp_path:
                       f"[nsq]\nhttp_port = {free_port}\n")
     # running_gateway passes every port as a flag; only the file's switches and unset ports count.
     with running_gateway("--config", str(config), "--nsq-http-port", str(free_port)) as gateway:
-        assert set(gateway.addresses) == {"nsq-tcp", "nsq-http"}
+        assert set(gateway.addresses) == {"nsq-tcp", "nsq-http", "http"}  # the gateway's own stays on
         assert gateway.addresses["nsq-http"] == f"127.0.0.1:{free_port}"
 
 
@@ -122,7 +124,7 @@ def _serve_and_stop(tmp_path: Path, *args: str) -> list[str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "polymq", "serve", "--data-dir", str(tmp_path / "data"), "--nsq-tcp-port", "0",
          "--nsq-http-port", "0", "--mqks-port", "0", "--phpmq-port", "0",
-         "--phpmq-console-port", "0", "--no-pzq", "--no-emqp", *args],
+         "--phpmq-console-port", "0", "--no-pzq", "--no-emqp", "--admin-port", "0", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CLEAN_ENV)
     assert process.stdout is not None
     lines: list[str] = []
@@ -161,7 +163,7 @@ def test_text_logs_one_format_for_every_line_with_the_start_and_stop_facts(tmp_p
     data_dir = tmp_path / "data"
     start = f"storage {data_dir}, fsync always (fdatasync by kernel AIO): restored 0 topics"
     assert any(component == "gateway" and message.startswith(start) for component, message in messages)
-    assert any(component == "nsq_http" and "Running on http://127.0.0.1:" in message
+    assert any(component == "http" and "Running on http://127.0.0.1:" in message
                for component, message in messages)  # hypercorn's own line, in the same format
     assert messages[-1] == ("gateway", "stopped: 1 in-flight messages returned to their queues; 2 messages in 1 "
                                        f"topics and 1 queues written and synced in {data_dir}")

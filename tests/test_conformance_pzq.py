@@ -47,7 +47,8 @@ def restartable(tmp_path: Path) -> Iterator[tuple[list[int], str]]:
     args = [sys.executable, "-m", "polymq", "serve", "--data-dir", str(tmp_path / "data"), "--nsq-tcp-port", "-1",
             "--nsq-http-port", "-1", "--mqks-port", "-1", "--phpmq-port", "-1", "--phpmq-console-port", "-1",
             "--pzq-receive-port", str(ports[0]), "--pzq-send-port", str(ports[1]),
-            "--pzq-monitor-port", str(ports[2]), "--pzq-ack-timeout", "500", "--no-emqp"]
+            "--pzq-monitor-port", str(ports[2]), "--pzq-ack-timeout", "500", "--no-emqp",
+            "--admin-port", "-1"]
     state = tmp_path / "gateway.json"
     log = state.with_suffix(".log")
     process = subprocess.Popen(args, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)

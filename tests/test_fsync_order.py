@@ -154,6 +154,7 @@ def _gateway_command(data_dir: Path, fsync: str, *, mqks: bool = False, pzq: boo
         *(["--pzq", "--pzq-receive-port", "0", "--pzq-send-port", "-1", "--pzq-monitor-port", "-1"]
           if pzq else ["--no-pzq"]),
         "--no-emqp",
+        "--admin-port", "-1",
         "--data-dir", str(data_dir),
         f"--fsync={fsync}",
     ]

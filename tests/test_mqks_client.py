@@ -1,4 +1,4 @@
-"""The trio MQKS client (`polymq.adapters.mqks_client`) against a real `polymq serve`.
+"""The trio MQKS client (`polymq.clients.mqks`) against a real `polymq serve`.
 
 Requests and deliveries, manual ack and reject, rebind with `--update`, ping and `_eval`, errors,
 callbacks that raise, batched writes; and the original client's reconnect (docs/protocols/mqks.md): the
@@ -23,8 +23,8 @@ import pytest
 import trio
 from trio.testing import wait_all_tasks_blocked
 
-from polymq.adapters import mqks_client
-from polymq.adapters.mqks_client import Message, MQKSClient, MQKSConnectionLost, MQKSError, new_id
+from polymq.clients import mqks as mqks_client
+from polymq.clients.mqks import Message, MQKSClient, MQKSConnectionLost, MQKSError, new_id
 from polymq.codecs.mqks import ID_LENGTH
 
 from support.gateway import GatewayProcess, running_gateway

@@ -1,6 +1,6 @@
 """The nsqd HTTP API (docs/protocols/nsq.md).
 
-Two layers: the sans-IO request logic (`gateway/nsq_http_api.py`) against an in-process engine
+Two layers: the sans-IO request logic (`adapters/nsq/http_api.py`) against an in-process engine
 and a fake NSQ server object, then real HTTP over 127.0.0.1 against `python -m polymq serve`,
 asserting exact status codes, bodies and headers, and that HTTP publishes reach a TCP consumer.
 """
@@ -20,12 +20,8 @@ import pytest
 import trio
 from trio.testing import wait_all_tasks_blocked
 
-from polymq.codecs import nsq_client
-from polymq.codecs.nsq import ServerLimits
-from polymq.core.engine import Engine
-from polymq.core.storage import MemoryStorage
-from polymq.gateway.nsq_http import NsqHttpApp
-from polymq.gateway.nsq_http_api import (
+from polymq.adapters.nsq.http import nsq_http_app
+from polymq.adapters.nsq.http_api import (
     GcPauses,
     NeedBody,
     NsqHttpApi,
@@ -39,6 +35,10 @@ from polymq.gateway.nsq_http_api import (
     memory_stats,
     parse_query,
 )
+from polymq.codecs import nsq_client
+from polymq.codecs.nsq import ServerLimits
+from polymq.core.engine import Engine
+from polymq.core.storage import MemoryStorage
 
 from support.gateway import GatewayProcess, running_gateway
 
@@ -479,7 +479,8 @@ def test_http_basic_endpoints_exact(module_gateway: GatewayProcess):
     assert (code, headers["content-type"]) == (200, JSON)
     assert list(info) == ["version", "broadcast_address", "hostname", "http_port", "tcp_port", "start_time",
                           "max_heartbeat_interval", "max_output_buffer_size", "max_output_buffer_timeout",
-                          "max_deflate_level"]
+                          "max_deflate_level", "polymq_http_address"]  # nsqd's keys, then where the stream API is
+    assert info["polymq_http_address"] == module_gateway.http
     assert info["http_port"] == module_gateway.host_port("nsq-http")[1]
     assert info["tcp_port"] == module_gateway.host_port("nsq-tcp")[1]
     assert info["version"] == "1.3.0" and info["max_heartbeat_interval"] == 60_000_000_000
@@ -654,7 +655,7 @@ class HeldSyncStorage(MemoryStorage):
 async def test_http_publish_answer_waits_for_the_storage_sync(path: str, query: bytes, body: bytes,
                                                                outcome: OSError | None, status: int, answer: bytes):
     storage = HeldSyncStorage()
-    app = NsqHttpApp(NsqHttpApi(Engine(storage=storage), FakeNSQ()))
+    app = nsq_http_app(NsqHttpApi(Engine(storage=storage), FakeNSQ()))
     scope = {"type": "http", "method": "POST", "path": path, "query_string": query,
              "headers": [(b"content-length", str(len(body)).encode())]}
     incoming = [{"type": "http.request", "body": body, "more_body": False}]
@@ -680,7 +681,7 @@ async def test_http_publish_is_refused_while_the_storage_is_failing():
     storage = HeldSyncStorage()
     storage.failure = "No space left on device"
     engine = Engine(storage=storage)
-    app = NsqHttpApp(NsqHttpApi(engine, FakeNSQ()))
+    app = nsq_http_app(NsqHttpApi(engine, FakeNSQ()))
     scope = {"type": "http", "method": "POST", "path": "/pub", "query_string": b"topic=full",
              "headers": [(b"content-length", b"1")]}
     sent: list[dict[str, Any]] = []
@@ -698,7 +699,7 @@ async def test_http_publish_is_refused_while_the_storage_is_failing():
 
 async def test_http_publish_errors_do_not_wait_for_a_sync():
     storage = HeldSyncStorage()
-    app = NsqHttpApp(NsqHttpApi(Engine(storage=storage), FakeNSQ()))
+    app = nsq_http_app(NsqHttpApi(Engine(storage=storage), FakeNSQ()))
     scope = {"type": "http", "method": "POST", "path": "/pub", "query_string": b"topic=bad*name",
              "headers": [(b"content-length", b"1")]}
     sent: list[dict[str, Any]] = []

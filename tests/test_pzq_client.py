@@ -1,4 +1,4 @@
-"""The project's trio PZQ client (adapters/pzq_client.py) against a real gateway: pipelined produces
+"""The project's trio PZQ client (clients/pzq.py) against a real gateway: pipelined produces
 each waiting for its ACK, refusals, a consumer handler that answers 1 or 0, the monitor."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from polymq.adapters.pzq_client import PZQConsumer, PZQMessage, PZQMonitor, PZQProducer, PZQRefused
+from polymq.clients.pzq import PZQConsumer, PZQMessage, PZQMonitor, PZQProducer, PZQRefused
 
 from support.gateway import running_gateway
 

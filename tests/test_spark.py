@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from polymq.adapters.stream_client import StreamClient
+from polymq.clients.stream import StreamClient
 from polymq.codecs import stream_rows
 
 from support.gateway import GatewayProcess, running_gateway
@@ -41,14 +41,14 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 
 def publish(gateway: GatewayProcess, topic: str, bodies: list[bytes], headers: dict[str, Any] | None = None) -> None:
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         client.publish([stream_rows.encode_publish_row(body, headers=headers) for body in bodies], topic)
 
 
 def stream_query(spark: Any, gateway: GatewayProcess, stream: str, topics: str, out: Path, **options: str) -> list[Any]:
     """One Trigger.AvailableNow run into parquet files under `out` (its checkpoint beside them);
     returns its micro-batches' input row counts."""
-    reader = (spark.readStream.format("polymq").option("gateway", gateway.nsq_http).option("stream", stream)
+    reader = (spark.readStream.format("polymq").option("gateway", gateway.http).option("stream", stream)
               .option("topics", topics))
     for key, value in options.items():
         reader = reader.option(key, value)
@@ -61,7 +61,7 @@ def stream_query(spark: Any, gateway: GatewayProcess, stream: str, topics: str, 
 
 def test_a_stream_reads_what_every_protocol_published_in_batches_and_a_restart_reads_only_new_rows(
         spark: Any, gateway: GatewayProcess, tmp_path: Path) -> None:
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         client.open("spark-orders", ["orders", "returns"])
     publish(gateway, "orders", [b"o%d" % number for number in range(25)], {"source": "web"})
     publish(gateway, "returns", [b"r0"])
@@ -80,7 +80,7 @@ def test_a_stream_reads_what_every_protocol_published_in_batches_and_a_restart_r
     assert stream_query(spark, gateway, "spark-orders", "orders,returns", tmp_path) == [2]
     everything = spark.read.parquet(str(tmp_path / "rows")).orderBy("position").collect()
     assert [bytes(row.body) for row in everything[26:]] == [b"late1", b"late2"] and len(everything) == 28
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         offsets = client.offsets("spark-orders")
     # Spark commits a batch's end to the source when it plans the next: the last run's first batch
     # committed the first run's rows; the second run's stay until the next run.
@@ -89,25 +89,25 @@ def test_a_stream_reads_what_every_protocol_published_in_batches_and_a_restart_r
 
 def test_a_batch_read_is_a_snapshot_that_consumes_nothing_and_a_batch_write_publishes_each_row(
         spark: Any, gateway: GatewayProcess) -> None:
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         client.open("spark-batch", ["batch-in"])
         client.open("spark-batch-out", ["batch-out"])
     publish(gateway, "batch-in", [b"%d" % number for number in range(7)])
-    frame = (spark.read.format("polymq").option("gateway", gateway.nsq_http).option("stream", "spark-batch")
+    frame = (spark.read.format("polymq").option("gateway", gateway.http).option("stream", "spark-batch")
              .option("partitions", "3").load())
     assert frame.rdd.getNumPartitions() == 3
     assert sorted(bytes(row.body) for row in frame.collect()) == [b"%d" % number for number in range(7)]
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         assert client.offsets("spark-batch")["committed"] == 0  # nothing consumed
         assert len(client.read("spark-batch", 0, client.offsets("spark-batch")["end"])) == 7
 
     out = spark.createDataFrame([(b"a", None, "id-1", {"k": "v"}), (b"b", "batch-out", None, None)],
                                 "body binary, topic string, id string, headers map<string,string>")
-    out.write.format("polymq").option("gateway", gateway.nsq_http).option("topic", "batch-out").mode(
+    out.write.format("polymq").option("gateway", gateway.http).option("topic", "batch-out").mode(
         "append").save()
     spark.createDataFrame([("text body",)], "body string").write.format("polymq").option(
-        "gateway", gateway.nsq_http).option("topic", "batch-out").mode("append").save()
-    with StreamClient(gateway.nsq_http) as client:
+        "gateway", gateway.http).option("topic", "batch-out").mode("append").save()
+    with StreamClient(gateway.http) as client:
         written = client.read("spark-batch-out", 0, client.offsets("spark-batch-out")["end"])
     assert [row.body for row in written] == [b"a", b"b", b"text body"]
     assert json.loads(written[0].headers) == {"k": "v", "msg_id": "id-1"}  # the row's own id
@@ -135,34 +135,34 @@ def test_a_replayed_streaming_batch_publishes_no_row_twice(spark: Any, gateway: 
         return "replay-out"
 
     topic = functions.udf(topic_of, StringType())
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         client.open("spark-replay-out", ["replay-out"])
     checkpoint = tmp_path / "checkpoint"
 
     def run() -> Any:
-        frame = (spark.readStream.format("polymq").option("gateway", gateway.nsq_http)
+        frame = (spark.readStream.format("polymq").option("gateway", gateway.http)
                  .option("stream", "spark-replay-in").option("topics", "replay-in").option("partitions", "1")
                  .load())
         out = frame.select(functions.concat(functions.lit(b"out-"), "body").alias("body"),
                            topic("body").alias("topic"))
-        query = (out.writeStream.format("polymq").option("gateway", gateway.nsq_http).option("batchRows", "2")
+        query = (out.writeStream.format("polymq").option("gateway", gateway.http).option("batchRows", "2")
                  .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
         with contextlib.suppress(StreamingQueryException):  # the first run's: its exception() tells
             query.awaitTermination(120)
         return query
 
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         client.open("spark-replay-in", ["replay-in"])
     publish(gateway, "replay-in", [b"%d" % number for number in range(8)])
     failed = run()
     assert failed.exception() is not None and "topic must be 1 to 1024 bytes" in str(failed.exception())
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         partial = client.read("spark-replay-out", 0, client.offsets("spark-replay-out")["end"])
     assert [row.body for row in partial] == [b"out-0", b"out-1", b"out-2", b"out-3"]
 
     replayed = run()
     assert replayed.exception() is None
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         rows = client.read("spark-replay-out", 0, client.offsets("spark-replay-out")["end"])
     assert [row.body for row in rows] == [b"out-%d" % number for number in range(8)]  # each once, in order
 
@@ -173,34 +173,34 @@ def test_errors_a_spark_user_sees(spark: Any, gateway: GatewayProcess, tmp_path:
 
     errors = (PySparkException, Py4JJavaError)
     with pytest.raises(errors, match="no stream missing-stream"):
-        spark.read.format("polymq").option("gateway", gateway.nsq_http).option("stream", "missing-stream").load() \
+        spark.read.format("polymq").option("gateway", gateway.http).option("stream", "missing-stream").load() \
             .collect()
     with pytest.raises(errors, match=r"127\.0\.0\.1:9: GET /stream/offsets failed"):
         spark.read.format("polymq").option("gateway", "127.0.0.1:9").option("stream", "s").option(
             "timeout", "2").load().collect()
     with pytest.raises(errors, match="option stream or queue is required"):
-        spark.read.format("polymq").option("gateway", gateway.nsq_http).load().collect()
+        spark.read.format("polymq").option("gateway", gateway.http).load().collect()
     with pytest.raises(errors, match="has no body"):
         spark.createDataFrame([(None,)], "body binary").write.format("polymq").option(
-            "gateway", gateway.nsq_http).option("topic", "t").mode("append").save()
+            "gateway", gateway.http).option("topic", "t").mode("append").save()
     with pytest.raises(errors, match="needs a body column"):
         spark.createDataFrame([("x",)], "text string").write.format("polymq").option(
-            "gateway", gateway.nsq_http).option("topic", "t").mode("append").save()
+            "gateway", gateway.http).option("topic", "t").mode("append").save()
     with pytest.raises(errors, match="over the limit"):
         spark.createDataFrame([(b"x" * (1024 * 1024 + 1),)], "body binary").write.format("polymq").option(
-            "gateway", gateway.nsq_http).option("topic", "t").mode("append").save()
+            "gateway", gateway.http).option("topic", "t").mode("append").save()
 
     # An offset no longer available: the gateway committed past what the checkpoint says.
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         client.open("spark-lost", ["lost"])
     publish(gateway, "lost", [b"1", b"2", b"3"])
     checkpoint = tmp_path / "checkpoint"
-    frame = (spark.readStream.format("polymq").option("gateway", gateway.nsq_http).option("stream", "spark-lost")
+    frame = (spark.readStream.format("polymq").option("gateway", gateway.http).option("stream", "spark-lost")
              .option("topics", "lost").load())
     frame.writeStream.format("noop").option("checkpointLocation", str(checkpoint)).trigger(
         availableNow=True).start().awaitTermination(120)  # positions 0-2 read; not yet committed to the gateway
     publish(gateway, "lost", [b"4"])
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         client.commit("spark-lost", client.offsets("spark-lost")["end"])  # somebody else took them
     query = frame.writeStream.format("noop").option("checkpointLocation", str(checkpoint)).trigger(
         availableNow=True).start()
@@ -209,7 +209,7 @@ def test_errors_a_spark_user_sees(spark: Any, gateway: GatewayProcess, tmp_path:
     # Relaxed, the same checkpoint reads on from what the gateway still has.
     publish(gateway, "lost", [b"5"])
     seen: list[bytes] = []
-    relaxed_frame = (spark.readStream.format("polymq").option("gateway", gateway.nsq_http)
+    relaxed_frame = (spark.readStream.format("polymq").option("gateway", gateway.http)
                      .option("stream", "spark-lost").option("failOnDataLoss", "false").load())
     relaxed = (relaxed_frame.writeStream
                .foreachBatch(lambda batch, _: seen.extend(bytes(row.body) for row in batch.collect()))
@@ -234,10 +234,10 @@ def test_a_driver_killed_mid_batch_re_reads_the_uncommitted_range_and_loses_noth
         gateway: GatewayProcess, tmp_path: Path) -> None:
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     out.mkdir()
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         client.open("spark-crash", ["crash"])
     publish(gateway, "crash", [b"m%02d" % number for number in range(25)])
-    command = [sys.executable, str(JOB), gateway.nsq_http, "spark-crash", "crash", str(out), str(checkpoint)]
+    command = [sys.executable, str(JOB), gateway.http, "spark-crash", "crash", str(out), str(checkpoint)]
     # Its own session: SIGKILL goes to the driver and its JVM, as when the machine under it dies.
     driver = subprocess.Popen([*command, "--stall-batch", "1"], start_new_session=True, env={**os.environ, **SPARK_ENV})
     try:
@@ -247,7 +247,7 @@ def test_a_driver_killed_mid_batch_re_reads_the_uncommitted_range_and_loses_noth
         driver.wait(30)
     assert sorted(path.name for path in out.iterdir()) == ["batch-0.json", "started-0", "started-1"]
     publish(gateway, "crash", [b"late"])  # after the crash: not part of the replayed batch
-    with StreamClient(gateway.nsq_http) as client:
+    with StreamClient(gateway.http) as client:
         # Spark told the source batch 0's end as it planned batch 1; batch 1's range is still there.
         first_batch = json.loads((out / "batch-0.json").read_text())
         assert client.offsets("spark-crash")["committed"] == first_batch[-1]["position"] + 1
@@ -277,7 +277,7 @@ def test_a_gateway_that_goes_away_mid_query_fails_it_with_its_address_not_a_hang
     from pyspark.errors import StreamingQueryException
 
     with running_gateway("--in-memory", data_dir=tmp_path / "data") as doomed:
-        address = doomed.nsq_http
+        address = doomed.http
         publish(doomed, "t", [b"one"])  # the topic exists; the stream's copy starts with the next
         frame = (spark.readStream.format("polymq").option("gateway", address).option("stream", "s")
                  .option("topics", "t").option("timeout", "5").load())
@@ -303,7 +303,7 @@ def test_a_batch_read_of_any_queue_reads_a_snapshot_of_it(spark: Any, gateway: G
         response.read()
     connection.close()
     publish(gateway, "queued", [b"q%d" % number for number in range(5)])
-    frame = (spark.read.format("polymq").option("gateway", gateway.nsq_http).option("queue", "queued/workers")
+    frame = (spark.read.format("polymq").option("gateway", gateway.http).option("queue", "queued/workers")
              .option("partitions", "2").load())
     assert frame.rdd.getNumPartitions() == 2
     rows = frame.orderBy("position").collect()

@@ -142,6 +142,24 @@ def test_a_bad_config_value_names_the_file_and_line(tmp_path: Path) -> None:
         f"Error: {config} line 4: storage.fsync: must be always, never or interval:MS (MS > 0), not 'sometimes'")
 
 
+def test_a_wrong_type_in_the_config_file_says_what_was_given_and_what_is_expected(tmp_path: Path) -> None:
+    config = tmp_path / "polymq.toml"
+    config.write_text('[nsq]\ntcp_port = "abc"\n')
+    result = _serve("--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: {config} line 2: nsq.tcp_port = 'abc': expected a whole number from -1 to 65535")
+
+
+def test_a_section_given_a_value_is_named_as_a_section(tmp_path: Path) -> None:
+    config = tmp_path / "polymq.toml"
+    config.write_text("nsq = 5\n")
+    result = _serve("--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: {config} line 1: nsq is a section, not an option: write [nsq] and its options on the lines below it")
+
+
 def test_an_unknown_config_key_names_the_file_and_line(tmp_path: Path) -> None:
     config = tmp_path / "polymq.toml"
     config.write_text("[nsq]\ntcp_prot = 4150\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from polymq.adapters.stream_client import StreamClient, StreamClientError
+from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import stream_rows
 
 from support.gateway import running_gateway
@@ -28,7 +28,7 @@ def http_pub(address: str, topic: str, body: bytes) -> None:
 
 
 def test_a_stream_reads_what_was_published_again_until_committed_and_after_a_restart(tmp_path: Path) -> None:
-    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.http) as client:
         opened = client.open("spark-orders", ["orders"])
         assert opened == {"stream": "spark-orders", "topics": ["orders"], "start": 0, "end": 0, "committed": 0}
         with RawClient(gateway.nsq_tcp) as nsq:
@@ -49,8 +49,8 @@ def test_a_stream_reads_what_was_published_again_until_committed_and_after_a_res
         with pytest.raises(StreamClientError) as gone:
             client.read("spark-orders", 0, offsets["end"])
         assert gone.value.status == 410 and gone.value.code == "OFFSET_GONE"
-        assert gateway.nsq_http in str(gone.value)
-    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+        assert gateway.http in str(gone.value)
+    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.http) as client:
         after = client.offsets("spark-orders")
         assert after["committed"] == rows[1].position and after["start"] == rows[1].position
         assert client.read("spark-orders", after["start"], after["end"]) == rows[1:]
@@ -62,7 +62,7 @@ def test_a_stream_reads_what_was_published_again_until_committed_and_after_a_res
 
 
 def test_the_read_batch_is_the_documented_bytes(tmp_path: Path) -> None:
-    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, StreamClient(gateway.http) as client:
         client.open("s", ["t"])
         http_pub(gateway.nsq_http, "t", b"hello")
         raw = client.request("GET", "/stream/read", [("stream", "s"), ("from", 0), ("to", 1)])
@@ -72,7 +72,7 @@ def test_the_read_batch_is_the_documented_bytes(tmp_path: Path) -> None:
 
 
 def test_bad_requests_get_clear_answers(tmp_path: Path) -> None:
-    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, StreamClient(gateway.http) as client:
         with pytest.raises(StreamClientError) as missing:
             client.offsets("nope")
         assert missing.value.status == 404 and "no stream nope" in str(missing.value)
@@ -106,7 +106,7 @@ def _closed_port() -> int:
 
 
 def test_json_answers_are_compact(tmp_path: Path) -> None:
-    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, StreamClient(gateway.http) as client:
         raw = client.request("POST", "/stream/open", [("stream", "s"), ("topic", "a"), ("topic", "b")])
         assert raw == b'{"stream":"s","topics":["a","b"],"start":0,"end":0,"committed":0}'
         assert json.loads(raw)["topics"] == ["a", "b"]
@@ -115,14 +115,14 @@ def test_json_answers_are_compact(tmp_path: Path) -> None:
 def test_publish_rows_with_ids_headers_and_topics_and_a_replay_publishes_only_what_is_missing(
         tmp_path: Path) -> None:
     row = stream_rows.encode_publish_row
-    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.http) as client:
         client.open("s", ["out", "other"])
         answer = client.publish([row(b"a"), row(b"b", message_id="own", headers={"k": "v"}), row(b"c", topic="other")],
                                 topic="out", dedup="w/0/0")
         assert answer == {"published": 3, "duplicates": 0}
         # The first try of the next batch stopped after 2 of its 4 rows; the replay sends all 4.
         assert client.publish([row(b"d"), row(b"e")], topic="out", dedup="w/1/0")["published"] == 2
-    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+    with running_gateway(data_dir=tmp_path) as gateway, StreamClient(gateway.http) as client:
         replay = [row(b"d"), row(b"e"), row(b"f"), row(b"g")]
         assert client.publish(replay, topic="out", dedup="w/1/0") == {"published": 2, "duplicates": 2}
         assert client.publish(replay[2:], topic="out", dedup="w/1/0", first=2) == {"published": 0, "duplicates": 2}
@@ -137,8 +137,8 @@ def test_publish_rows_with_ids_headers_and_topics_and_a_replay_publishes_only_wh
 
 def test_bad_rows_are_refused_whole(tmp_path: Path) -> None:
     row = stream_rows.encode_publish_row
-    with running_gateway("--in-memory", "--max-msg-size", "10", "--max-body-size", "100",
-                         data_dir=tmp_path) as gateway, StreamClient(gateway.nsq_http) as client:
+    with running_gateway("--in-memory", "--stream-max-row-size", "10", "--stream-max-batch-size", "100",
+                         data_dir=tmp_path) as gateway, StreamClient(gateway.http) as client:
         client.open("s", ["t"])
         for rows, status, text in (
                 ([row(b"ok"), stream_rows.PUBLISH_HEAD.pack(0, 0, 0, 0)], 400, "row 1: empty body"),
@@ -154,7 +154,7 @@ def test_bad_rows_are_refused_whole(tmp_path: Path) -> None:
 def test_the_dedup_window_is_the_configured_one(tmp_path: Path) -> None:
     row = stream_rows.encode_publish_row
     with running_gateway("--dedup-window", "1", data_dir=tmp_path) as gateway, \
-            StreamClient(gateway.nsq_http) as client:
+            StreamClient(gateway.http) as client:
         assert client.publish([row(b"a")], topic="t", dedup="g")["published"] == 1
         assert client.publish([row(b"a")], topic="t", dedup="g")["duplicates"] == 1
         time.sleep(1.1)  # the window itself: one second
@@ -172,7 +172,7 @@ def test_every_message_keeps_the_protocol_it_came_in_by_across_a_restart(tmp_pat
     context = zmq.Context()
     try:
         with running_gateway("--pzq-queue", "origins", data_dir=tmp_path) as gateway, \
-                StreamClient(gateway.nsq_http) as client:
+                StreamClient(gateway.http) as client:
             client.open("origins-stream", ["origins"])
             with RawClient(gateway.nsq_tcp) as nsq:
                 nsq.send(b"PUB origins\n" + (3).to_bytes(4, "big") + b"nsq")
@@ -196,7 +196,7 @@ def test_every_message_keeps_the_protocol_it_came_in_by_across_a_restart(tmp_pat
                     time.sleep(0.01)
             assert {row.body: row.origin for row in rows} == expected
         with running_gateway("--pzq-queue", "origins", data_dir=tmp_path) as gateway, \
-                StreamClient(gateway.nsq_http) as client:
+                StreamClient(gateway.http) as client:
             again = client.read("origins-stream", 0, client.offsets("origins-stream")["end"])
             assert {row.body: row.origin for row in again} == expected
     finally:
@@ -205,7 +205,7 @@ def test_every_message_keeps_the_protocol_it_came_in_by_across_a_restart(tmp_pat
 
 def test_a_snapshot_of_an_nsq_channel_reads_every_message_and_consumes_none(tmp_path: Path) -> None:
     with running_gateway("--mem-queue-size", "3", data_dir=tmp_path) as gateway, \
-            StreamClient(gateway.nsq_http) as client:
+            StreamClient(gateway.http) as client:
         with RawClient(gateway.nsq_tcp) as consumer:
             consumer.send(b"SUB jobs work\n")
             consumer.expect_response()
@@ -235,7 +235,7 @@ def test_snapshots_read_back_from_disk_only_as_much_as_their_memory_allows(tmp_p
     """600 messages of 1,000 bytes on disk take about 0.75 MiB as a snapshot: one fits in 1 MiB,
     a second while the first is open does not, and once the first is closed it does."""
     with running_gateway("--mem-queue-size", "2", "--snapshot-memory", "1", data_dir=tmp_path) as gateway, \
-            StreamClient(gateway.nsq_http) as client:
+            StreamClient(gateway.http) as client:
         host, port = gateway.nsq_http.rsplit(":", 1)
         connection = http.client.HTTPConnection(host, int(port), timeout=5)
         for create in ("/topic/create?topic=big", "/channel/create?topic=big&channel=work"):

@@ -5,8 +5,8 @@ Whatever protocol the orders came in by (here PHPMQ and NSQ), Spark reads them a
 protocol's consumers read the totals (here MQKS and NSQ). Run it on its own or with spark-submit
 (docs/spark.md):
 
-    python examples/spark_orders/pipeline.py --gateway 127.0.0.1:4151 --checkpoint /tmp/orders-ck
-    spark-submit --master spark://HOST:7077 examples/spark_orders/pipeline.py --gateway HOST:4151 ...
+    python examples/spark_orders/pipeline.py --gateway 127.0.0.1:4181 --checkpoint /tmp/orders-ck
+    spark-submit --master spark://HOST:7077 examples/spark_orders/pipeline.py --gateway HOST:4181 ...
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def build(spark, gateway: str, checkpoint: str, available_now: bool):  # type: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gateway", default="127.0.0.1:4151", help="the gateway's HTTP API, HOST:PORT")
+    parser.add_argument("--gateway", default="127.0.0.1:4181", help="the gateway's own HTTP listener, HOST:PORT")
     parser.add_argument("--checkpoint", required=True, help="Spark's checkpoint directory for this query")
     parser.add_argument("--master", default=None, help="Spark master (spark-submit sets it); local[2] if unset")
     parser.add_argument("--available-now", action="store_true",

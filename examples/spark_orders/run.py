@@ -24,8 +24,8 @@ from pathlib import Path
 
 import trio
 
-from polymq.adapters.mqks_client import MQKSClient
-from polymq.adapters.stream_client import StreamClient
+from polymq.clients.mqks import MQKSClient
+from polymq.clients.stream import StreamClient
 from polymq.codecs import nsq_client, phpmq
 
 HERE = Path(__file__).resolve().parent
@@ -49,8 +49,8 @@ def order(source: str, number: int) -> bytes:
 def start_gateway(data_dir: Path) -> tuple[subprocess.Popen[str], dict[str, tuple[str, int]]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "polymq", "serve", "--data-dir", str(data_dir), "--nsq-tcp-port", "0",
-         "--nsq-http-port", "0", "--mqks-port", "0", "--phpmq-port", "0", "--phpmq-console-port", "-1",
-         "--no-pzq", "--no-emqp"],
+         "--nsq-http-port", "0", "--admin-port", "0", "--mqks-port", "0", "--phpmq-port", "0",
+         "--phpmq-console-port", "-1", "--no-pzq", "--no-emqp"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     addresses: dict[str, tuple[str, int]] = {}
     assert process.stdout is not None
@@ -116,7 +116,7 @@ def run_spark_job(http: str, checkpoint: Path) -> None:
 
 
 async def pipeline(addresses: dict[str, tuple[str, int]], work: Path) -> tuple[list[dict[str, object]], ...]:
-    http = "{}:{}".format(*addresses["nsq-http"])
+    http = "{}:{}".format(*addresses["http"])
     from_mqks: list[dict[str, object]] = []
     from_nsq: list[dict[str, object]] = []
     async with trio.open_nursery() as nursery, MQKSClient(*addresses["mqks"]) as mqks:

@@ -1,7 +1,7 @@
 """The polymq data source, where Spark finds it by itself: Spark imports every top-level module
 whose name starts with `pyspark_` and registers its `DefaultSource` under its `name()` ("polymq").
-The source itself is `polymq.adapters.spark_source` (docs/spark.md)."""
+The source itself is `pyspark_polymq.source` (docs/spark.md)."""
 
-from polymq.adapters.spark_source import DefaultSource
+from pyspark_polymq.source import DefaultSource
 
 __all__ = ["DefaultSource"]

@@ -39,6 +39,11 @@ class GatewayProcess:
     def nsq_http(self) -> str:
         return self.addresses["nsq-http"]
 
+    @property
+    def http(self) -> str:
+        """The gateway's own HTTP listener (the stream API)."""
+        return self.addresses["http"]
+
     def host_port(self, name: str) -> tuple[str, int]:
         host, port = self.addresses[name].rsplit(":", 1)
         return host, int(port)
@@ -110,6 +115,7 @@ def running_gateway(*extra_args: str, data_dir: Path | None = None) -> Iterator[
         "--emqp-admin-port", "0",
         "--emqp-pubsub-in-port", "0",
         "--emqp-pubsub-out-port", "0",
+        "--admin-port", "0",
     ]
     args += ["--data-dir", str(data_dir)]
     args += list(extra_args)

@@ -32,10 +32,9 @@ from typing import Any
 
 import attrs
 import trio
-import zmq
 
 from polymq.adapters.zmq_pump import Frames, ZmqPump
-from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
+from polymq.adapters.zmq_sockets import ZmqSockets
 from polymq.codecs import emqp
 from polymq.core.engine import MAX_ATTEMPTS_OPTION, Consumer, CreditMode, CreditPool, Engine, Message, Queue
 from polymq.core.schedules import FOREVER, InvalidSchedule, Schedule
@@ -84,18 +83,6 @@ class EMQPLimits:
     admin_disconnect: bool = False
     # Set on the queues eMQP makes (0: no limit).
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
-
-
-def socket_specs(ports: dict[str, int | None], max_message: int, admin_host: str) -> dict[str, SocketSpec]:
-    """The broker's three ROUTERs (`emqp-backend`, `emqp-frontend`, `emqp-admin` on `admin_host`).
-    ROUTER_MANDATORY as the original: a message for a peer that is gone is counted, never queued
-    for nobody."""
-    return {
-        "emqp-backend": SocketSpec(zmq.ROUTER, ports.get("emqp-backend"), max_message, mandatory=True),
-        "emqp-frontend": SocketSpec(zmq.ROUTER, ports.get("emqp-frontend"), max_message, mandatory=True),
-        "emqp-admin": SocketSpec(zmq.ROUTER, ports.get("emqp-admin"), ADMIN_MAX_MESSAGE, mandatory=True,
-                                 host=admin_host),
-    }
 
 
 def _text(raw: bytes) -> str:

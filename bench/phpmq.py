@@ -21,8 +21,8 @@ from typing import Any
 import attrs
 import click
 
+from polymq.bench import common
 from polymq.codecs import phpmq
-from polymq.gateway import bench_common as common
 
 DEFAULT_PORT = 9100  # the original's (its config/phpmq.default.xml)
 SCENARIOS = ("throughput", "latency")

@@ -23,11 +23,17 @@ from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
-from urllib.parse import unquote_to_bytes
 
-import attrs
-
-from polymq.adapters.nsq import ORIGIN as NSQ_ORIGIN
+from polymq.adapters.http import (
+    JSON_TYPE,
+    NeedBody,
+    QueryError,
+    Request,
+    Response,
+    go_json,
+    parse_query,
+)
+from polymq.adapters.nsq.tcp import ORIGIN as NSQ_ORIGIN
 from polymq.codecs.nsq import ProtocolError, ServerLimits, is_ephemeral, is_valid_name, parse_mpub_body
 from polymq.core.engine import Engine, Queue, Topic
 
@@ -35,7 +41,6 @@ log = logging.getLogger("polymq.nsq_http")
 
 # Every nsqd API response carries this header (internal/http_api RespondV1).
 NSQ_CONTENT_TYPE_HEADER = ("X-NSQ-Content-Type", "nsq; version=1.0")
-JSON_TYPE = "application/json; charset=utf-8"
 # What Go's net/http sniffs for a plain-text body nsqd writes without a Content-Type.
 TEXT_TYPE = "text/plain; charset=utf-8"
 HTML_TYPE = "text/html; charset=utf-8"
@@ -82,13 +87,12 @@ MEMORY_KEYS = (
     "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes", "gc_total_runs",
 )
 
-_BAD_ESCAPE = re.compile(rb"%(?![0-9a-fA-F]{2})")
 _GO_INT = re.compile(r"[+-]?[0-9]+")
 _INT64_MAX = (1 << 63) - 1
 
 
 class NSQInfo(Protocol):
-    """What the API needs from the NSQ side (adapters/nsq.py NSQServer)."""
+    """What the API needs from the NSQ side (adapters/nsq/tcp.py NSQServer)."""
 
     limits: ServerLimits
     tcp_port: int
@@ -104,43 +108,6 @@ class NSQInfo(Protocol):
 
 # ---------------------------------------------------------------------------------------------
 # Requests and responses
-
-
-@attrs.frozen(slots=True)
-class Request:
-    method: str
-    path: str  # percent-decoded, as Go's req.URL.Path
-    query: bytes = b""  # raw query string, parsed like Go's url.ParseQuery
-    content_length: int | None = None
-
-
-@attrs.frozen(slots=True)
-class Response:
-    status: int
-    body: bytes = b""
-    content_type: str | None = None
-    headers: tuple[tuple[str, str], ...] = ()
-    # Send only once everything stored so far is durable (`Storage.sync`): a publish's `OK`.
-    after_sync: bool = False
-    # Called once that sync is done; the answer then waits for one more sync: what it stores must
-    # not reach the disk before what the first covered (a de-duplication record after its rows).
-    then: Callable[[], None] | None = None
-
-    def all_headers(self) -> list[tuple[str, str]]:
-        """Headers to send: ours, then Content-Type and Content-Length (never chunked, like nsqd)."""
-        headers = [NSQ_CONTENT_TYPE_HEADER, *self.headers]
-        if self.content_type is not None:
-            headers.append(("Content-Type", self.content_type))
-        headers.append(("Content-Length", str(len(self.body))))
-        return headers
-
-
-@attrs.frozen(slots=True)
-class NeedBody:
-    """Read at most `read_max` bytes of the body (one more than allowed, as nsqd's LimitReader)."""
-
-    read_max: int
-    complete: Callable[[bytes], Response]
 
 
 def error(status: int, message: str) -> Response:
@@ -166,40 +133,6 @@ OK_EMPTY = Response(200)
 
 # ---------------------------------------------------------------------------------------------
 # Go compatibility helpers
-
-
-def go_json(value: Any) -> bytes:
-    """encoding/json.Marshal: compact, UTF-8, with <, >, & and U+2028/9 escaped as Go does."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    text = (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
-    return text.encode("utf-8", "replace")
-
-
-class QueryError(ValueError):
-    pass
-
-
-def parse_query(raw: bytes) -> dict[bytes, list[bytes]]:
-    """url.ParseQuery: `&`-separated, `+` is a space; a `;` or a bad %-escape is an error."""
-    values: dict[bytes, list[bytes]] = {}
-    failed = False
-    for part in raw.split(b"&"):
-        if b";" in part:
-            failed = True
-            continue
-        if not part:
-            continue
-        key, _, value = part.partition(b"=")
-        if _BAD_ESCAPE.search(key) or _BAD_ESCAPE.search(value):
-            failed = True
-            continue
-        key = unquote_to_bytes(key.replace(b"+", b" "))
-        values.setdefault(key, []).append(unquote_to_bytes(value.replace(b"+", b" ")))
-    if failed:
-        # Go returns the first error; every nsqd handler then answers INVALID_REQUEST.
-        raise QueryError(raw)
-    return values
 
 
 def _first(params: dict[bytes, list[bytes]], key: bytes) -> bytes | None:
@@ -349,13 +282,14 @@ class NsqHttpApi:
         now: Callable[[], float] = time.time,
         gc_pauses: GcPauses | None = None,
         python_version: str | None = None,
-        extra_routes: dict[str, dict[str, Handler]] | None = None,  # polymq's own (the stream endpoints)
+        info_extra: dict[str, str] | None = None,  # polymq's own /info keys (the gateway's HTTP address)
     ) -> None:
         self.engine = engine
         self.nsq = nsq
         self.bind_host = bind_host
         self.now = now
         self.gc_pauses = gc_pauses
+        self.info_extra = info_extra or {}
         self.python_version = python_version or "python" + ".".join(map(str, sys.version_info[:3]))
         # Values set with PUT /config/<opt> (nsqd lets only these two change at run time).
         self.nsqlookupd_tcp_addresses: list[str] | None = []
@@ -376,7 +310,6 @@ class NsqHttpApi:
             "/channel/empty": {"POST": self._channel_empty},
             "/channel/pause": {"POST": self._channel_pause},
             "/channel/unpause": {"POST": self._channel_unpause},
-            **(extra_routes or {}),
         }
         self._config_route: dict[str, Handler] = {"GET": self._config_get, "PUT": self._config_put}
 
@@ -463,6 +396,7 @@ class NsqHttpApi:
             "max_output_buffer_size": limits.max_output_buffer_size,
             "max_output_buffer_timeout": limits.max_output_buffer_timeout_ms * NS_PER_MS,
             "max_deflate_level": limits.max_deflate_level,
+            **self.info_extra,
         })
 
     # -- publishing ----------------------------------------------------------------------------

@@ -32,18 +32,19 @@ from typing import Any
 
 import attrs
 
-from polymq.adapters import mqks_stats
+from polymq.adapters.mqks import stats as mqks_stats
 from polymq.adapters.session import Listener, StreamSession
 from polymq.adapters.transport import Transport
 from polymq.codecs import mqks
 from polymq.core.engine import Consumer, Engine, Message, Queue
+from polymq.core.message import PUBLISHER_ID_HEADER
 
 log = logging.getLogger("polymq.mqks")
 
 # The header of an MQKS publish: the publisher's own id, shown to consumers. (The event is the
 # message's topic, which the engine and the store keep.)
 ORIGIN = "mqks"  # the protocol the engine keeps with what comes in here
-MSG_ID_HEADER = "msg_id"
+MSG_ID_HEADER = PUBLISHER_ID_HEADER
 # Option key under which a queue keeps its --delete-queue-when-unused as given (True or seconds).
 WHEN_UNUSED_OPTION = "mqks_delete_when_unused"
 

@@ -1,4 +1,4 @@
-"""Compile the hot modules with mypyc, next to their sources: `python -m polymq.gateway.compile`.
+"""Compile the hot modules with mypyc, next to their sources: `python tools/mypyc_build.py`.
 
 `make install` runs it. The modules are fully typed, so mypyc turns them into C extensions
 without changing a line; the pure-Python sources stay the reference and are used whenever the

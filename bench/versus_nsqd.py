@@ -35,7 +35,7 @@ from pathlib import Path
 import attrs
 import click
 
-from polymq.gateway import bench_common as common
+from polymq.bench import common
 
 # Where nsq's build script puts the binaries by default.
 DEFAULT_NSQ_BIN = Path.home() / "ref" / "nsq" / "bin"
@@ -115,7 +115,7 @@ def _running(server: Server, nsq_bin: Path, polymq_cmd: Sequence[str]) -> Iterat
     else:
         argv = [*polymq_cmd, "serve", "--data-dir", str(data / "data"), "--nsq-tcp-port", str(tcp),
                 "--nsq-http-port", str(http), "--mqks-port", "-1", "--phpmq-port", "-1",
-                "--phpmq-console-port", "-1", "--no-pzq", "--no-emqp", *server.args]
+                "--phpmq-console-port", "-1", "--no-pzq", "--no-emqp", "--admin-port", "-1", *server.args]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_accepting(tcp, process)

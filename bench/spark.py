@@ -21,9 +21,9 @@ from typing import Any
 import attrs
 import click
 
-from polymq.adapters.stream_client import StreamClient, StreamClientError
+from polymq.bench import common
+from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import stream_rows
-from polymq.gateway import bench_common as common
 
 SCENARIOS = ("endpoints", "stream-read", "batch-write")
 DEFAULT_ROWS = 1_000_000
@@ -142,7 +142,8 @@ def _spark(master: str) -> Any:
 
 
 @click.command()
-@click.option("--gateway", default="127.0.0.1:4151", show_default=True, help="The gateway's HTTP API HOST:PORT.")
+@click.option("--gateway", default="127.0.0.1:4181", show_default=True,
+              help="The gateway's own HTTP listener HOST:PORT.")
 @common.scenario_option(SCENARIOS)
 @click.option("--rows", type=click.IntRange(min=1), default=DEFAULT_ROWS, show_default=True)
 @click.option("--size", type=click.IntRange(min=1), default=DEFAULT_SIZE, show_default=True, help="Body bytes.")

@@ -24,9 +24,9 @@ import attrs
 import click
 import zmq
 
+from polymq.bench import common
+from polymq.bench import zmq_common as bench_zmq
 from polymq.codecs import emqp
-from polymq.gateway import bench_common as common
-from polymq.gateway import bench_zmq
 
 SCENARIOS = ("requests", "replies", "latency")
 # One client and two workers: on a 2-core machine every load process takes CPU from the broker it

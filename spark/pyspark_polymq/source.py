@@ -3,7 +3,7 @@ stream endpoints, rows written through its publish endpoint.
 
 Spark's Python workers import this module by name (the partitions and the reader objects are
 pickled by reference), so it imports pyspark only and talks to the gateway over HTTP
-(adapters/stream_client.py): nothing of the engine runs in Spark.
+(clients/stream.py): nothing of the engine runs in Spark.
 
 Replay contract: an offset is `{"position": N}`. A micro-batch is a position range the gateway
 serves again, with the same rows, until Spark commits its end; only the commit (after Spark's own
@@ -33,11 +33,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from polymq.adapters.stream_client import StreamClient, StreamClientError
+from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import stream_rows
 
 NAME = "polymq"
-DEFAULT_GATEWAY = "127.0.0.1:4151"  # the gateway's HTTP API (nsqd's port)
+DEFAULT_GATEWAY = "127.0.0.1:4181"  # the gateway's own HTTP listener (--admin-port)
 DEFAULT_PARTITIONS = 2
 # Rows a micro-batch reads at most unless maxRowsPerTrigger says otherwise: a batch's rows are in
 # the gateway's memory until Spark commits it, so a backlog is read a bounded part at a time.

@@ -35,6 +35,7 @@ from typing import Any
 import attrs
 import click
 
+from polymq.bench import common
 from polymq.codecs import nsq_client
 from polymq.codecs.nsq import (
     FRAME_TYPE_ERROR,
@@ -44,7 +45,6 @@ from polymq.codecs.nsq import (
     MESSAGE_OVERHEAD,
     OK,
 )
-from polymq.gateway import bench_common as common
 
 SCENARIOS = ("mpub", "sub", "pub", "pubsub")
 

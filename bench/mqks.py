@@ -9,7 +9,7 @@ queue *i* until every published message arrived. Four scenarios (default: all, i
 - `manual`   the same with `--manual-ack` consumers that ack every message;
 - `latency`  paced publishing, one message every `--interval` per publisher, and the
              publish-to-deliver latency (avg, p50, p99, max) at a load the server can keep up with;
-- `client`   the project's own trio client (`polymq.adapters.mqks_client.MQKSClient`) in this
+- `client`   the project's own trio client (`polymq.clients.mqks.MQKSClient`) in this
              process: one connection publishing `--client-messages` with `publish_nowait`, one
              auto-ack consumer (`consume(on_msg=...)`) counting deliveries and their latency.
 
@@ -39,9 +39,9 @@ from typing import Any
 import attrs
 import click
 
+from polymq.bench import common
 from polymq.codecs import mqks_client as codec
 from polymq.codecs.mqks import ID_LENGTH, MANUAL_ACK_FLAG, WHEN_UNUSED_FLAG
-from polymq.gateway import bench_common as common
 
 SCENARIOS = ("auto", "manual", "latency", "client")
 
@@ -564,7 +564,7 @@ class _ClientScenario:
         # have no use for trio.
         import trio
 
-        from polymq.adapters.mqks_client import MQKSError
+        from polymq.clients.mqks import MQKSError
 
         watch = common.RunWatch(self.opts.server_pid)
         watch.start()
@@ -605,7 +605,7 @@ class _ClientScenario:
         """(start, pong) in wall-clock ns; pong 0 if the publisher's ping went unanswered."""
         import trio
 
-        from polymq.adapters.mqks_client import MQKSClient, MQKSError
+        from polymq.clients.mqks import MQKSClient, MQKSError
 
         self._all_consumed = trio.Event()
         r, event, tail, publish_chunk = self.result, self.event, self.tail, CHUNK_MESSAGES

@@ -11,23 +11,14 @@ from __future__ import annotations
 import logging
 
 import trio
-import zmq
 
-from polymq.adapters.emqp import ORIGIN as EMQP_ORIGIN
+from polymq.adapters.emqp.broker import ORIGIN as EMQP_ORIGIN
 from polymq.adapters.zmq_pump import Frames, ZmqPump
-from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
+from polymq.adapters.zmq_sockets import ZmqSockets
 from polymq.codecs import emqp
 from polymq.core.engine import Engine
 
 log = logging.getLogger("polymq.emqp")
-
-
-def socket_specs(ports: dict[str, int | None], max_message: int) -> dict[str, SocketSpec]:
-    """`emqp-pubsub-in` (ROUTER, publishers connect) and `emqp-pubsub-out` (PUB, SUBs connect)."""
-    return {
-        "emqp-pubsub-in": SocketSpec(zmq.ROUTER, ports.get("emqp-pubsub-in"), max_message),
-        "emqp-pubsub-out": SocketSpec(zmq.PUB, ports.get("emqp-pubsub-out"), max_message),
-    }
 
 
 class EMQPPubSub:

@@ -31,7 +31,7 @@ import zmq
 import zmq.utils.monitor
 
 from polymq.adapters.zmq_pump import Frames, ZmqPump
-from polymq.adapters.zmq_sockets import PEER_CONNECTED, PEER_GONE, SocketSpec, ZmqSockets
+from polymq.adapters.zmq_sockets import PEER_CONNECTED, PEER_GONE, ZmqSockets
 from polymq.codecs import pzq
 from polymq.core.engine import Consumer, Engine, Message, Outcome, Queue
 
@@ -57,17 +57,6 @@ class PZQLimits:
     ack_timeout: float = DEFAULT_ACK_TIMEOUT_S
     window: int = DEFAULT_WINDOW
     max_message: int = DEFAULT_MAX_MESSAGE
-
-
-def socket_specs(ports: dict[str, int | None], max_message: int) -> dict[str, SocketSpec]:
-    """The three PZQ sockets (`pzq-receive`, `pzq-send`, `pzq-monitor`) at these ports."""
-    return {
-        # ROUTER_MANDATORY: an ACK waits at a full pipe, never dropped.
-        "pzq-receive": SocketSpec(zmq.ROUTER, ports.get("pzq-receive"), max_message, mandatory=True),
-        # Its connection events count the consumers.
-        "pzq-send": SocketSpec(zmq.DEALER, ports.get("pzq-send"), max_message, watch_peers=True),
-        "pzq-monitor": SocketSpec(zmq.ROUTER, ports.get("pzq-monitor"), MONITOR_MAX_MESSAGE, mandatory=True),
-    }
 
 
 class PZQServer:

@@ -20,9 +20,9 @@ import attrs
 import click
 import zmq
 
+from polymq.bench import common
+from polymq.bench import zmq_common as bench_zmq
 from polymq.codecs import pzq
-from polymq.gateway import bench_common as common
-from polymq.gateway import bench_zmq
 
 SCENARIOS = ("produce", "consume", "both", "latency")
 DEFAULT_PRODUCERS = 2

@@ -1,0 +1,7 @@
+"""The benchmarks behind `polymq bench` (loaded only when asked: `polymq serve` never imports them)."""
+
+# `polymq bench NAME` for the benchmarks of no one protocol (each protocol's unit names its own).
+COMMANDS = {
+    "spark": "polymq.bench.spark:command",
+    "versus-nsqd": "polymq.bench.versus_nsqd:command",
+}

@@ -1,0 +1,49 @@
+"""The gateway's own HTTP listener (`--admin-port`, 4181, loopback by default): the Spark stream API.
+
+It serves whatever protocols are on (turning NSQ off leaves it on), on the shared HTTP skeleton
+(adapters/http.py). Errors are `{"message": "CODE", "reason": "…"}` as JSON.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import trio
+
+from polymq.adapters.http import JSON_TYPE, HttpApp, NeedBody, Request, Response, go_json, serve_http
+from polymq.core.engine import Engine
+from polymq.gateway.stream_http_api import Handler, StreamHttpApi
+
+# The answer when the store failed to make what an answer hands out durable.
+STORAGE_FAILED = Response(503, go_json({"message": "EXITING", "reason": "the store failed"}), JSON_TYPE)
+
+
+def _error(status: int, code: str, reason: str, headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(status, go_json({"message": code, "reason": reason}), JSON_TYPE, headers)
+
+
+class GatewayHttpApi:
+    """Routes by exact path, then by method."""
+
+    def __init__(self, engine: Engine, routes: dict[str, dict[str, Handler]]) -> None:
+        self.engine = engine
+        self.routes = routes
+
+    def handle(self, request: Request) -> Response | NeedBody:
+        methods = self.routes.get(request.path)
+        if methods is None:
+            return _error(404, "NOT_FOUND", f"no endpoint {request.path[:200]!r}")
+        handler = methods.get(request.method)
+        if handler is None:
+            allowed = ", ".join(methods)
+            return _error(405, "METHOD_NOT_ALLOWED", f"{request.path} takes {allowed}", (("Allow", allowed),))
+        return handler(request, "")
+
+
+async def serve_gateway_http(engine: Engine, sock: socket.socket, options: Any, snapshot_memory: int, *,
+                             task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    stream = StreamHttpApi(engine, max_row=options.max_row_size, max_batch=options.max_batch_size,
+                           snapshot_memory=snapshot_memory)
+    api = GatewayHttpApi(engine, stream.routes())
+    await serve_http(HttpApp(api, STORAGE_FAILED), sock, task_status=task_status)
