@@ -13,9 +13,11 @@ PURE_TESTS := tests/test_engine.py tests/test_engine_stateful.py tests/test_reco
 	tests/test_nsq_codec_properties.py tests/test_timers.py tests/test_compiled.py tests/test_schedules.py tests/test_streams.py
 
 $(STAMP): pyproject.toml
+	@echo "==> polymq: creating the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,compile,spark]'
+	@echo "==> polymq: installing polymq and its dependencies into $(VENV) (the first time takes a few minutes)"
+	$(BIN)/pip install --progress-bar off -e '.[test,compile,spark]'
 	# Spark finds data sources by listing sys.path (pkgutil.iter_modules), where an editable
 	# install's import hook does not show: put the folder of pyspark_polymq there (docs/spark.md).
 	echo "$(CURDIR)/spark" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/polymq-spark.pth"
@@ -25,6 +27,7 @@ $(STAMP): pyproject.toml
 # the pure-Python modules stay in use and the message says so; an edited source is used as it is
 # until the next compile.
 $(COMPILED): $(STAMP) $(wildcard core/*.py codecs/*.py)
+	@echo "==> polymq: compiling the hot modules with mypyc (a minute or two)"
 	-$(BIN)/python tools/mypyc_build.py && touch $(COMPILED)
 
 install: $(STAMP) $(COMPILED)

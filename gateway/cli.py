@@ -15,6 +15,7 @@ from polymq.adapters.protocol import load_command
 from polymq.adapters.registry import protocols
 from polymq.gateway.serve import command as serve
 from polymq.gateway.serve import config_command
+from polymq.gateway.wait import command as wait
 
 # Benchmarks that belong to no one protocol: listed by the bench package itself.
 BENCH_PACKAGE = "polymq.bench"
@@ -56,6 +57,7 @@ def main() -> None:
     \b
     polymq serve         run the gateway (every protocol, default ports, loopback)
     polymq config        print the effective configuration as TOML
+    polymq wait          return once a gateway serves (for scripts that start one)
     polymq bench         measure a server of a protocol (throughput and latency)
     polymq conformance   black-box checks of a server of a protocol, against any address
     """
@@ -76,4 +78,5 @@ def conformance() -> None:
 
 main.add_command(serve, "serve")
 main.add_command(config_command, "config")
+main.add_command(wait, "wait")
 main.help = (main.help or "") + "\n\nProtocols: " + "; ".join(unit.title for unit in protocols()) + "."

@@ -1,4 +1,5 @@
-"""The gateway's own HTTP listener (`--admin-port`, 4181, loopback by default): the Spark stream API.
+"""The gateway's own HTTP listener (`--admin-port`, 4181, loopback by default): `/ping`, the Spark
+stream API.
 
 It serves whatever protocols are on (turning NSQ off leaves it on), on the shared HTTP skeleton
 (adapters/http.py). Errors are `{"message": "CODE", "reason": "…"}` as JSON.
@@ -41,9 +42,14 @@ class GatewayHttpApi:
         return handler(request, "")
 
 
+def _ping(request: Request, _: str) -> Response:
+    """Answers once the gateway serves: `polymq wait` and health checks ask it."""
+    return Response(200, b"OK", "text/plain; charset=utf-8")
+
+
 async def serve_gateway_http(engine: Engine, sock: socket.socket, options: Any, snapshot_memory: int, *,
                              task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     stream = StreamHttpApi(engine, max_row=options.max_row_size, max_batch=options.max_batch_size,
                            snapshot_memory=snapshot_memory)
-    api = GatewayHttpApi(engine, stream.routes())
+    api = GatewayHttpApi(engine, {"/ping": {"GET": _ping}, **stream.routes()})
     await serve_http(HttpApp(api, STORAGE_FAILED), sock, task_status=task_status)

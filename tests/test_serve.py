@@ -6,9 +6,11 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import polymq
 from polymq.codecs import nsq_client
 
 from support.gateway import running_gateway
@@ -30,6 +32,19 @@ def test_subcommand_help(args: tuple[str, ...]) -> None:
     result = _polymq(*args)
     assert result.returncode == 0
     assert "Usage: python -m polymq" in result.stdout
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_the_version_is_printed_by_either_flag(flag: str) -> None:
+    result = _polymq(flag)
+    assert result.returncode == 0
+    assert result.stdout == f"polymq, version {polymq.__version__}\n"
+
+
+def test_the_license_is_the_one_pyproject_names() -> None:
+    root = Path(__file__).resolve().parent.parent
+    assert 'license = "MIT"' in (root / "pyproject.toml").read_text()
+    assert (root / "LICENSE").read_text().startswith("MIT License\n")
 
 
 def test_serve_announces_loopback_listeners_and_stops_cleanly_on_sigterm() -> None:

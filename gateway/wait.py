@@ -1,0 +1,50 @@
+"""`polymq wait`: return once a gateway serves, for scripts that start one in the background.
+
+It asks the gateway's own HTTP listener for `/ping` (answered once every protocol's listeners are
+bound and served) until it answers or the time is up; then one line says which.
+"""
+
+from __future__ import annotations
+
+import http.client
+import sys
+import time
+
+import click
+
+from polymq.gateway.config import DEFAULT_HTTP_PORT
+
+# Between two tries: short against the second or so a gateway takes to start.
+RETRY_S = 0.1
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def ping(host: str, port: int, timeout: float) -> bool:
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("GET", "/ping")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+@click.command()
+@click.option("--address", default=f"127.0.0.1:{DEFAULT_HTTP_PORT}", show_default=True,
+              help="The gateway's own HTTP listener (its --admin-port), HOST:PORT.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S, show_default=True,
+              help="Seconds to wait at most.")
+def command(address: str, timeout: float) -> None:
+    """Wait until a gateway serves (exit 0), or say why not (exit 1)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise click.BadParameter(f"must be HOST:PORT, not {address!r}", param_hint="'--address'")
+    deadline = time.monotonic() + timeout
+    while not ping(host, int(port), max(0.1, min(1.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            click.echo(f"polymq: no gateway answered at {address} within {timeout:g} s; start one with "
+                       "`.venv/bin/polymq serve` (its log says why it did not start)", err=True)
+            sys.exit(1)
+        time.sleep(RETRY_S)
+    click.echo(f"polymq: the gateway at {address} is ready")
