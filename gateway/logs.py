@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
@@ -25,6 +26,22 @@ def component(name: str) -> str:
     return name.removeprefix(ROOT + ".")
 
 
+# What a client chooses (identities, names, bodies) reaches log lines: every control character
+# (C0, DEL, C1) and the Unicode line and paragraph separators is written as an escape, so a value
+# can neither start a forged line, nor make `grep` call the log binary, nor drive a terminal.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def message(record: logging.LogRecord) -> str:
+    """The record's message with every unprintable character escaped, whoever wrote it."""
+    return _UNPRINTABLE.sub(_escape, record.getMessage())
+
+
 def _timestamp(record: logging.LogRecord) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created)) + f".{int(record.msecs):03d}"
 
@@ -32,7 +49,7 @@ def _timestamp(record: logging.LogRecord) -> str:
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = (f"{_timestamp(record)} {record.levelname:<7} {component(record.name):<{COMPONENT_WIDTH}} "
-                f"{record.getMessage()}")
+                f"{message(record)}")
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
@@ -44,7 +61,7 @@ class JSONFormatter(logging.Formatter):
             "time": _timestamp(record),
             "level": record.levelname,
             "component": component(record.name),
-            "message": record.getMessage(),
+            "message": message(record),
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)

@@ -7,6 +7,8 @@ guess at free ports.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -82,6 +84,9 @@ def read_announcements(stream: Iterable[str], lines: list[str], ready: threading
     for raw in stream:
         line = raw.rstrip("\n")
         lines.append(line)
+        if line.startswith("{"):  # --log-format json: the message is a field
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                line = " " + json.loads(line)["message"]
         listening = LISTENING.search(line)
         if listening:
             addresses[listening.group(1)] = listening.group(2)
