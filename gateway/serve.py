@@ -40,6 +40,7 @@ from polymq.gateway import logs
 from polymq.gateway.committer import Committer
 from polymq.gateway.config import HTTP_LISTENER, OPTIONS_BY_KEY, Config, click_options, from_command_line, to_toml
 from polymq.gateway.http import serve_gateway_http
+from polymq.gateway.metrics import Metrics
 
 log = logging.getLogger("polymq")
 
@@ -288,14 +289,18 @@ async def run_gateway(
     http = prepared.http
     http_address = _address(http) if http is not None else None
     gateway = GatewayInfo(bind=config.bind, http_address=http_address, stop=_stop_self)
-    services: list[Service] = [
-        bound.protocol.start(Context(engine, bound.options, bound.listeners, bound.zmq, bound.checked, gateway))
-        for bound in prepared.bound]
+    by_protocol: dict[str, Service] = {
+        bound.protocol.name: bound.protocol.start(
+            Context(engine, bound.options, bound.listeners, bound.zmq, bound.checked, gateway))
+        for bound in prepared.bound}
+    services = list(by_protocol.values())
+    metrics = Metrics(engine, lambda: {name: service.connections() for name, service in by_protocol.items()})
     in_flight = 0
     # Installed before any listener serves, so a signal at any moment after start-up is a clean stop.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timer_task.run)
+            nursery.start_soon(metrics.measure_loop_lag)
             if committer is not None:
                 nursery.start_soon(committer.run)
             for bound in prepared.bound:
@@ -310,7 +315,7 @@ async def run_gateway(
                 await nursery.start(service.run)
             if http is not None:
                 await nursery.start(serve_gateway_http, engine, http, config.http,
-                                    config.storage.snapshot_memory_mb << 20)
+                                    config.storage.snapshot_memory_mb << 20, metrics)
             log.info("ready")
             task_status.started(engine)
             async for signum in signals:

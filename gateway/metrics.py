@@ -1,0 +1,121 @@
+"""Prometheus metrics at `/metrics` on the gateway's own HTTP listener, for every protocol at once.
+
+Read at scrape time from what the engine, the store and the services already count: nothing is
+done per message for them. Topics and queues get series of their own up to `MAX_LABELLED` each
+(the busiest by depth first); the rest are summed under the name `_other`, so a gateway with a
+million queues still answers a scrape of bounded size. The event loop's lag is measured by a task
+that asks to sleep `LAG_INTERVAL_S` and counts how late it wakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from polymq.core.engine import Engine
+
+# Topics and queues with series of their own; past it the rest are summed as `_other`.
+MAX_LABELLED = 1000
+OTHER = "_other"
+# How often the loop-lag task wakes: often enough to see a stall, rare enough to cost nothing.
+LAG_INTERVAL_S = 0.5
+# Lag buckets, seconds: a healthy loop is under a millisecond late.
+LAG_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _limited(items: Iterable[Any], depth: Callable[[Any], int]) -> tuple[list[Any], list[Any]]:
+    """The `MAX_LABELLED` deepest items, and the rest."""
+    ordered = sorted(items, key=depth, reverse=True)
+    return ordered[:MAX_LABELLED], ordered[MAX_LABELLED:]
+
+
+class EngineCollector(Collector):
+    """Topics, queues, connections per protocol and the store, read when scraped."""
+
+    def __init__(self, engine: Engine, connections: Callable[[], Mapping[str, int]]) -> None:
+        self.engine = engine
+        self.connections = connections
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._topics()
+        yield from self._queues()
+        connections = GaugeMetricFamily("polymq_connections", "Clients connected now, by protocol "
+                                        "(ZeroMQ protocols: not counted, ZeroMQ hides its peers).",
+                                        labels=["protocol"])
+        for protocol, count in self.connections().items():
+            connections.add_metric([protocol], count)
+        yield connections
+        storage = self.engine.storage
+        yield CounterMetricFamily("polymq_store_syncs", "fdatasync jobs of the store that ended.",
+                                  value=getattr(storage, "syncs", 0))
+        yield GaugeMetricFamily("polymq_store_failing", "1 while the store's writes or syncs fail.",
+                                value=1 if getattr(storage, "failure", None) is not None else 0)
+
+    def _topics(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily("polymq_topic_depth", "Messages a topic keeps for no queue yet (or while paused).",
+                                  labels=["topic"])
+        messages = CounterMetricFamily("polymq_topic_messages", "Messages published to a topic.", labels=["topic"])
+        shown, rest = _limited(self.engine.topics.values(), lambda topic: topic.depth)
+        for topic in shown:
+            depth.add_metric([topic.name], topic.depth)
+            messages.add_metric([topic.name], topic.message_count)
+        if rest:
+            depth.add_metric([OTHER], sum(topic.depth for topic in rest))
+            messages.add_metric([OTHER], sum(topic.message_count for topic in rest))
+        yield depth
+        yield messages
+
+    def _queues(self) -> Iterator[Metric]:
+        gauges = {
+            "depth": ("Messages ready in a queue (in memory and on disk).", lambda queue: queue.depth),
+            "in_flight": ("Deliveries not yet finished.", lambda queue: len(queue.in_flight)),
+            "deferred": ("Messages due later (deferred publishes, delayed requeues).",
+                         lambda queue: queue.deferred_count),
+            "consumers": ("Consumers attached.", lambda queue: len(queue.consumers)),
+        }
+        counters = {
+            "messages": ("Copies put in a queue.", lambda queue: queue.message_count),
+            "requeued": ("Deliveries that came back to be sent again.", lambda queue: queue.requeue_count),
+            "timed_out": ("Deliveries not finished in time.", lambda queue: queue.timeout_count),
+            "expired": ("Copies whose TTL ran out before a delivery.", lambda queue: queue.expired_count),
+            "dead_lettered": ("Copies moved to the queue's dead-letter topic.",
+                              lambda queue: queue.dead_letter_count),
+        }
+        shown, rest = _limited(self.engine.queues.values(), lambda queue: queue.depth)
+        families: list[tuple[Metric, Callable[[Any], int]]] = []
+        for name, (text, value) in gauges.items():
+            families.append((GaugeMetricFamily(f"polymq_queue_{name}", text, labels=["queue"]), value))
+        for name, (text, value) in counters.items():
+            families.append((CounterMetricFamily(f"polymq_queue_{name}", text, labels=["queue"]), value))
+        for family, value in families:
+            for queue in shown:
+                family.add_metric([queue.name], value(queue))  # type: ignore[attr-defined]
+            if rest:
+                family.add_metric([OTHER], sum(value(queue) for queue in rest))  # type: ignore[attr-defined]
+            yield family
+
+
+class Metrics:
+    """The registry `/metrics` answers from, and the loop-lag task that feeds it."""
+
+    def __init__(self, engine: Engine, connections: Callable[[], Mapping[str, int]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)  # resident memory, CPU seconds, open file descriptors
+        self.registry.register(EngineCollector(engine, connections))
+        self.loop_lag = Histogram("polymq_event_loop_lag_seconds", "How late the event loop ran a task that asked "
+                                  f"to wake every {LAG_INTERVAL_S} s.", buckets=LAG_BUCKETS, registry=self.registry)
+
+    async def measure_loop_lag(self) -> None:
+        while True:
+            asked = trio.current_time() + LAG_INTERVAL_S
+            await trio.sleep_until(asked)
+            self.loop_lag.observe(max(0.0, trio.current_time() - asked))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
