@@ -86,6 +86,24 @@ class Context:
     gateway: GatewayInfo
 
 
+@attrs.define(slots=True)
+class Traffic:
+    """What a protocol's clients sent and got, counted per read and per write (never per message)."""
+
+    connections_opened: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    messages_in: int = 0  # protocols that see message boundaries for free (ZeroMQ) count them
+    messages_out: int = 0
+
+    def add(self, other: Traffic) -> None:
+        self.connections_opened += other.connections_opened
+        self.bytes_in += other.bytes_in
+        self.bytes_out += other.bytes_out
+        self.messages_in += other.messages_in
+        self.messages_out += other.messages_out
+
+
 class Service(TypingProtocol):
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; `task_status.started()` once every endpoint serves."""
@@ -96,6 +114,9 @@ class Service(TypingProtocol):
 
     def connections(self) -> int:
         """Clients connected now (for the log line at stop)."""
+
+    def traffic(self) -> Traffic:
+        """What its clients sent and got so far (for the metrics)."""
 
 
 @attrs.frozen
@@ -166,3 +187,11 @@ class ServersService:
 
     def connections(self) -> int:
         return 0  # ZeroMQ hides its peers' connections from the application
+
+    def traffic(self) -> Traffic:
+        total = Traffic()
+        for server in self.servers:
+            for pump in getattr(server, "pumps", ()):
+                total.messages_in += pump.received
+                total.messages_out += pump.sent
+        return total

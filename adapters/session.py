@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from polymq.adapters.protocol import Traffic
 from polymq.adapters.transport import SocketTransport, Transport, serve_tcp, stop_listening
 from polymq.core.engine import Engine
 
@@ -64,6 +65,7 @@ class StreamSession:
         self.closing_reason: str | None = None
         self._delivered_unstored = False
         self._cancel_scope: trio.CancelScope | None = None
+        self.traffic = Traffic()  # its listener's, once it runs there
 
     # -- what a protocol provides --------------------------------------------------------------
 
@@ -132,6 +134,7 @@ class StreamSession:
         storage = self.engine.storage
         while True:
             data = await self.transport.receive_some(READ_SIZE)
+            self.traffic.bytes_in += len(data)
             self._reading = True
             # What this read changes is written at its end, by this task (`release_work`).
             storage.hold_work()
@@ -209,6 +212,7 @@ class StreamSession:
             return
         data = self.out[0]
         sent = self.transport.try_send(data)
+        self.traffic.bytes_out += sent
         if sent == len(data):
             self.out.clear()
             self._out_bytes = 0
@@ -255,6 +259,7 @@ class StreamSession:
                 if self.output_encoder is not None:
                     data = self.output_encoder(data)
                 await self.transport.send_all(data)
+                self.traffic.bytes_out += len(data)
                 self.after_send(token)
         finally:
             self._sending = False
@@ -297,12 +302,15 @@ class Listener:
 
     def __init__(self) -> None:
         self.sessions: set[StreamSession] = set()
+        self.traffic = Traffic()
 
     def new_session(self, transport: Transport) -> StreamSession:
         raise NotImplementedError
 
     async def handle_connection(self, transport: SocketTransport) -> None:
         session = self.new_session(transport)
+        session.traffic = self.traffic
+        self.traffic.connections_opened += 1
         self.sessions.add(session)
         try:
             await session.run()
@@ -338,3 +346,9 @@ class TcpService:
 
     def connections(self) -> int:
         return sum(len(listener.sessions) for _, listener in self.served)
+
+    def traffic(self) -> Traffic:
+        total = Traffic()
+        for _, listener in self.served:
+            total.add(listener.traffic)
+        return total

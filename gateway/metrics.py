@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, ge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from polymq.adapters.protocol import Service
 from polymq.core.engine import Engine
 
 # Topics and queues with series of their own; past it the rest are summed as `_other`.
@@ -38,24 +39,42 @@ def _limited(items: Iterable[Any], depth: Callable[[Any], int]) -> tuple[list[An
 class EngineCollector(Collector):
     """Topics, queues, connections per protocol and the store, read when scraped."""
 
-    def __init__(self, engine: Engine, connections: Callable[[], Mapping[str, int]]) -> None:
+    def __init__(self, engine: Engine, services: Callable[[], Mapping[str, Service]]) -> None:
         self.engine = engine
-        self.connections = connections
+        self.services = services
 
     def collect(self) -> Iterator[Metric]:
         yield from self._topics()
         yield from self._queues()
-        connections = GaugeMetricFamily("polymq_connections", "Clients connected now, by protocol "
-                                        "(ZeroMQ protocols: not counted, ZeroMQ hides its peers).",
-                                        labels=["protocol"])
-        for protocol, count in self.connections().items():
-            connections.add_metric([protocol], count)
-        yield connections
+        yield from self._protocols()
         storage = self.engine.storage
         yield CounterMetricFamily("polymq_store_syncs", "fdatasync jobs of the store that ended.",
                                   value=getattr(storage, "syncs", 0))
         yield GaugeMetricFamily("polymq_store_failing", "1 while the store's writes or syncs fail.",
                                 value=1 if getattr(storage, "failure", None) is not None else 0)
+
+    def _protocols(self) -> Iterator[Metric]:
+        connections = GaugeMetricFamily("polymq_connections", "Clients connected now, by protocol "
+                                        "(ZeroMQ protocols: not counted, ZeroMQ hides its peers).",
+                                        labels=["protocol"])
+        counters = {
+            "connections_opened": "Connections accepted (TCP protocols).",
+            "bytes_received": "Bytes read from clients (TCP protocols).",
+            "bytes_sent": "Bytes written to clients (TCP protocols).",
+            "messages_received": "ZeroMQ messages received (ZeroMQ protocols).",
+            "messages_sent": "ZeroMQ messages sent (ZeroMQ protocols).",
+        }
+        families = {name: CounterMetricFamily(f"polymq_{name}", text, labels=["protocol"])
+                    for name, text in counters.items()}
+        for protocol, service in self.services().items():
+            connections.add_metric([protocol], service.connections())
+            traffic = service.traffic()
+            for name, value in (("connections_opened", traffic.connections_opened),
+                                ("bytes_received", traffic.bytes_in), ("bytes_sent", traffic.bytes_out),
+                                ("messages_received", traffic.messages_in), ("messages_sent", traffic.messages_out)):
+                families[name].add_metric([protocol], value)
+        yield connections
+        yield from families.values()
 
     def _topics(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily("polymq_topic_depth", "Messages a topic keeps for no queue yet (or while paused).",
@@ -104,10 +123,10 @@ class EngineCollector(Collector):
 class Metrics:
     """The registry `/metrics` answers from, and the loop-lag task that feeds it."""
 
-    def __init__(self, engine: Engine, connections: Callable[[], Mapping[str, int]]) -> None:
+    def __init__(self, engine: Engine, services: Callable[[], Mapping[str, Service]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)  # resident memory, CPU seconds, open file descriptors
-        self.registry.register(EngineCollector(engine, connections))
+        self.registry.register(EngineCollector(engine, services))
         self.loop_lag = Histogram("polymq_event_loop_lag_seconds", "How late the event loop ran a task that asked "
                                   f"to wake every {LAG_INTERVAL_S} s.", buckets=LAG_BUCKETS, registry=self.registry)
 

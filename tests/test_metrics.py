@@ -46,7 +46,11 @@ def test_a_scrape_shows_topics_queues_connections_and_the_store(tmp_path) -> Non
                 php.sendall(phpmq.send(b"orders", body))  # topic orders; its queue orders; channel billing
             host, port = gateway.host_port("nsq-http")
             urllib.request.urlopen(f"http://{host}:{port}/pub?topic=orders", data=b"four", timeout=10).read()
-            scraped = _scrape(gateway)
+            # PHPMQ publishes get no answer: scrape until the gateway has read them all.
+            deadline = time.monotonic() + 30
+            while (scraped := _scrape(gateway))[("polymq_topic_messages_total", (("topic", "orders"),))] < 4:
+                assert time.monotonic() < deadline, scraped
+                time.sleep(0.05)
             assert scraped[("polymq_topic_messages_total", (("topic", "orders"),))] == 4
             assert scraped[("polymq_queue_depth", (("queue", "orders"),))] == 4  # PHPMQ's queue
             assert scraped[("polymq_queue_depth", (("queue", "orders/billing"),))] == 4  # the NSQ channel (RDY 0)
@@ -55,6 +59,10 @@ def test_a_scrape_shows_topics_queues_connections_and_the_store(tmp_path) -> Non
             assert scraped[("polymq_connections", (("protocol", "nsq"),))] == 1
             assert scraped[("polymq_connections", (("protocol", "phpmq"),))] == 1
             assert scraped[("polymq_connections", (("protocol", "mqks"),))] == 0
+            sent = sum(len(phpmq.send(b"orders", body)) for body in (b"one", b"two", b"three"))
+            assert scraped[("polymq_bytes_received_total", (("protocol", "phpmq"),))] == sent
+            assert scraped[("polymq_connections_opened_total", (("protocol", "phpmq"),))] == 1
+            assert scraped[("polymq_bytes_sent_total", (("protocol", "nsq"),))] == 10  # the OK to SUB: size, type, OK
             assert scraped[("polymq_store_failing", ())] == 0
             assert scraped[("polymq_store_syncs_total", ())] >= 1  # the publishes were acknowledged after one
             assert scraped[("process_resident_memory_bytes", ())] > 0
