@@ -9,13 +9,14 @@ connection closes. The registrations are `registration_db.go`'s: (category, key,
 by connection id.
 
 The HTTP side answers what consumers and nsqadmin read, shaped as `nsqlookupd/http.go` shapes them:
-`/ping`, `/info`, `/lookup?topic=`, `/topics`, `/channels?topic=`, `/nodes`, and the POSTs
+`/ping`, `/info`, `/lookup?topic=`, `/topics`, `/channels?topic=`, `/nodes`, `/debug`, and the POSTs
 `/topic/create|delete`, `/channel/create|delete`, `/topic/tombstone`. Threads, no trio: a test may
 drive it from plain code while a gateway runs in another process. Everything binds 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -128,15 +129,15 @@ class FakeLookupd:
         for server in (self.tcp, self.http):
             server.shutdown()
             server.server_close()
-        with self.changed:
-            for conn in list(self._open):
-                conn.close()
+        self.drop_connections()
 
     def drop_connections(self) -> None:
         """Closes every node's connection, as a restarted lookupd would have."""
         with self.changed:
             for conn in list(self._open):
-                conn.shutdown(socket.SHUT_RDWR)
+                # shutdown, not close: it wakes the thread reading it, and the node sees the end.
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
 
     # -- what tests read -------------------------------------------------------------------------
 
@@ -315,6 +316,7 @@ class FakeLookupd:
             ("GET", "/channels"): self._http_channels,
             ("GET", "/lookup"): self._http_lookup,
             ("GET", "/nodes"): self._http_nodes,
+            ("GET", "/debug"): self._http_debug,
             ("POST", "/topic/create"): self._http_topic_create,
             ("POST", "/topic/delete"): self._http_topic_delete,
             ("POST", "/channel/create"): self._http_channel_create,
@@ -388,6 +390,19 @@ class FakeLookupd:
             tombstones = [self.db[("topic", topic, "")][peer.id].tombstoned() for topic in topics]
             nodes.append({**peer.json(), "tombstones": tombstones, "topics": topics})
         return {"producers": nodes}
+
+    def _http_debug(self, query: dict[str, str]) -> dict[str, Any]:
+        # Every registration's producers, by "category:key:subkey"; one with none is not listed.
+        data: dict[str, list[dict[str, Any]]] = {}
+        for (category, key, subkey), producers in self.db.items():
+            for producer in producers.values():
+                peer = producer.peer
+                data.setdefault(f"{category}:{key}:{subkey}", []).append({
+                    "id": peer.id, "hostname": peer.hostname, "broadcast_address": peer.broadcast_address,
+                    "tcp_port": peer.tcp_port, "http_port": peer.http_port, "version": peer.version,
+                    "last_update": int(peer.last_update * 1e9), "tombstoned": producer.tombstoned_at is not None,
+                    "tombstoned_at": int((producer.tombstoned_at or 0) * 1e9)})
+        return data
 
     def _http_topic_create(self, query: dict[str, str]) -> None:
         topic = self._topic(query)
