@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ import trio
 from polymq.adapters.nsq import lookupd as lookupd_module
 from polymq.adapters.nsq.lookupd import LookupdRegistrar, NodeIdentity, channel_of, registrations
 from polymq.core.engine import Engine
+from polymq.gateway.logs import TextFormatter
 
 from support.fake_lookupd import FakeLookupd, running_lookupd
 
@@ -208,3 +210,41 @@ def test_the_fake_lookupd_refuses_as_nsqlookupd() -> None:
         assert exchange(b"  V1IDENTIFY\n" + struct.pack(">i", len(missing)) + missing) == [
             b"E_BAD_BODY IDENTIFY missing fields"]
         assert lookupd.registrations() == {("client", "", ""): [], ("channel", "t", "c"): [], ("topic", "t", ""): []}
+
+
+async def test_what_a_lookupd_sends_is_escaped_in_the_log(monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A hostile lookupd's IDENTIFY answer and refusal reach the log with their control characters escaped."""
+    monkeypatch.setattr(lookupd_module, "RECONNECT_FIRST_S", 60.0)  # one connection is enough
+    answered = trio.Event()
+
+    async def hostile(stream: trio.SocketStream) -> None:
+        info = json.dumps({"version": "1\n2026-11-26 00:00:00.000 INFO    gateway  FORGED",
+                           "broadcast_address": "\x1b[31mred\u2028"}).encode()
+        refusal = b"E_BAD_TOPIC \x00\nFORGED"
+        await stream.receive_some()
+        await stream.send_all(struct.pack(">i", len(info)) + info)
+        await stream.receive_some()
+        await stream.send_all(struct.pack(">i", len(refusal)) + refusal)
+        answered.set()
+        await trio.sleep_forever()
+
+    engine = Engine()
+    engine.ensure_topic("t")
+    caplog.set_level("DEBUG", logger="polymq.lookupd")
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(partial(trio.serve_tcp, hostile, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        registrar = LookupdRegistrar(engine, IDENTITY, [f"127.0.0.1:{port}"], max_response=5 << 20)
+        await nursery.start(registrar.run)
+        await answered.wait()
+        peer = registrar.peers[f"127.0.0.1:{port}"]
+        while not any("refused" in record.getMessage() for record in caplog.records):
+            await trio.sleep(0.01)
+        assert not peer.connected
+        nursery.cancel_scope.cancel()
+    lines = [TextFormatter().format(record) for record in caplog.records if record.name == "polymq.lookupd"]
+    text = "\n".join(lines)
+    assert "FORGED" in text and "\\x0a2026-11-26" in text and "\\x1b[31mred\\u2028" in text and "\\x00" in text
+    assert all("\n" not in line and "\x1b" not in line and "\x00" not in line and "\u2028" not in line
+               for line in lines)
