@@ -93,7 +93,9 @@ async def test_identify_tells_the_node_as_nsqd_does() -> None:
             assert [(n.broadcast_address, n.tcp_port, n.http_port, n.version, n.hostname) for n in nodes] == [
                 ("127.0.0.1", 4150, 4151, "1.3.0", "node-1")]
             peer = registrar.peers[lookupd.tcp_address]
-            assert peer.connected and peer.info["version"] == "1.3.0"  # nsqlookupd's own answer
+            while not peer.connected:  # the lookupd lists a node before it answers its IDENTIFY
+                await trio.sleep(0.01)
+            assert peer.info["version"] == "1.3.0"  # nsqlookupd's own answer
             nursery.cancel_scope.cancel()
 
 
