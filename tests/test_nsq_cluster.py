@@ -9,6 +9,7 @@ checked is what consumers and nsqadmin read from the lookupd's HTTP API (/lookup
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 import pytest
 import zmq
@@ -26,7 +27,7 @@ def lookupd(request: pytest.FixtureRequest) -> Iterator[Lookupd]:
         yield found
 
 
-def node(lookupd: Lookupd, *extra: str) -> running_gateway:  # type: ignore[valid-type]
+def node(lookupd: Lookupd, *extra: str) -> AbstractContextManager[GatewayProcess]:
     return running_gateway("--lookupd-tcp-address", lookupd.tcp_address, "--broadcast-address", "127.0.0.1",
                            "--in-memory", *extra)
 

@@ -148,7 +148,7 @@ def test_nsq_tail_reads_every_node_found_through_lookupd(cluster: Cluster) -> No
         wait_until(lambda: all(stats and any(c["client_count"] for c in stats["channels"])
                                for stats in cluster.topic_stats("tail")), "nsq_tail subscribed on every node")
         bodies = cluster.publish("tail", [1, 2, 3], prefix="tail")
-        assert tail.process.wait(60) == 0
+        assert tail.wait(60) == 0
         assert sorted(line.encode() for line in tail.lines if line.startswith("tail-")) == sorted(bodies)
     finally:
         tail.stop()
@@ -200,3 +200,27 @@ def test_to_nsq_publishes_to_a_node(cluster: Cluster) -> None:
     assert stats["message_count"] == 3
     wait_until(lambda: [p["tcp_port"] for p in cluster.lookupd.get("/lookup?topic=tonsq")["producers"]]
                == [gateway.host_port("nsq-tcp")[1]], "the new topic registered by its node")
+
+
+def test_polymq_nodes_and_an_nsqd_are_one_cluster(cluster: Cluster, tmp_path: Path) -> None:
+    nsqd = Program([nsq_program("nsqd"), "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                    f"--lookupd-tcp-address={cluster.lookupd.tcp_address}", "--broadcast-address=127.0.0.1",
+                    f"--data-path={tmp_path}"])
+    try:
+        nsqd_http = nsqd.listening(2)["HTTP"]
+        assert http(nsqd_http, "/pub?topic=mixed", "POST", b"from-nsqd")[0] == 200
+        bodies = [b"from-nsqd", *cluster.publish("mixed", [1, 1, 1], prefix="from-polymq")]
+        wait_until(lambda: len(cluster.lookupd.get("/lookup?topic=mixed")["producers"]) == NODES + 1,
+                   "the topic registered by the three polymq nodes and nsqd")
+        topic = http_json(cluster.admin, "/api/topics/mixed")
+        assert (topic["message_count"], len(topic["nodes"])) == (4, NODES + 1)
+        # Kept by each node's topic until a first channel takes them: nsq_tail's, on every node.
+        tail = Program([nsq_program("nsq_tail"), f"--lookupd-http-address={cluster.lookupd.http_address}",
+                        "--topic=mixed", "-n", "4"])
+        try:
+            assert tail.wait(60) == 0
+        finally:
+            tail.stop()
+        assert sorted(line.encode() for line in tail.lines if line.startswith("from-")) == sorted(bodies)
+    finally:
+        nsqd.stop()

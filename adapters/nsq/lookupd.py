@@ -270,6 +270,7 @@ class LookupdRegistrar:
 
     async def stop(self) -> None:
         """Closes every lookupd connection, so each lookupd forgets this node (nsqd on exit)."""
+        self._nursery = None  # and a PUT of the addresses while the node stops connects none
         peers = list(self.peers.values())
         self.peers.clear()
         for peer in peers:

@@ -83,6 +83,7 @@ class Program:
                                         text=True, cwd=cwd)
         self.lines: list[str] = []
         self._changed = threading.Condition()
+        self._read_all = threading.Event()
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
@@ -93,6 +94,13 @@ class Program:
                 self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()
+        self._read_all.set()
+
+    def wait(self, timeout: float) -> int:
+        """Its exit status once it has ended and all it wrote is in `lines`."""
+        status = self.process.wait(timeout)
+        self._read_all.wait(timeout)
+        return status
 
     def wait_for_lines(self, check: Callable[[list[str]], Any], timeout: float = START_TIMEOUT_S) -> Any:
         deadline = time.monotonic() + timeout
