@@ -45,6 +45,9 @@ class Setting:
     type: click.ParamType
     default: Any
     help: str
+    # Repeatable: the flag may be given again, the value is a tuple of values of `type` (a TOML array,
+    # a POLYMQ_* variable of values separated by spaces); the default is then a tuple too.
+    multiple: bool = False
 
     @property
     def is_switch(self) -> bool:

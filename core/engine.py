@@ -858,7 +858,12 @@ class Engine:
         self.expired_count = 0
         self.dropped_count = 0  # publishes dropped because no queue was bound (MQKS rule)
         # Observers of topology changes (the gateway's lookupd registration, MQKS --update).
+        self.on_topic_created: list[Callable[[Topic], None]] = []
         self.on_topic_deleted: list[Callable[[str], None]] = []
+        # Called with the queue and the topic's name once a binding is made, or removed (a deleted
+        # queue's bindings are removed before `on_queue_deleted` is called).
+        self.on_bound: list[Callable[[Queue, str], None]] = []
+        self.on_unbound: list[Callable[[Queue, str], None]] = []
         # Called with the deleted queue and the topics it was bound to.
         self.on_queue_deleted: list[Callable[[Queue, list[str]], None]] = []
         # Messages published on an interval or cron expression (eMQP's SCHEDULE), kept in the store.
@@ -879,6 +884,8 @@ class Engine:
             if not ephemeral and self.storage.persistent:
                 topic.log = self.storage.open_topic(name)
                 topic.log.on_readable = topic._pump
+            for observer in self.on_topic_created:
+                observer(topic)
         return topic
 
     def delete_topic(self, name: str) -> bool:
@@ -946,6 +953,8 @@ class Engine:
             if len(topic.queues) == 1:
                 self._hand_over_backlog(topic, queue)
             topic._flush_backlog()
+            for observer in self.on_bound:
+                observer(queue, topic_name)
         return queue
 
     def _hand_over_backlog(self, topic: Topic, queue: Queue) -> None:
@@ -991,14 +1000,19 @@ class Engine:
     def _unbind(self, queue: Queue, topic_name: str) -> None:
         # By object, not by name: `delete_queue` has already removed the queue from `self.queues`.
         topic = self.topics.get(topic_name)
-        if topic_name in queue.topics:
+        bound = topic_name in queue.topics
+        if bound:
             queue.topics.remove(topic_name)
             if not queue.deleted:
                 self._save_queue(queue)
-        if topic is not None and queue in topic.queues:
+        listed = topic is not None and queue in topic.queues
+        if topic is not None and listed:
             topic.queues.remove(queue)
-            if topic.ephemeral and not topic.queues and not topic.deleted:
-                self.delete_topic(topic_name)
+        if bound:
+            for observer in self.on_unbound:
+                observer(queue, topic_name)
+        if topic is not None and listed and topic.ephemeral and not topic.queues and not topic.deleted:
+            self.delete_topic(topic_name)
 
     def set_bindings(self, queue_name: str, topic_names: Iterable[str]) -> None:
         wanted = list(dict.fromkeys(topic_names))

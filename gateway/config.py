@@ -138,6 +138,10 @@ class Option:
     def is_switch(self) -> bool:
         return self.setting.is_switch
 
+    @property
+    def multiple(self) -> bool:
+        return self.setting.multiple
+
 
 def sections() -> dict[str, tuple[Setting, ...]]:
     """Every section, the gateway's and then each protocol's, in the order the file lists them."""
@@ -254,21 +258,32 @@ def read_file(path: Path) -> dict[str, tuple[Any, str]]:
         option = OPTIONS_BY_KEY.get(key)
         if option is None:
             raise ConfigError(f"{where}: unknown option {key!r} (`polymq config --show` lists them)")
+        if option.multiple:
+            if not isinstance(value, list):
+                raise ConfigError(f"{where}: {key} must be an array of values ([...]), not {value!r}")
+            found[key] = (tuple(_checked(path, where, key, option, item) for item in value), where)
+            continue
         if isinstance(value, dict | list):
             raise ConfigError(f"{where}: {key} must be a single value")
-        if isinstance(option.type, click.Path) and isinstance(value, str) and not Path(value).is_absolute():
-            value = str(path.parent / value)
-        if option.is_switch and not isinstance(value, bool):
-            raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
-        try:
-            checked = option.type.convert(value, None, None)
-        except click.BadParameter as error:
-            wanted = expected(option.type)
-            if wanted is None:  # the type's own message says what it wants
-                raise ConfigError(f"{where}: {key}: {error.message}") from None
-            raise ConfigError(f"{where}: {key} = {value!r}: expected {wanted}") from None
-        found[key] = (checked, where)
+        found[key] = (_checked(path, where, key, option, value), where)
     return found
+
+
+def _checked(path: Path, where: str, key: str, option: Option, value: Any) -> Any:
+    """One value of the file, checked by the option's click type."""
+    if isinstance(value, dict | list):
+        raise ConfigError(f"{where}: {key} must hold single values, not {value!r}")
+    if isinstance(option.type, click.Path) and isinstance(value, str) and not Path(value).is_absolute():
+        value = str(path.parent / value)
+    if option.is_switch and not isinstance(value, bool):
+        raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
+    try:
+        return option.type.convert(value, None, None)
+    except click.BadParameter as error:
+        wanted = expected(option.type)
+        if wanted is None:  # the type's own message says what it wants
+            raise ConfigError(f"{where}: {key}: {error.message}") from None
+        raise ConfigError(f"{where}: {key} = {value!r}: expected {wanted}") from None
 
 
 class SourcedOption(click.Option):
@@ -300,6 +315,10 @@ def click_options(function: F) -> F:
             declarations = [flag]
             kwargs["type"] = option.type
             kwargs["show_default"] = option.default is not None and str(option.default)
+            if option.multiple:
+                # Given again for each value; click splits its variable at whitespace.
+                kwargs["multiple"] = True
+                kwargs["show_default"] = bool(option.default) and " ".join(map(str, option.default))
         function = click.option(*declarations, option.name, **kwargs)(function)
     return click.option(
         "--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), envvar=ENV_PREFIX + "CONFIG",
@@ -378,6 +397,8 @@ def to_toml(config: Config) -> str:
             value = getattr(values, option.field)
             if isinstance(value, Path | FsyncPolicy):
                 value = str(value)
+            elif option.multiple:
+                value = [str(item) if isinstance(item, Path) else item for item in value]
             if value is None:
                 out.append(f"# {option.field} = (not set)")
             else:

@@ -174,3 +174,53 @@ def test_json_logs_one_object_per_line(tmp_path: Path) -> None:
     entries = [json.loads(line) for line in lines]
     assert all(set(entry) == {"time", "level", "component", "message"} for entry in entries)
     assert {"listening", "ready", "stopped"} <= {entry["message"].split()[0].rstrip(":") for entry in entries}
+
+
+def test_a_repeatable_option_from_flags_a_variable_and_a_file_array(tmp_path: Path) -> None:
+    assert _shown()["nsq"]["lookupd_tcp_addresses"] == []  # type: ignore[index]
+    flagged = _shown("--lookupd-tcp-address", "127.0.0.1:4160", "--lookupd-tcp-address", "lookupd2:4160")
+    assert flagged["nsq"]["lookupd_tcp_addresses"] == ["127.0.0.1:4160", "lookupd2:4160"]  # type: ignore[index]
+    variable = _shown(env={"POLYMQ_LOOKUPD_TCP_ADDRESS": " a:4160  b:4161 "})  # click splits at whitespace
+    assert variable["nsq"]["lookupd_tcp_addresses"] == ["a:4160", "b:4161"]  # type: ignore[index]
+    config = tmp_path / "polymq.toml"
+    config.write_text('[nsq]\nlookupd_tcp_addresses = ["c:4160", "d:4160"]\n')
+    assert _shown("--config", str(config))["nsq"]["lookupd_tcp_addresses"] == ["c:4160", "d:4160"]  # type: ignore[index]
+    # The flag wins over the variable, which wins over the file, whole lists and not merged.
+    both = _shown("--config", str(config), env={"POLYMQ_LOOKUPD_TCP_ADDRESS": "e:4160"})
+    assert both["nsq"]["lookupd_tcp_addresses"] == ["e:4160"]  # type: ignore[index]
+    assert _shown("--config", str(config), "--lookupd-tcp-address", "f:1",
+                  env={"POLYMQ_LOOKUPD_TCP_ADDRESS": "e:4160"})["nsq"]["lookupd_tcp_addresses"] == ["f:1"]  # type: ignore[index]
+    # What --show prints reads back to the same list.
+    shown = _polymq("config", "--show", "--lookupd-tcp-address", "g:4160", "--lookupd-tcp-address", "h:4160")
+    config.write_text(shown.stdout)
+    again = tomllib.loads(_polymq("config", "--show", "--config", str(config)).stdout)
+    assert again["nsq"] == tomllib.loads(shown.stdout)["nsq"]
+    assert again["nsq"]["lookupd_tcp_addresses"] == ["g:4160", "h:4160"]
+
+
+def test_a_repeatable_option_checks_every_value_wherever_it_came_from(tmp_path: Path) -> None:
+    flag = _polymq("config", "--show", "--lookupd-tcp-address", "a:4160", "--lookupd-tcp-address", "nohost")
+    assert flag.returncode == 2 and "'--lookupd-tcp-address': must be host:port, not 'nohost'" in flag.stderr
+    variable = _polymq("config", "--show", env={"POLYMQ_LOOKUPD_TCP_ADDRESS": "a:4160 b:99999"})
+    assert variable.returncode == 2
+    assert "variable POLYMQ_LOOKUPD_TCP_ADDRESS: must be host:port, not 'b:99999'" in variable.stderr
+    config = tmp_path / "polymq.toml"
+    config.write_text('[nsq]\nlookupd_tcp_addresses = "a:4160"\n')
+    single = _polymq("config", "--show", "--config", str(config))
+    assert single.returncode == 2
+    wanted = f"{config} line 2: nsq.lookupd_tcp_addresses must be an array of values ([...]), not 'a:4160'"
+    assert wanted in single.stderr
+    config.write_text('[nsq]\nlookupd_tcp_addresses = ["a:4160", 4160]\n')
+    item = _polymq("config", "--show", "--config", str(config))
+    assert item.returncode == 2 and "nsq.lookupd_tcp_addresses: must be host:port, not '4160'" in item.stderr
+    config.write_text('[nsq]\nlookupd_tcp_addresses = [["a:4160"]]\n')
+    nested = _polymq("config", "--show", "--config", str(config))
+    assert nested.returncode == 2 and "must hold single values" in nested.stderr
+
+
+def test_lookupd_registration_needs_the_ports_it_registers(tmp_path: Path) -> None:
+    result = _polymq("serve", "--in-memory", "--nsq-http-port", "-1", "--lookupd-tcp-address", "127.0.0.1:4160",
+                     "--no-mqks", "--no-phpmq", "--no-pzq", "--no-emqp", "--admin-port", "-1", "--nsq-tcp-port", "0")
+    assert result.returncode == 1
+    assert "--nsq-http-port is -1 (off): turn it on, or name the port to register with --broadcast-http-port" \
+        in result.stdout + result.stderr

@@ -935,6 +935,36 @@ def test_delete_topic_deletes_its_channels_and_unbinds_other_queues() -> None:
     assert got_other.bodies == [b"b"]
 
 
+def test_topology_observers_see_every_topic_and_binding_made_and_removed() -> None:
+    engine, _ = make()
+    seen: list[tuple[str, ...]] = []
+    engine.on_topic_created.append(lambda topic: seen.append(("topic", topic.name)))
+    engine.on_topic_deleted.append(lambda name: seen.append(("topic deleted", name)))
+    engine.on_bound.append(lambda queue, topic: seen.append(("bound", queue.name, topic)))
+    engine.on_unbound.append(lambda queue, topic: seen.append(("unbound", queue.name, topic)))
+    engine.ensure_topic("t")
+    engine.ensure_topic("t")  # already there: nothing
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    engine.bind("q", "t")  # already bound: nothing
+    engine.ensure_queue("t/c")
+    engine.bind("t/c", "t")
+    engine.set_bindings("q", ["u"])
+    engine.unbind("q", "t")  # no longer bound: nothing
+    assert seen == [("topic", "t"), ("bound", "q", "t"), ("bound", "t/c", "t"), ("unbound", "q", "t"),
+                    ("topic", "u"), ("bound", "q", "u")]
+    seen.clear()
+    engine.delete_topic("t")  # its channel's binding goes first, then the topic
+    engine.delete_queue("q")
+    assert seen == [("unbound", "t/c", "t"), ("topic deleted", "t"), ("unbound", "q", "u")]
+    seen.clear()
+    engine.ensure_queue("e/c")
+    engine.bind("e/c", "e#ephemeral", ephemeral_topic=True)
+    engine.delete_queue("e/c")  # an ephemeral topic goes with its last queue, after the unbinding
+    assert seen == [("topic", "e#ephemeral"), ("bound", "e/c", "e#ephemeral"), ("unbound", "e/c", "e#ephemeral"),
+                    ("topic deleted", "e#ephemeral")]
+
+
 def test_delete_topic_keeps_a_channel_of_another_topic_with_a_similar_name() -> None:
     engine, _ = make()
     sub(engine, "t", "c")

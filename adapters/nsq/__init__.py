@@ -5,6 +5,7 @@ docs/protocols/nsq.md describes what polymq does on the wire and how it differs 
 
 from __future__ import annotations
 
+import socket
 import ssl
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import click
 import trio
 
 from polymq.adapters.nsq.http import serve_nsq_http
+from polymq.adapters.nsq.lookupd import LookupdRegistrar, NodeIdentity
 from polymq.adapters.nsq.tcp import NSQServer
 from polymq.adapters.protocol import PORT, Context, Endpoint, Protocol, ServiceError, Setting
 from polymq.adapters.session import TcpService
@@ -77,6 +79,16 @@ SETTINGS = (
            "Refuse every NSQ command but IDENTIFY before TLS (needs --tls-cert)."),
     Setting("auth_http_address", "--auth-http-address", AddressType(), None,
            "host:port of an nsqd-style auth server: enables AUTH."),
+    Setting("lookupd_tcp_addresses", "--lookupd-tcp-address", AddressType(), (),
+           "host:port of an nsqlookupd's TCP listener to register with (repeatable; nsqd's --lookupd-tcp-address).",
+           multiple=True),
+    Setting("broadcast_address", "--broadcast-address", click.STRING, None,
+           "Address registered with nsqlookupd, which consumers connect to (default: this machine's host name, "
+           "as nsqd's --broadcast-address)."),
+    Setting("broadcast_tcp_port", "--broadcast-tcp-port", click.IntRange(min=0, max=65535), 0,
+           "TCP port registered with nsqlookupd (0 = the NSQ TCP port this node listens on; nsqd's flag)."),
+    Setting("broadcast_http_port", "--broadcast-http-port", click.IntRange(min=0, max=65535), 0,
+           "HTTP port registered with nsqlookupd (0 = the nsqd HTTP API port this node listens on; nsqd's flag)."),
 )
 
 
@@ -93,6 +105,18 @@ def limits(options: Any) -> ServerLimits:
         tls_available=options.tls_cert is not None, tls_required=options.tls_required,
         auth_enabled=options.auth_http_address is not None,
     )
+
+
+def check(options: Any) -> ssl.SSLContext | None:
+    """What must hold before anything is bound: the lookupds get both ports; the TLS context loads."""
+    if options.lookupd_tcp_addresses:
+        for port, setting, flag in ((options.tcp_port, options.broadcast_tcp_port, "--nsq-tcp-port"),
+                                    (options.http_port, options.broadcast_http_port, "--nsq-http-port")):
+            if port < 0 and not setting:
+                raise ServiceError(f"--lookupd-tcp-address registers this node's NSQ TCP and HTTP ports, but {flag} "
+                                   "is -1 (off): turn it on, or name the port to register with "
+                                   f"--broadcast-{flag.rsplit('-', 2)[1]}-port")
+    return ssl_context(options)
 
 
 def ssl_context(options: Any) -> ssl.SSLContext | None:
@@ -127,6 +151,14 @@ class NSQService(TcpService):
             self.server.http_port = self.http.getsockname()[1]
         address = context.gateway.http_address
         self.info_extra = {"polymq_http_address": address} if address else {}
+        # nsqd registers its broadcast address and, unless told others, the ports it listens on.
+        self.server.broadcast_address = options.broadcast_address or socket.gethostname()
+        self.server.broadcast_tcp_port = options.broadcast_tcp_port or self.server.tcp_port
+        self.server.broadcast_http_port = options.broadcast_http_port or self.server.http_port
+        identity = NodeIdentity(self.server.broadcast_address, self.server.broadcast_tcp_port,
+                                self.server.broadcast_http_port, self.server.limits.version, self.server.hostname)
+        self.lookupd = LookupdRegistrar(self.engine, identity, options.lookupd_tcp_addresses,
+                                        max_response=options.max_body_size)
         super().__init__([(self.tcp, self.server)] if self.tcp is not None else [])
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -134,8 +166,16 @@ class NSQService(TcpService):
             await nursery.start(super().run)
             if self.http is not None:
                 await nursery.start(lambda task_status: serve_nsq_http(
-                    self.engine, self.server, self.http, info_extra=self.info_extra, task_status=task_status))
+                    self.engine, self.server, self.http, info_extra=self.info_extra, lookupd=self.lookupd,
+                    task_status=task_status))
+            # Registered once both listeners serve, so a consumer told of this node can connect.
+            await nursery.start(self.lookupd.run)
             task_status.started()
+
+    async def stop(self) -> None:
+        # Out of every lookupd's lists first, so that no consumer is sent to a node that is closing.
+        await self.lookupd.stop()
+        await super().stop()
 
 
 PROTOCOL = Protocol(
@@ -143,7 +183,7 @@ PROTOCOL = Protocol(
     title="NSQ V2 (TCP and the nsqd HTTP API)",
     settings=SETTINGS,
     endpoints=(Endpoint("nsq-tcp", "tcp_port"), Endpoint("nsq-http", "http_port")),
-    check=ssl_context,
+    check=check,
     start=NSQService,
     conformance="polymq.conformance.nsq:command",
     bench="polymq.bench.nsq:command",

@@ -8,6 +8,7 @@ import trio
 
 from polymq.adapters.http import HttpApp, serve_http
 from polymq.adapters.nsq.http_api import NSQ_CONTENT_TYPE_HEADER, STORAGE_FAILED, GcPauses, NsqHttpApi
+from polymq.adapters.nsq.lookupd import LookupdRegistrar
 from polymq.adapters.nsq.tcp import NSQServer
 from polymq.core.engine import Engine
 
@@ -18,11 +19,13 @@ def nsq_http_app(api: NsqHttpApi) -> HttpApp:
 
 
 async def serve_nsq_http(engine: Engine, nsq: NSQServer, sock: socket.socket, *, info_extra: dict[str, str],
+                         lookupd: LookupdRegistrar | None = None,
                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve the nsqd HTTP API on `sock` (bound and listening) until cancelled."""
     gc_pauses = GcPauses()
     gc_pauses.install()
-    api = NsqHttpApi(engine, nsq, bind_host=sock.getsockname()[0], gc_pauses=gc_pauses, info_extra=info_extra)
+    api = NsqHttpApi(engine, nsq, bind_host=sock.getsockname()[0], gc_pauses=gc_pauses, info_extra=info_extra,
+                     lookupd=lookupd)
     try:
         await serve_http(nsq_http_app(api), sock, task_status=task_status)
     finally:

@@ -106,6 +106,14 @@ class NSQInfo(Protocol):
     def client_stats(self) -> list[dict[str, Any]]: ...
 
 
+class Lookupds(Protocol):
+    """The lookupds the node registers with (adapters/nsq/lookupd.py LookupdRegistrar)."""
+
+    addresses: list[str] | None
+
+    def set_addresses(self, addresses: list[str] | None) -> None: ...
+
+
 # ---------------------------------------------------------------------------------------------
 # Requests and responses
 
@@ -283,6 +291,7 @@ class NsqHttpApi:
         gc_pauses: GcPauses | None = None,
         python_version: str | None = None,
         info_extra: dict[str, str] | None = None,  # polymq's own /info keys (the gateway's HTTP address)
+        lookupd: Lookupds | None = None,  # who PUT /config/nsqlookupd_tcp_addresses changes (else only stored)
     ) -> None:
         self.engine = engine
         self.nsq = nsq
@@ -292,7 +301,8 @@ class NsqHttpApi:
         self.info_extra = info_extra or {}
         self.python_version = python_version or "python" + ".".join(map(str, sys.version_info[:3]))
         # Values set with PUT /config/<opt> (nsqd lets only these two change at run time).
-        self.nsqlookupd_tcp_addresses: list[str] | None = []
+        self.lookupd = lookupd
+        self.nsqlookupd_tcp_addresses: list[str] | None = list(lookupd.addresses or []) if lookupd else []
         self.log_level = DEFAULT_LOG_LEVEL
         self._routes: dict[str, dict[str, Handler]] = {
             "/ping": {"GET": self._ping},
@@ -387,7 +397,7 @@ class NsqHttpApi:
         limits = self.limits
         return ok_json({
             "version": limits.version,
-            "broadcast_address": self.nsq.hostname,  # nsqd's --broadcast-address defaults to the hostname
+            "broadcast_address": self._broadcast_address(),
             "hostname": self.nsq.hostname,
             "http_port": self.nsq.http_port,
             "tcp_port": self.nsq.tcp_port,
@@ -398,6 +408,10 @@ class NsqHttpApi:
             "max_deflate_level": limits.max_deflate_level,
             **self.info_extra,
         })
+
+    def _broadcast_address(self) -> str:
+        # nsqd's --broadcast-address, which defaults to the host name.
+        return str(getattr(self.nsq, "broadcast_address", None) or self.nsq.hostname)
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -642,9 +656,10 @@ class NsqHttpApi:
             "tcp_address": f"{self.bind_host}:{nsq.tcp_port}",
             "http_address": f"{self.bind_host}:{nsq.http_port}",
             "https_address": f"{self.bind_host}:{HTTPS_PORT}",
-            "broadcast_address": nsq.hostname,
-            "broadcast_tcp_port": 0,
-            "broadcast_http_port": 0,
+            "broadcast_address": self._broadcast_address(),
+            # nsqd sets both to the ports it listens on when they are not given.
+            "broadcast_tcp_port": getattr(nsq, "broadcast_tcp_port", 0) or nsq.tcp_port,
+            "broadcast_http_port": getattr(nsq, "broadcast_http_port", 0) or nsq.http_port,
             "nsqlookupd_tcp_addresses": self.nsqlookupd_tcp_addresses,
             "auth_http_addresses": [auth_address] if auth_address else [],
             "auth_http_request_method": "get",
@@ -710,7 +725,9 @@ class NsqHttpApi:
                 if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
                     return error(400, "INVALID_VALUE")
                 self.nsqlookupd_tcp_addresses = value
-                log.info("nsqlookupd_tcp_addresses set to %s (stored; lookupd registration is not built yet)", value)
+                log.info("nsqlookupd_tcp_addresses set to %s", value)
+                if self.lookupd is not None:
+                    self.lookupd.set_addresses(value)
             elif option == "log_level":
                 level = LOG_LEVELS.get(body.decode("utf-8", "replace").lower())
                 if level is None:

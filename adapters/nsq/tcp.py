@@ -112,6 +112,10 @@ class NSQServer(Listener):
         self.http_port = 0
         self.start_time = int(time.time())
         self.hostname = socket.gethostname()
+        # What nsqlookupd is told (--broadcast-address and its ports); the NSQ unit sets them.
+        self.broadcast_address = self.hostname
+        self.broadcast_tcp_port = 0
+        self.broadcast_http_port = 0
 
     @property
     def auth_enabled(self) -> bool:

@@ -1,0 +1,187 @@
+"""NSQ's own programs for cluster tests: nsqlookupd, nsqadmin and the nsq_* tools, when present.
+
+They are looked for in POLYMQ_NSQ_BIN (default ~/ref/nsq/bin; docs/cluster.md says where to get
+them); a test that needs one skips, naming what is missing, when it is not there. Each program is
+started on 127.0.0.1 with port 0 where it listens, its log read for the address it took, and
+stopped by its PID. `Lookupd` is one interface over the real nsqlookupd and the test lookupd
+(support/fake_lookupd.py), so the same tests run against both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.fake_lookupd import FakeLookupd
+
+NSQ_BIN = Path(os.environ.get("POLYMQ_NSQ_BIN", "~/ref/nsq/bin")).expanduser()
+START_TIMEOUT_S = 30.0
+WAIT_TIMEOUT_S = 60.0
+_LISTENING = re.compile(r"(TCP|HTTP): listening on (\S+:\d+)")
+
+
+def nsq_program(name: str) -> Path:
+    """The path of one of NSQ's programs, or a skip saying it is missing."""
+    path = NSQ_BIN / name
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"{name} not found in {NSQ_BIN} (set POLYMQ_NSQ_BIN to the folder of nsq's binaries; "
+                    "docs/cluster.md): the test against the real program is skipped")
+    return path
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = WAIT_TIMEOUT_S) -> Any:
+    """Polls `check` until it returns something truthy; fails after `timeout` saying what was awaited."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = check()
+        except (OSError, ValueError, KeyError, AssertionError) as error:
+            last = error
+        else:
+            if last:
+                return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never got {what}; last: {last!r}")
+        time.sleep(0.05)
+
+
+def http(address: str, path: str, method: str = "GET", body: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://{address}{path}", data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def http_json(address: str, path: str, method: str = "GET", body: bytes | None = None) -> Any:
+    status, data = http(address, path, method, body)
+    assert status == 200, (address, path, status, data)
+    return json.loads(data) if data else None
+
+
+class Program:
+    """One of NSQ's programs, run with its output collected; stopped by its PID."""
+
+    def __init__(self, args: Sequence[str | Path], *, cwd: Path | None = None) -> None:
+        self.process = subprocess.Popen([str(arg) for arg in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, cwd=cwd)
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._read_all = threading.Event()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+        self._read_all.set()
+
+    def wait(self, timeout: float) -> int:
+        """Its exit status once it has ended and all it wrote is in `lines`."""
+        status = self.process.wait(timeout)
+        self._read_all.wait(timeout)
+        return status
+
+    def wait_for_lines(self, check: Callable[[list[str]], Any], timeout: float = START_TIMEOUT_S) -> Any:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not (found := check(self.lines)):
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.process.poll() is not None and not found):
+                    raise AssertionError(f"{self.process.args[0]}: not in its output:\n" + "\n".join(self.lines[-20:]))
+                self._changed.wait(min(left, 0.5))
+            return found
+
+    def listening(self, count: int) -> dict[str, str]:
+        """The addresses it logged (`TCP: listening on …`, `HTTP: listening on …`), once `count` are there."""
+        def found(lines: list[str]) -> dict[str, str] | None:
+            addresses = dict(match.groups() for line in lines if (match := _LISTENING.search(line)))
+            return addresses if len(addresses) >= count else None
+        return self.wait_for_lines(found)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(30)
+        return self.process.returncode
+
+
+class Lookupd:
+    """An nsqlookupd for a test: the real program, or the test lookupd in this process."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.program: Program | None = None
+        self.fake: FakeLookupd | None = None
+        self.tcp_address = self.http_address = ""
+
+    def start(self, tcp_port: int = 0, http_port: int = 0) -> None:
+        if self.kind == "nsqlookupd":
+            self.program = Program([nsq_program("nsqlookupd"), f"--tcp-address=127.0.0.1:{tcp_port}",
+                                    f"--http-address=127.0.0.1:{http_port}", "--broadcast-address=127.0.0.1"])
+            addresses = self.program.listening(2)
+            self.tcp_address, self.http_address = addresses["TCP"], addresses["HTTP"]
+        else:
+            self.fake = FakeLookupd(tcp_port, http_port)
+            self.fake.start()
+            self.tcp_address, self.http_address = self.fake.tcp_address, self.fake.http_address
+
+    def stop(self) -> None:
+        if self.program is not None:
+            self.program.stop()
+            self.program = None
+        if self.fake is not None:
+            self.fake.close()
+            self.fake = None
+
+    def restart(self) -> None:
+        """Stopped and started again on the same ports: it has forgotten every node."""
+        tcp_port, http_port = (int(address.rsplit(":", 1)[1]) for address in (self.tcp_address, self.http_address))
+        self.stop()
+        self.start(tcp_port, http_port)
+
+    def get(self, path: str) -> Any:
+        return http_json(self.http_address, path)
+
+    def registered(self, node_tcp_port: int) -> set[str]:
+        """What the node on this TCP port has registered now, as nsqlookupd's /debug keys it
+        (`topic:t:`, `channel:t:c`); nsqlookupd keeps a key with no producer left, /debug does not list it."""
+        return {key for key, producers in self.get("/debug").items()
+                if key != "client::" and any(p["tcp_port"] == node_tcp_port for p in producers)}
+
+    def node_ports(self) -> set[int]:
+        return {node["tcp_port"] for node in self.get("/nodes")["producers"]}
+
+
+@contextmanager
+def running_lookupd(kind: str) -> Iterator[Lookupd]:
+    lookupd = Lookupd(kind)
+    lookupd.start()
+    try:
+        yield lookupd
+    finally:
+        lookupd.stop()
