@@ -5,10 +5,15 @@ Spark's Python workers import this module by name (the partitions and the reader
 pickled by reference), so it imports pyspark only and talks to the gateway over HTTP
 (clients/stream.py): nothing of the engine runs in Spark.
 
-Replay contract: an offset is `{"position": N}`. A micro-batch is a position range the gateway
-serves again, with the same rows, until Spark commits its end; only the commit (after Spark's own
-commit log) finishes the copies. Writes name each row by a group (writer, batch, partition) and
-its number in the partition, so a replayed batch publishes only what the gateway did not have.
+Replay contract: an offset is `{"positions": {gateway: N, …}}`, a position per gateway (a
+checkpoint's older `{"position": N}` is the first gateway's). A micro-batch is a position range per
+gateway that each serves again, with the same rows, until Spark commits its end; only the commit
+(after Spark's own commit log) finishes the copies. Writes name each row by a group (writer, batch,
+partition) and its number in the partition, and a task always writes to the same gateway, so a
+replayed batch publishes only what the gateway did not have.
+
+A cluster is read and written as a whole: `gateway` may name several gateways, or `lookupd` the
+nsqlookupd HTTP addresses that list the nodes holding the topics (clients/lookupd.py).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from polymq.clients import lookupd
 from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import stream_rows
 
@@ -62,13 +68,14 @@ class PolymqSourceError(Exception):
 
 @dataclass
 class PositionRange(InputPartition):
-    """Positions `[start, end)` of one stream: what one Spark task reads."""
+    """Positions `[start, end)` of one stream on one gateway: what one Spark task reads."""
 
+    gateway: str
     start: int
     end: int
 
-    def __init__(self, start: int, end: int) -> None:  # InputPartition's own takes a value
-        self.start, self.end = start, end
+    def __init__(self, gateway: str, start: int, end: int) -> None:  # InputPartition's own takes a value
+        self.gateway, self.start, self.end = gateway, start, end
 
 
 class DefaultSource(DataSource):
@@ -94,9 +101,15 @@ class DefaultSource(DataSource):
         return StreamWriter(Options.of(self.options), _fields(schema))
 
 
+def _addresses(raw: str | None) -> tuple[str, ...]:
+    return tuple(address.strip() for address in (raw or "").split(",") if address.strip())
+
+
 @dataclass(frozen=True)
 class Options:
-    gateway: str
+    gateways: tuple[str, ...]
+    lookupds: tuple[str, ...]
+    spread_writes: bool
     stream: str | None
     queue: str | None
     topics: tuple[str, ...]
@@ -123,25 +136,48 @@ class Options:
             return value
 
         topics = tuple(topic.strip() for topic in (options.get("topics") or "").split(",") if topic.strip())
-        loss = str(options.get("failOnDataLoss", "true")).lower()
-        if loss not in ("true", "false"):
-            raise PolymqSourceError(f"option failOnDataLoss must be true or false, not {loss!r}")
+        def switch(key: str, default: str) -> bool:
+            value = str(options.get(key, default)).lower()
+            if value not in ("true", "false"):
+                raise PolymqSourceError(f"option {key} must be true or false, not {value!r}")
+            return value == "true"
+
+        gateways, lookupds = _addresses(options.get("gateway")), _addresses(options.get("lookupd"))
+        if gateways and lookupds:
+            raise PolymqSourceError("options gateway and lookupd exclude each other: name the gateways, or the "
+                                    "lookupds that list them")
         return cls(
-            gateway=options.get("gateway", DEFAULT_GATEWAY),
+            gateways=gateways or (() if lookupds else (DEFAULT_GATEWAY,)),
+            lookupds=lookupds,
+            spread_writes=switch("spreadWrites", "true"),
             stream=options.get("stream"),
             queue=options.get("queue"),
             topics=topics,
             topic=options.get("topic"),
             partitions=number("partitions", DEFAULT_PARTITIONS) or DEFAULT_PARTITIONS,
             max_rows=number("maxRowsPerTrigger", DEFAULT_MAX_ROWS),
-            fail_on_data_loss=loss == "true",
+            fail_on_data_loss=switch("failOnDataLoss", "true"),
             timeout=float(options.get("timeout", 30)),
             writer_id=options.get("writerId"),
             batch_rows=number("batchRows", WRITE_BATCH_ROWS) or WRITE_BATCH_ROWS,
         )
 
-    def client(self) -> StreamClient:
-        return StreamClient(self.gateway, self.timeout)
+    def client(self, gateway: str) -> StreamClient:
+        return StreamClient(gateway, self.timeout)
+
+    def nodes(self, topics: Sequence[str]) -> list[str]:
+        """The gateways to read or write: those named, or those the lookupds list for `topics`
+        (every node they know when no topic is given), sorted."""
+        if not self.lookupds:
+            return sorted(self.gateways)
+        try:
+            found = lookupd.gateways(self.lookupds, topics, self.timeout)
+        except lookupd.DiscoveryError as error:
+            raise PolymqSourceError(str(error)) from None
+        if not found:
+            raise PolymqSourceError(f"no polymq gateway listed by lookupd {', '.join(self.lookupds)} holds "
+                                    f"{', '.join(topics) or 'anything'} yet")
+        return found
 
     def stream_name(self) -> str:
         if not self.stream:
@@ -157,7 +193,7 @@ def _rows(options: Options, partition: PositionRange | SnapshotRange) -> Iterato
     """The partition's rows as Arrow record batches, one per read request: no Python object per
     row on Spark's side of the hand-over."""
     begin = partition.start
-    with options.client() as client:
+    with options.client(partition.gateway) as client:
         while begin < partition.end:
             try:
                 if isinstance(partition, SnapshotRange):
@@ -196,85 +232,120 @@ def _headers(raw: bytes) -> list[tuple[str, str]] | None:
     return [(key, value if isinstance(value, str) else json.dumps(value)) for key, value in json.loads(raw).items()]
 
 
-def _ranges(client: StreamClient, stream: str, start: int, end: int, parts: int) -> list[PositionRange]:
+def _ranges(client: StreamClient, gateway: str, stream: str, start: int, end: int,
+            parts: int) -> list[PositionRange]:
     if start >= end:
         return []
     bounds = client.split(stream, start, end, parts)
-    return [PositionRange(low, high) for low, high in itertools.pairwise(bounds) if low < high]
+    return [PositionRange(gateway, low, high) for low, high in itertools.pairwise(bounds) if low < high]
 
 
-def _call(options: Options, action: Any) -> Any:
+def _call(options: Options, gateway: str, action: Any) -> Any:
     """Run `action(client)` on the driver; a gateway's refusal becomes a source error naming it."""
-    with options.client() as client:
+    with options.client(gateway) as client:
         try:
             return action(client)
         except StreamClientError as error:
             raise PolymqSourceError(str(error)) from None
 
 
+Positions = dict[str, int]
+
+
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """One stream of the same name on every gateway, each read by its own positions."""
+
     def __init__(self, options: Options) -> None:
         self.options = options
         self.stream = options.stream_name()
-        self.target: int | None = None  # Trigger.AvailableNow: nothing past this
-        opened = _call(options, lambda client: client.open(self.stream, options.topics))
-        self.opened_start = int(opened["start"])
+        self.nodes = options.nodes(options.topics)
+        self.target: Positions | None = None  # Trigger.AvailableNow: nothing past this
+        self.opened: Positions = {
+            node: int(_call(options, node, lambda client: client.open(self.stream, options.topics))["start"])
+            for node in self.nodes}
 
-    def initialOffset(self) -> dict[str, int]:
-        return {"position": self.opened_start}
+    def _positions(self, offset: dict[str, Any]) -> Positions:
+        if "position" in offset:  # a checkpoint of a single gateway's query
+            return {self.nodes[0]: int(offset["position"])}
+        return {node: int(position) for node, position in offset["positions"].items()}
+
+    def _ends(self, begin: Positions | None = None, rows: int | None = None) -> Positions:
+        """Each gateway's end now (with `rows`, at most that many past `begin` on each)."""
+        ends: Positions = {}
+        for node in self.nodes:
+            if rows is None or begin is None:
+                answer = _call(self.options, node, lambda client: client.offsets(self.stream))
+            else:
+                low = begin.get(node, self.opened[node])
+                answer = _call(self.options, node, lambda client, low=low: client.offsets(self.stream, low, rows=rows))
+            ends[node] = int(answer["end"])
+        return ends
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"positions": dict(self.opened)}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.options.max_rows)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = int(_call(self.options, lambda client: client.offsets(self.stream))["end"])
+        self.target = self._ends()
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        begin = int(start["position"])
-        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end = int(_call(self.options, lambda client: client.offsets(self.stream, begin, rows=rows))["end"]
-                  if rows is not None else _call(self.options, lambda client: client.offsets(self.stream))["end"])
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = self._positions(start)
+        # A micro-batch's row budget is shared by the gateways.
+        rows = -(-limit.max_rows // len(self.nodes)) if isinstance(limit, ReadMaxRows) else None
+        ends = self._ends(begin, rows)
         if self.target is not None:
-            end = min(end, self.target)
-        return {"position": max(begin, end)}
+            ends = {node: min(end, self.target.get(node, end)) for node, end in ends.items()}
+        merged = dict(begin)  # a gateway of the checkpoint no longer in the list keeps its position
+        for node, end in ends.items():
+            merged[node] = max(begin.get(node, self.opened[node]), end)
+        return {"positions": merged}
 
-    def reportLatestOffset(self) -> dict[str, int]:
-        return {"position": int(_call(self.options, lambda client: client.offsets(self.stream))["end"])}
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return {"positions": self._ends()}
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        begin, until = int(start["position"]), int(end["position"])
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, until = self._positions(start), self._positions(end)
+        planned: list[PositionRange] = []
+        for node in self.nodes:
+            low, high = begin.get(node, self.opened[node]), until.get(node, self.opened[node])
 
-        def plan(client: StreamClient) -> list[PositionRange]:
-            committed = int(client.offsets(self.stream)["committed"])
-            low = begin
-            if begin < committed:
-                if self.options.fail_on_data_loss:
-                    raise PolymqSourceError(
-                        f"stream {self.stream} at {self.options.gateway}: positions {begin} to {committed} were "
-                        f"committed and are gone (set failOnDataLoss to false to read on from {committed})")
-                low = committed
-            return _ranges(client, self.stream, low, until, self.options.partitions)
+            def plan(client: StreamClient, node: str = node, low: int = low, high: int = high) -> list[PositionRange]:
+                committed = int(client.offsets(self.stream)["committed"])
+                if low < committed:
+                    if self.options.fail_on_data_loss:
+                        raise PolymqSourceError(
+                            f"stream {self.stream} at {node}: positions {low} to {committed} were committed and "
+                            f"are gone (set failOnDataLoss to false to read on from {committed})")
+                    low = committed
+                return _ranges(client, node, self.stream, low, high, self.options.partitions)
 
-        return _call(self.options, plan)  # type: ignore[no-any-return]
+            planned += _call(self.options, node, plan)
+        return planned
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, PositionRange)
         return _rows(self.options, partition)
 
-    def commit(self, end: dict[str, int]) -> None:
-        _call(self.options, lambda client: client.commit(self.stream, int(end["position"])))
+    def commit(self, end: dict[str, Any]) -> None:
+        for node, position in self._positions(end).items():
+            if node in self.nodes:
+                _call(self.options, node, lambda client, position=position: client.commit(self.stream, position))
 
 
 @dataclass
 class SnapshotRange(InputPartition):
-    """Rows `[start, end)` of a snapshot of a queue: what one Spark task of a batch read reads."""
+    """Rows `[start, end)` of a snapshot of a queue on one gateway: what one Spark task of a batch
+    read reads."""
 
+    gateway: str
     snapshot: str
     start: int
     end: int
 
-    def __init__(self, snapshot: str, start: int, end: int) -> None:
-        self.snapshot, self.start, self.end = snapshot, start, end
+    def __init__(self, gateway: str, snapshot: str, start: int, end: int) -> None:
+        self.gateway, self.snapshot, self.start, self.end = gateway, snapshot, start, end
 
 
 class BatchReader(DataSourceReader):
@@ -289,22 +360,26 @@ class BatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
+        planned: list[InputPartition] = []
         if options.queue:
-            def take(client: StreamClient) -> list[SnapshotRange]:
-                taken = client.snapshot(str(options.queue))
-                rows, parts = int(taken["rows"]), options.partitions
-                bounds = sorted({rows * part // parts for part in range(parts + 1)})
-                return [SnapshotRange(taken["snapshot"], low, high)
-                        for low, high in itertools.pairwise(bounds) if low < high]
+            for node in options.nodes(()):
+                def take(client: StreamClient, node: str = node) -> list[SnapshotRange]:
+                    taken = client.snapshot(str(options.queue))
+                    rows, parts = int(taken["rows"]), options.partitions
+                    bounds = sorted({rows * part // parts for part in range(parts + 1)})
+                    return [SnapshotRange(node, taken["snapshot"], low, high)
+                            for low, high in itertools.pairwise(bounds) if low < high]
 
-            return _call(options, take)  # type: ignore[no-any-return]
+                planned += _call(options, node, take)
+            return planned
         stream = options.stream_name()
+        for node in options.nodes(options.topics):
+            def plan(client: StreamClient, node: str = node) -> list[PositionRange]:
+                offsets = client.offsets(stream)
+                return _ranges(client, node, stream, int(offsets["start"]), int(offsets["end"]), options.partitions)
 
-        def plan(client: StreamClient) -> list[PositionRange]:
-            offsets = client.offsets(stream)
-            return _ranges(client, stream, int(offsets["start"]), int(offsets["end"]), options.partitions)
-
-        return _call(options, plan)  # type: ignore[no-any-return]
+            planned += _call(options, node, plan)
+        return planned
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, PositionRange | SnapshotRange)
@@ -327,14 +402,21 @@ def _fields(schema: StructType) -> tuple[str, ...]:
     return names
 
 
-def _publish(options: Options, fields: tuple[str, ...], rows: Iterator[Any], group: str) -> Written:
+def _gateway_of_task(options: Options, partition: int) -> str:
+    """The gateway a task writes to: the same one for every try of the task (its replays are
+    de-duplicated there); tasks take the gateways in turn, or all the first with spreadWrites false."""
+    nodes = options.nodes([options.topic] if options.topic else [])
+    return nodes[partition % len(nodes)] if options.spread_writes else nodes[0]
+
+
+def _publish(options: Options, fields: tuple[str, ...], rows: Iterator[Any], group: str, partition: int) -> Written:
     """Publish a task's rows in batches; row n of the task is number n of `group`."""
     if options.topic is None and "topic" not in fields:
         raise PolymqSourceError("option topic (or a topic column) is required: where the rows are published")
     at = {name: index for index, name in enumerate(fields)}
     body_at, topic_at, id_at, headers_at = at["body"], at.get("topic"), at.get("id"), at.get("headers")
     published = duplicates = 0
-    with options.client() as client:
+    with options.client(_gateway_of_task(options, partition)) as client:
         batch: list[bytes] = []
         size = first = number = 0
 
@@ -376,7 +458,7 @@ class BatchWriter(DataSourceWriter):
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
         # A retried task publishes only what its failed try did not.
-        return _publish(self.options, self.fields, iterator, f"{self.write_id}/{partition}")
+        return _publish(self.options, self.fields, iterator, f"{self.write_id}/{partition}", partition)
 
 
 class StreamWriter(DataSourceStreamWriter):
@@ -395,8 +477,8 @@ class StreamWriter(DataSourceStreamWriter):
         if batch_id is None or writer is None:
             raise PolymqSourceError(f"Spark did not say which query and micro-batch this is ({QUERY_ID_PROPERTY}, "
                                     f"{BATCH_ID_PROPERTY})")
-        return _publish(self.options, self.fields, iterator,
-                        f"spark-stream-{writer}/{batch_id}/{context.partitionId()}")
+        partition = context.partitionId()
+        return _publish(self.options, self.fields, iterator, f"spark-stream-{writer}/{batch_id}/{partition}", partition)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass  # every row is published and stored by the time its task ends
