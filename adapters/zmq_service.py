@@ -12,7 +12,8 @@ each (`adapters/zmq_pump.py`), held to the same store barrier as the TCP session
   forgets a message a consumer got.
 - **Answers that promise durability** (a PZQ producer's ACK, eMQP's "dispatched" REPLY) are sent
   from the store's callback (`send_when_stored`), once what the burst published is stored under
-  `--fsync`.
+  `--fsync`. The burst asks for that callback after its deliveries are out, so they do not wait
+  for the start of the fdatasync.
 - **Order.** Answers and deliveries on one socket leave in the order they were queued.
 
 A protocol subclasses `ZmqService`, makes its pumps with `add_pump` and turns frames into engine
@@ -28,6 +29,7 @@ import zmq
 
 from polymq.adapters.zmq_pump import Frames, ZmqPump
 from polymq.core.engine import Engine
+from polymq.core.storage import SyncCallback
 
 Handler = Callable[[list[Frames]], None]
 # Turns an answer that promised durability into what is sent when the store failed to store.
@@ -41,6 +43,8 @@ class ZmqService:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.pumps: dict[str, ZmqPump] = {}  # by socket name, in the order they were made
+        # The store callbacks a burst asked for, registered once its deliveries are out (`_held`).
+        self._when_stored: list[SyncCallback] | None = None
 
     def add_pump(self, name: str, sock: zmq.Socket | None, handler: Handler) -> ZmqPump | None:
         """The pump of `sock` (None when that socket was not made): `handler` gets its bursts with the
@@ -56,14 +60,24 @@ class ZmqService:
         pumps = self.pumps.values()  # a view: pumps added later are flushed too
 
         def handle(batch: list[Frames]) -> None:
-            storage.hold_work()  # one write (and at most one fdatasync) for the whole burst
+            when_stored: list[SyncCallback] = []
+            self._when_stored = when_stored
+            storage.hold_work()  # one write for the whole burst
             try:
                 handler(batch)
             finally:
+                self._when_stored = None
                 storage.release_work()  # the burst's records are written here
             for pump in pumps:
                 if pump.outgoing:
                     pump.flush()
+            if when_stored:
+                # Only now, after the deliveries: they wait for the records' write, not for the
+                # fdatasync these answers wait for, whose start costs more than the write.
+                storage.hold_work()
+                for callback in when_stored:
+                    storage.sync(callback)
+                storage.release_work()
 
         return handle
 
@@ -86,8 +100,8 @@ class ZmqService:
             pump.send(frames)
 
     def send_when_stored(self, pump: ZmqPump, answers: list[Frames], refusal: Refusal) -> None:
-        """Send `answers` on `pump`, in order, once every change reported so far is stored under
-        `--fsync`; if the store failed, what `refusal` makes of each instead."""
+        """Send `answers` on `pump`, in order, once every change reported so far (in a burst: the
+        whole burst) is stored under `--fsync`; if the store failed, what `refusal` makes of each instead."""
 
         def stored(error: OSError | None) -> None:
             if error is None:
@@ -97,4 +111,7 @@ class ZmqService:
                 for answer in answers:
                     pump.send(refusal(answer, error))
 
-        self.engine.storage.sync(stored)
+        if self._when_stored is not None:
+            self._when_stored.append(stored)
+        else:
+            self.engine.storage.sync(stored)
