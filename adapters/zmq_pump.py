@@ -74,9 +74,20 @@ class ZmqPump:
             self._waiting.cancel()  # outside a burst nobody else flushes: the pump sends it on its turn
 
     def flush(self) -> None:
-        """Send what is queued now (the barrier first), as far as the socket takes it without waiting."""
-        if self.outgoing and not self.closed:
-            self._send()
+        """Send what is queued now (the barrier first), as far as the socket takes it without waiting.
+
+        As `send` does, without reading EVENTS first (right after a burst the socket takes it); what
+        it does not take waits for the pump, which `send` and `send_delivery` woke."""
+        outgoing = self.outgoing
+        if not outgoing or self.closed:
+            return
+        if self.unstored:
+            self.unstored = False
+            if self.barrier is not None:
+                self.barrier()
+        send_one = self._send_one
+        while outgoing and send_one(outgoing[0]):
+            outgoing.popleft()
 
     def _send_one(self, frames: Sequence[bytes]) -> bool:
         """One message, frame by frame with int flags (pyzmq's send_multipart pays enum operations
