@@ -82,9 +82,7 @@ class ZmqPump:
         if not outgoing or self.closed:
             return
         if self.unstored:
-            self.unstored = False
-            if self.barrier is not None:
-                self.barrier()
+            self._pass_barrier()
         send_one = self._send_one
         while outgoing and send_one(outgoing[0]):
             outgoing.popleft()
@@ -137,11 +135,14 @@ class ZmqPump:
             self.on_messages(batch)
         return bool(batch)
 
+    def _pass_barrier(self) -> None:
+        self.unstored = False
+        if self.barrier is not None:
+            self.barrier()
+
     def _send(self) -> bool:
         if self.unstored:
-            self.unstored = False
-            if self.barrier is not None:
-                self.barrier()
+            self._pass_barrier()
         sock = self.sock
         outgoing = self.outgoing
         sent = 0
