@@ -149,6 +149,11 @@ class Protocol:
     def defaults(self) -> Any:
         return self.options_class()
 
+    def socket_specs(self, options: Any, ports: Mapping[str, int]) -> dict[str, SocketSpec]:
+        """The ZeroMQ sockets of the endpoints named in `ports`, at those ports (0: any free)."""
+        return {endpoint.name: attrs.evolve(endpoint.zmq(options), port=ports[endpoint.name])
+                for endpoint in self.endpoints if endpoint.zmq is not None and endpoint.name in ports}
+
     def setting(self, name: str) -> Setting:
         for setting in self.all_settings:
             if setting.name == name:
@@ -194,7 +199,7 @@ class ServersService:
     def traffic(self) -> Traffic:
         total = Traffic()
         for server in self.servers:
-            for pump in getattr(server, "pumps", ()):
+            for pump in getattr(server, "pumps", {}).values():
                 total.messages_in += pump.received
                 total.messages_out += pump.sent
         return total

@@ -9,6 +9,10 @@ descriptor, or for `send` to queue more.
 Incoming messages go to the `on_messages` callback as a list (all that were waiting), on the
 loop, synchronously, so a protocol adapter handles a burst as one batch. What the pump does not
 do: interpret frames (that is the codec's job) or decide what to send (the adapter's).
+
+A delivery whose record the store has not written yet is queued with `send_delivery`: before the
+pump next sends anything it calls its `barrier` (the store's `write_now`), so the delivery never
+leaves before its attempt record. What is queued leaves in the order it was queued.
 """
 
 from __future__ import annotations
@@ -37,11 +41,15 @@ RECEIVE_BATCH = 1024
 
 
 class ZmqPump:
-    def __init__(self, sock: zmq.Socket, on_messages: Callable[[list[Frames]], None]) -> None:
+    def __init__(self, sock: zmq.Socket, on_messages: Callable[[list[Frames]], None],
+                 barrier: Callable[[], None] | None = None) -> None:
         self.sock = sock
         self.fd = sock.getsockopt(zmq.FD)
         self.on_messages = on_messages
         self.outgoing: deque[Sequence[bytes]] = deque()
+        # Called before queued deliveries leave (`send_delivery`): the store writes their records.
+        self.barrier = barrier
+        self.unstored = False  # a delivery is queued whose record may not be written yet
         self._waiting: trio.CancelScope | None = None
         self.closed = False
         self.received = 0
@@ -56,6 +64,28 @@ class ZmqPump:
         if self._waiting is not None:
             # Wake the pump: it re-reads EVENTS (a send can take the edge that announced a receive).
             self._waiting.cancel()
+
+    def send_delivery(self, frames: Sequence[bytes]) -> None:
+        """Queue a delivery that may leave only after the `barrier` (its record written): it goes,
+        behind what is queued, at the next `flush` or the pump's next turn."""
+        self.outgoing.append(frames)
+        self.unstored = True
+        if self._waiting is not None:
+            self._waiting.cancel()  # outside a burst nobody else flushes: the pump sends it on its turn
+
+    def flush(self) -> None:
+        """Send what is queued now (the barrier first), as far as the socket takes it without waiting.
+
+        As `send` does, without reading EVENTS first (right after a burst the socket takes it); what
+        it does not take waits for the pump, which `send` and `send_delivery` woke."""
+        outgoing = self.outgoing
+        if not outgoing or self.closed:
+            return
+        if self.unstored:
+            self._pass_barrier()
+        send_one = self._send_one
+        while outgoing and send_one(outgoing[0]):
+            outgoing.popleft()
 
     def _send_one(self, frames: Sequence[bytes]) -> bool:
         """One message, frame by frame with int flags (pyzmq's send_multipart pays enum operations
@@ -105,7 +135,14 @@ class ZmqPump:
             self.on_messages(batch)
         return bool(batch)
 
+    def _pass_barrier(self) -> None:
+        self.unstored = False
+        if self.barrier is not None:
+            self.barrier()
+
     def _send(self) -> bool:
+        if self.unstored:
+            self._pass_barrier()
         sock = self.sock
         outgoing = self.outgoing
         sent = 0

@@ -1,8 +1,9 @@
 """kill -9 crash loop (docs/durability.md): the checker on hand-made records, then the real loop.
 
-The real loops SIGKILL `polymq serve` at random moments while NSQ clients publish (acknowledged) and
-consume (FIN), restart it on the same data dir, drain, and require: no acknowledged publish lost, no
-phantom delivery, duplicates only across a kill, growing `attempts` on redelivery.
+The real loops SIGKILL `polymq serve` at random moments while clients publish (acknowledged) and
+consume, over NSQ, PZQ and eMQP, restart it on the same data dir, drain, and require: no acknowledged
+publish lost, no phantom delivery, duplicates only across a kill, growing `attempts` on redelivery,
+and no attempt (no PZQ delivery key) handed out twice.
 Set POLYMQ_CRASH_SEED to replay another schedule of kills.
 """
 
@@ -14,6 +15,7 @@ import sys
 import pytest
 
 from support.crash_loop import CrashLoopConfig, CrashLoopResult, Delivery, check, run_crash_loop
+from support.emqp_crash_loop import EMQPCrashLoop
 
 SEED = int(os.environ.get("POLYMQ_CRASH_SEED", "1"))
 
@@ -86,6 +88,53 @@ def test_checker_reports_a_redelivery_whose_attempts_did_not_grow() -> None:
     assert "attempts_not_grown" in report.problems()
 
 
+def test_checker_reports_an_attempt_handed_out_twice_across_a_kill() -> None:
+    # Attempt 1 went out, the kill came before its record was written: it came back as attempt 1 again.
+    report = check({A: 0}, {A}, [Delivery(A, 1, 0), Delivery(A, 1, 1)], {0})
+    assert not report.ok
+    assert report.repeated_attempts == 1
+    assert "repeated_attempts" in report.problems() and repr(A) in report.problems()
+
+
+def test_checker_reports_a_delivery_key_received_twice() -> None:
+    # PZQ keys name one delivery (`<id>|<n>`): the same key again is the same attempt again.
+    deliveries = [Delivery(A, 1, 0, b"a", key=b"a|1"), Delivery(A, 1, 1, b"a", key=b"a|1")]
+    report = check({A: 0}, {A}, deliveries, {0})
+    assert not report.ok
+    assert (report.repeated_keys, report.repeated_attempts) == (1, 1)
+    assert "repeated_keys" in report.problems() and repr(b"a|1") in report.problems()
+
+
+def test_checker_reports_a_key_given_to_two_messages() -> None:
+    report = check({A: 0, B: 0}, {A, B}, [Delivery(A, 1, 0, key=b"k|1"), Delivery(B, 1, 0, key=b"k|1")], set())
+    assert (report.repeated_keys, report.repeated_attempts) == (1, 0)
+    assert not report.ok
+
+
+def test_checker_allows_the_keys_of_successive_attempts() -> None:
+    deliveries = [Delivery(A, 1, 0, b"a", key=b"a|1"), Delivery(A, 2, 1, b"a", key=b"a|2")]
+    report = check({A: 0}, {A}, deliveries, {0})
+    assert report.ok, report.problems()
+    assert (report.repeated_keys, report.repeated_attempts) == (0, 0)
+
+
+def test_checker_reports_a_message_held_after_a_restart_and_never_delivered_again() -> None:
+    # Delivered in epoch 0; the gateway showed it again at the start of epoch 1: it must come then.
+    report = check({A: 0}, set(), [Delivery(A, 1, 0)], {0}, held={A: 1})
+    assert not report.ok and report.lost == 1
+    assert check({A: 0}, set(), [Delivery(A, 1, 0), Delivery(A, 2, 1)], {0}, held={A: 1}).ok
+
+
+def test_emqp_attempts_are_counted_from_what_the_gateway_restored() -> None:
+    """A worker sees no attempt count: the n-th delivery of a life is attempt `restored + n`."""
+    loop = EMQPCrashLoop(CrashLoopConfig())
+    loop.ledger.deliveries += [Delivery(A, 0, 0), Delivery(B, 0, 0), Delivery(A, 0, 1), Delivery(B, 0, 1)]
+    loop.restored = {0: {}, 1: {A: 1, B: 0}}  # B's first attempt had no record when the kill came
+    assert [(d.body, d.attempts) for d in loop.checked_deliveries()] == [(A, 1), (B, 1), (A, 2), (B, 1)]
+    report = check({A: 0, B: 0}, {A, B}, loop.checked_deliveries(), {0})
+    assert report.repeated_attempts == 1 and report.examples[-1] == ("repeated_attempts", (B,))
+
+
 # -- the real loop ----------------------------------------------------------------------------------
 
 
@@ -115,6 +164,16 @@ def test_crash_loop_kill9_with_messages_on_disk_only(capsys: pytest.CaptureFixtu
 
 @pytest.mark.slow
 def test_crash_loop_kill9_loses_no_acknowledged_pzq_message(capsys: pytest.CaptureFixture[str]) -> None:
-    """PZQ producers waiting for `1`, consumers answering `1`, kill -9 at random moments, drain."""
-    _run_and_report(CrashLoopConfig(rounds=4, seed=SEED + 2), capsys, protocol="pzq")
+    """PZQ producers waiting for `1`, consumers answering `1`, kill -9 just after a consumer got a
+    message (at random moments), drain: no delivery key is ever received twice."""
+    report = _run_and_report(CrashLoopConfig(rounds=4, seed=SEED + 2), capsys, protocol="pzq").report
+    assert (report.lost, report.repeated_keys, report.repeated_attempts) == (0, 0, 0)
+
+
+@pytest.mark.slow
+def test_crash_loop_kill9_emqp_loses_no_request_and_counts_every_attempt(capsys: pytest.CaptureFixture[str]) -> None:
+    """eMQP clients' REQUESTs, jobmanager-style workers, kill -9 just after a worker got a job, drain:
+    nothing dispatched or restored is lost, no attempt of a job is handed out twice."""
+    report = _run_and_report(CrashLoopConfig(rounds=4, seed=SEED + 3), capsys, protocol="emqp").report
+    assert (report.lost, report.repeated_attempts) == (0, 0)
 

@@ -164,3 +164,45 @@ async def test_close_ends_the_pump() -> None:
             with trio.fail_after(DEADLINE_S):
                 pump.close()
                 # the nursery ends only when `run` returned
+
+
+async def test_a_delivery_leaves_after_the_barrier_and_everything_in_the_order_queued() -> None:
+    """`send_delivery` queues; the next send (`flush`, or the pump's turn) calls the barrier first;
+    an answer queued after a delivery waits behind it."""
+    with zmq.Context() as context:
+        server, endpoint = router(context)
+        peer = dealer(context, endpoint)
+        peer.send_multipart([b"hello"])  # the ROUTER learns the peer's identity
+        with trio.fail_after(DEADLINE_S):
+            while not server.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                await trio.sleep(0.001)
+        identity = server.recv_multipart()[0]
+        pump: ZmqPump
+        barrier_saw: list[int] = []  # messages sent when the barrier ran
+        pump = ZmqPump(server, lambda _messages: None, barrier=lambda: barrier_saw.append(pump.sent))
+        pump.send([identity, b"answer 1"])  # nothing queued: at once, no barrier
+        pump.send_delivery([identity, b"delivery 1"])
+        pump.send([identity, b"answer 2"])  # behind the delivery
+        pump.send_delivery([identity, b"delivery 2"])
+        assert (pump.sent, barrier_saw, len(pump.outgoing)) == (1, [], 3)
+        pump.flush()
+        assert (pump.sent, barrier_saw, len(pump.outgoing)) == (4, [1], 0)
+        # Outside a flush the pump's own turn sends it, the barrier first.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.run)
+            await trio.sleep(0)
+            pump.send_delivery([identity, b"delivery 3"])
+            with trio.fail_after(DEADLINE_S):
+                while pump.outgoing:
+                    await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+        assert barrier_saw == [1, 4]
+        got = []
+        with trio.fail_after(DEADLINE_S):
+            while len(got) < 5:
+                while peer.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    got.append(peer.recv_multipart()[0])
+                await trio.sleep(0.001)
+        assert got == [b"answer 1", b"delivery 1", b"answer 2", b"delivery 2", b"delivery 3"]
+        peer.close()
+        pump.close()

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-import trio
 
-from polymq.adapters.zmq_pump import Frames, ZmqPump
+from polymq.adapters.zmq_pump import Frames
+from polymq.adapters.zmq_service import ZmqService
 from polymq.adapters.zmq_sockets import ZmqSockets
 from polymq.codecs import emqp
 from polymq.core.engine import MAX_ATTEMPTS_OPTION, Consumer, CreditMode, CreditPool, Engine, Message, Queue
@@ -136,10 +136,13 @@ class Counters:
     ignored_disconnects: int = 0  # DISCONNECTs that stopped nothing
 
 
-class EMQPBroker:
+class EMQPBroker(ZmqService):
+    # At shutdown the KBYEs get this long to reach the peers, in ms.
+    linger_ms = 200
+
     def __init__(self, engine: Engine, sockets: ZmqSockets, limits: EMQPLimits | None = None,
                  *, stop_gateway: Callable[[], None] | None = None) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.limits = limits or EMQPLimits()
         self.stop_gateway = stop_gateway
         self.workers: dict[bytes, Worker] = {}
@@ -150,26 +153,15 @@ class EMQPBroker:
         self.known_queues: set[str] = set()  # the queues eMQP requests or workers named
         self._delivered_now: list[int] | None = None  # ids delivered while a REQUEST is published
         self._timers: list[Timer] = []
-        self._pumps: list[ZmqPump] = []
-        self.backend = self._pump(sockets, "emqp-backend", self._backend)
-        self.frontend = self._pump(sockets, "emqp-frontend", self._frontend)
-        self.admin = self._pump(sockets, "emqp-admin", self._admin)
+        self.backend = self.add_pump("emqp-backend", sockets.get("emqp-backend"), self._backend)
+        self.frontend = self.add_pump("emqp-frontend", sockets.get("emqp-frontend"), self._frontend)
+        self.admin = self.add_pump("emqp-admin", sockets.get("emqp-admin"), self._admin)
         engine.schedules.on_fire = self._fired
-
-    def _pump(self, sockets: ZmqSockets, name: str, handler: Callable[[list[Frames]], None]) -> ZmqPump | None:
-        sock = sockets.get(name)
-        if sock is None:
-            return None
-        pump = ZmqPump(sock, handler)
-        self._pumps.append(pump)
-        return pump
 
     async def run(self) -> None:
         self._schedule_heartbeat()
         self._schedule_sweep()
-        async with trio.open_nursery() as nursery:
-            for pump in self._pumps:
-                nursery.start_soon(pump.run)
+        await super().run()
 
     def shutdown(self) -> None:
         """KBYE to every worker and scheduler; their jobs go back to the queues; the sockets close."""
@@ -181,8 +173,7 @@ class EMQPBroker:
         for identity in self.schedulers:
             self._send_frontend(emqp.kbye(identity, _msgid()))
         self.schedulers.clear()
-        for pump in self._pumps:
-            pump.close(linger_ms=200)  # the KBYEs go out if the peers are there
+        super().shutdown()  # the KBYEs go out if the peers are there
 
     def _send_backend(self, frames: list[bytes]) -> None:
         if self.backend is not None:
@@ -225,13 +216,8 @@ class EMQPBroker:
     # -- workers (the backend) -----------------------------------------------------------------
 
     def _backend(self, batch: list[Frames]) -> None:
-        storage = self.engine.storage
-        storage.hold_work()  # the finishes of a burst: one write
-        try:
-            for frames in batch:
-                self._backend_message(frames)
-        finally:
-            storage.release_work()
+        for frames in batch:
+            self._backend_message(frames)
 
     def _backend_message(self, frames: Frames) -> None:
         message = emqp.parse(frames)
@@ -360,7 +346,10 @@ class EMQPBroker:
         self.processed_by_worker[worker.identity] += 1
         if self._delivered_now is not None:
             self._delivered_now.append(message.id)
-        self._send_backend(emqp.request(worker.identity, msgid, name.encode(), headers, message.body))
+        assert self.backend is not None  # a worker INFORMed on it
+        # A durable queue's job leaves once its attempt is on record: --emqp-max-attempts counts every run.
+        self.deliver(self.backend, emqp.request(worker.identity, msgid, name.encode(), headers, message.body),
+                     consumer.queue.durable)
 
     # -- clients and schedulers (the frontend) -------------------------------------------------
 
@@ -377,23 +366,12 @@ class EMQPBroker:
         return queue
 
     def _frontend(self, batch: list[Frames]) -> None:
-        storage = self.engine.storage
         replies: list[list[bytes]] = []
-        storage.hold_work()  # one write (and one fdatasync) for the burst
-        try:
-            for frames in batch:
-                self._frontend_message(frames, replies)
-            if replies:
-
-                def stored(error: OSError | None) -> None:
-                    for reply in replies:
-                        if error is not None and len(reply) == 6:  # "dispatched", yet not stored
-                            reply = emqp.refusal(reply[0], reply[4], reply[5], f"not stored: {error}")
-                        self._send_frontend(reply)
-
-                storage.sync(stored)  # "dispatched" only once the request is stored
-        finally:
-            storage.release_work()
+        for frames in batch:
+            self._frontend_message(frames, replies)
+        if replies:
+            assert self.frontend is not None
+            self.send_when_stored(self.frontend, replies, _not_stored)  # "dispatched" only once stored
 
     def _frontend_message(self, frames: Frames, replies: list[list[bytes]]) -> None:
         message = emqp.parse(frames)
@@ -612,6 +590,13 @@ class EMQPBroker:
 
     def show_schedulers(self) -> dict[str, Any]:
         return {"connected_schedulers": {_text(identity): {"hb": seen} for identity, seen in self.schedulers.items()}}
+
+
+def _not_stored(reply: Frames, error: OSError) -> Frames:
+    """A "dispatched" REPLY whose request the store failed to store becomes a refusal."""
+    if len(reply) != 6:  # a refusal already
+        return reply
+    return emqp.refusal(reply[0], reply[4], reply[5], f"not stored: {error}")
 
 
 def _emqp_fields(message: Message) -> tuple[bytes, bytes]:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 
-import trio
-
 from polymq.adapters.emqp.broker import ORIGIN as EMQP_ORIGIN
-from polymq.adapters.zmq_pump import Frames, ZmqPump
+from polymq.adapters.zmq_pump import Frames
+from polymq.adapters.zmq_service import ZmqService
 from polymq.adapters.zmq_sockets import ZmqSockets
 from polymq.codecs import emqp
 from polymq.core.engine import Engine
@@ -21,50 +20,41 @@ from polymq.core.engine import Engine
 log = logging.getLogger("polymq.emqp")
 
 
-class EMQPPubSub:
+class EMQPPubSub(ZmqService):
+    # At shutdown what is queued for the subscribers gets this long to go out, in ms.
+    linger_ms = 200
+
     def __init__(self, engine: Engine, sockets: ZmqSockets) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.published = 0
         self.invalid = 0
-        incoming, outgoing = sockets.get("emqp-pubsub-in"), sockets.get("emqp-pubsub-out")
-        self.incoming = ZmqPump(incoming, self._publish) if incoming is not None else None
-        self.outgoing = ZmqPump(outgoing, lambda batch: None) if outgoing is not None else None
-
-    @property
-    def pumps(self) -> list[ZmqPump]:
-        return [pump for pump in (self.incoming, self.outgoing) if pump is not None]
-
-    async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            for pump in self.pumps:
-                nursery.start_soon(pump.run)
+        self.incoming = self.add_pump("emqp-pubsub-in", sockets.get("emqp-pubsub-in"), self._publish)
+        self.outgoing = self.add_pump("emqp-pubsub-out", sockets.get("emqp-pubsub-out"), _nothing_comes_in)
 
     def _publish(self, batch: list[Frames]) -> None:
         engine = self.engine
         storage = engine.storage
-        storage.hold_work()  # the burst's copies: one write
-        try:
-            for frames in batch:
-                message = emqp.parse(frames)
-                if isinstance(message, emqp.Invalid) or message.command != emqp.PUBLISH:
-                    self.invalid += 1
-                    log.info("pub/sub: %s", message.reason if isinstance(message, emqp.Invalid)
-                             else f"{message.command[:20]!r} ignored (only PUBLISH comes here)")
-                    continue
-                publish = emqp.parse_publish(message.body)
-                if isinstance(publish, emqp.Invalid):
-                    self.invalid += 1
-                    log.info("pub/sub: %s", publish.reason)
-                    continue
-                self.published += 1
-                if self.outgoing is not None:
-                    self.outgoing.send(emqp.published(publish.topic, publish.payload))
-                name = emqp.queue_name(publish.topic)
-                if isinstance(name, str) and storage.failure is None:
-                    engine.publish(name, publish.payload, drop_if_unbound=True, origin=EMQP_ORIGIN)
-        finally:
-            storage.release_work()
+        for frames in batch:
+            message = emqp.parse(frames)
+            if isinstance(message, emqp.Invalid) or message.command != emqp.PUBLISH:
+                self.invalid += 1
+                log.info("pub/sub: %s", message.reason if isinstance(message, emqp.Invalid)
+                         else f"{message.command[:20]!r} ignored (only PUBLISH comes here)")
+                continue
+            publish = emqp.parse_publish(message.body)
+            if isinstance(publish, emqp.Invalid):
+                self.invalid += 1
+                log.info("pub/sub: %s", publish.reason)
+                continue
+            self.published += 1
+            if self.outgoing is not None:
+                # Out once the burst's copies for the queues are written: a subscriber never sees
+                # a message the queues then forget in a crash.
+                self.outgoing.send_delivery(emqp.published(publish.topic, publish.payload))
+            name = emqp.queue_name(publish.topic)
+            if isinstance(name, str) and storage.failure is None:
+                engine.publish(name, publish.payload, drop_if_unbound=True, origin=EMQP_ORIGIN)
 
-    def shutdown(self) -> None:
-        for pump in self.pumps:
-            pump.close(linger_ms=200)
+
+def _nothing_comes_in(batch: list[Frames]) -> None:
+    """A PUB socket receives nothing."""

@@ -26,11 +26,11 @@ import time
 from collections.abc import Sequence
 
 import attrs
-import trio
 import zmq
 import zmq.utils.monitor
 
-from polymq.adapters.zmq_pump import Frames, ZmqPump
+from polymq.adapters.zmq_pump import Frames
+from polymq.adapters.zmq_service import ZmqService
 from polymq.adapters.zmq_sockets import PEER_CONNECTED, PEER_GONE, ZmqSockets
 from polymq.codecs import pzq
 from polymq.core.engine import Consumer, Engine, Message, Outcome, Queue
@@ -59,20 +59,21 @@ class PZQLimits:
     max_message: int = DEFAULT_MAX_MESSAGE
 
 
-class PZQServer:
+class PZQServer(ZmqService):
     def __init__(self, engine: Engine, sockets: ZmqSockets, limits: PZQLimits | None = None) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.limits = limits or PZQLimits()
         self.consumers_connected = 0
         self.stale_acks = 0  # ACKs of an earlier delivery, or of no delivery at all
         self.consumer: Consumer | None = None
-        self._pumps: list[ZmqPump] = []
-        receive, send, monitor = sockets.get("pzq-receive"), sockets.get("pzq-send"), sockets.get("pzq-monitor")
-        self.receive_pump = ZmqPump(receive, self._produced) if receive is not None else None
-        self.send_pump = ZmqPump(send, self._answered) if send is not None else None
-        self.monitor_pump = ZmqPump(monitor, self._monitor) if monitor is not None else None
-        self._send_events = sockets.peer_events.get("pzq-send")
-        self._events_pump: ZmqPump | None = None
+        self.receive_pump = self.add_pump("pzq-receive", sockets.get("pzq-receive"), self._produced)
+        self.send_pump = self.add_pump("pzq-send", sockets.get("pzq-send"), self._answered)
+        self.monitor_pump = self.add_pump("pzq-monitor", sockets.get("pzq-monitor"), self._monitor)
+        # The send socket's connection events count the consumers. The queue and its consumer come
+        # with the first consumer to connect (or the first message): a gateway whose PZQ sockets
+        # nobody uses holds no PZQ queue.
+        self._send_events = sockets.peer_events.get("pzq-send") if self.send_pump is not None else None
+        self.add_pump("pzq-send-peers", self._send_events, self._peer_events)
 
     @property
     def queue(self) -> Queue:
@@ -82,20 +83,6 @@ class PZQServer:
             queue = queue or engine.ensure_queue(name)
             engine.bind(name, name)
         return queue
-
-    async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            for pump in (self.receive_pump, self.send_pump, self.monitor_pump):
-                if pump is not None:
-                    self._pumps.append(pump)
-                    nursery.start_soon(pump.run)
-            if self.send_pump is not None:
-                # The queue and its consumer come with the first consumer to connect (or the first
-                # message): a gateway whose PZQ sockets nobody uses holds no PZQ queue.
-                assert self._send_events is not None
-                self._events_pump = ZmqPump(self._send_events, self._peer_events)
-                self._pumps.append(self._events_pump)
-                nursery.start_soon(self._events_pump.run)
 
     def _attach(self) -> None:
         """The engine consumer that serves the send socket's consumers (the queue made if missing)."""
@@ -115,45 +102,33 @@ class PZQServer:
             self.consumer = None
         if self.send_pump is not None and self._send_events is not None:
             self.send_pump.sock.disable_monitor()
-        for pump in self._pumps:
-            pump.close()
+        super().shutdown()
 
     # -- producers -----------------------------------------------------------------------------
 
     def _produced(self, batch: list[Frames]) -> None:
         engine = self.engine
         storage = engine.storage
-        pump = self.receive_pump
-        assert pump is not None
         topic = self.queue.name  # the queue of that name exists and is bound to its topic
-        replies: list[list[bytes]] = []
-        storage.hold_work()  # one write (and one fdatasync) for the whole burst
-        try:
-            for frames in batch:
-                peer, rest = frames[0], frames[1:]
-                parsed = pzq.parse_produce(rest)
-                if isinstance(parsed, pzq.Ignored):
-                    log.info("receive socket: %s", parsed.reason)
-                    continue
-                if isinstance(parsed, pzq.ProduceRefused):
-                    replies.append([peer, *pzq.producer_refusal(parsed.producer_id, parsed.reason)])
-                    continue
-                if storage.failure is not None:
-                    replies.append([peer, *pzq.producer_refusal(parsed.producer_id, storage.failure.encode())])
-                    continue
-                engine.publish(topic, pzq.join_frames(parsed.bodies), origin=ORIGIN)
-                replies.append([peer, *pzq.producer_ack(parsed.producer_id)])
-            if replies:
-
-                def stored(error: OSError | None) -> None:
-                    for reply in replies:
-                        if error is not None and reply[2] == pzq.ACK_OK:
-                            reply = [reply[0], *pzq.producer_refusal(reply[1], str(error).encode())]
-                        pump.send(reply)
-
-                storage.sync(stored)  # answered in order, once every publish of the burst is stored
-        finally:
-            storage.release_work()
+        replies: list[Frames] = []
+        for frames in batch:
+            peer, rest = frames[0], frames[1:]
+            parsed = pzq.parse_produce(rest)
+            if isinstance(parsed, pzq.Ignored):
+                log.info("receive socket: %s", parsed.reason)
+                continue
+            if isinstance(parsed, pzq.ProduceRefused):
+                replies.append([peer, *pzq.producer_refusal(parsed.producer_id, parsed.reason)])
+                continue
+            if storage.failure is not None:
+                replies.append([peer, *pzq.producer_refusal(parsed.producer_id, storage.failure.encode())])
+                continue
+            engine.publish(topic, pzq.join_frames(parsed.bodies), origin=ORIGIN)
+            replies.append([peer, *pzq.producer_ack(parsed.producer_id)])
+        if replies:
+            assert self.receive_pump is not None
+            # Answered in order, once every publish of the burst is stored.
+            self.send_when_stored(self.receive_pump, replies, _not_stored)
 
     # -- consumers -----------------------------------------------------------------------------
 
@@ -175,34 +150,32 @@ class PZQServer:
     def _deliver(self, message: Message) -> None:
         pump = self.send_pump
         assert pump is not None
-        pump.send(pzq.delivery(pzq.delivery_key(message.id, message.attempts), time.time_ns() // 1000,
-                               int(self.limits.ack_timeout * 1_000_000), pzq.split_frames(message.body)))
+        owner = message.owner
+        assert isinstance(owner, Consumer)
+        self.deliver(pump, pzq.delivery(pzq.delivery_key(message.id, message.attempts), time.time_ns() // 1000,
+                                        int(self.limits.ack_timeout * 1_000_000), pzq.split_frames(message.body)),
+                     owner.queue.durable)
 
     def _answered(self, batch: list[Frames]) -> None:
         consumer = self.consumer
-        storage = self.engine.storage
-        storage.hold_work()
-        try:
-            refill = False
-            for frames in batch:
-                answer = pzq.parse_consumer_ack(frames)
-                if isinstance(answer, pzq.Ignored):
-                    log.info("send socket: %s", answer.reason)
-                    continue
-                parsed = pzq.parse_key(answer.key)
-                message = consumer.in_flight.get(parsed[0]) if consumer is not None and parsed else None
-                if message is None or parsed is None or message.attempts != parsed[1]:
-                    self.stale_acks += 1  # an earlier delivery's ACK (it timed out), or no delivery of ours
-                    continue
-                assert consumer is not None
-                if answer.done:
-                    refill = consumer.finish(message.id, refill=False) is Outcome.OK or refill
-                else:
-                    consumer.requeue(message.id)  # sent again first (retry_first)
-            if refill and consumer is not None:
-                consumer.refill()
-        finally:
-            storage.release_work()
+        refill = False
+        for frames in batch:
+            answer = pzq.parse_consumer_ack(frames)
+            if isinstance(answer, pzq.Ignored):
+                log.info("send socket: %s", answer.reason)
+                continue
+            parsed = pzq.parse_key(answer.key)
+            message = consumer.in_flight.get(parsed[0]) if consumer is not None and parsed else None
+            if message is None or parsed is None or message.attempts != parsed[1]:
+                self.stale_acks += 1  # an earlier delivery's ACK (it timed out), or no delivery of ours
+                continue
+            assert consumer is not None
+            if answer.done:
+                refill = consumer.finish(message.id, refill=False) is Outcome.OK or refill
+            else:
+                consumer.requeue(message.id)  # sent again first (retry_first)
+        if refill and consumer is not None:
+            consumer.refill()
 
     # -- the monitor ---------------------------------------------------------------------------
 
@@ -232,3 +205,10 @@ class PZQServer:
             else:
                 log.info("monitor: unknown request %r", rest[-1:] if rest else rest)
                 pump.send([peer, *envelope, UNKNOWN_REQUEST])
+
+
+def _not_stored(reply: Frames, error: OSError) -> Frames:
+    """A producer's `1` whose message the store failed to store becomes a `0` with the error."""
+    if reply[2] != pzq.ACK_OK:
+        return reply
+    return [reply[0], *pzq.producer_refusal(reply[1], str(error).encode())]

@@ -8,10 +8,15 @@ dir and repeats; a last epoch publishes nothing and drains. `check` then proves,
 * nothing was delivered that was not sent before (`phantom == 0`);
 * a body is delivered twice only across a kill (`illegal_duplicates == 0`): a FIN carries no reply,
   so a message delivered before a kill may come back after it, never twice within one process life;
-* a redelivery carries a larger `attempts` than the delivery before it (`attempts_not_grown == 0`).
+* a redelivery carries a larger `attempts` than the delivery before it (`attempts_not_grown == 0`);
+* no attempt of a message is handed out twice (`repeated_attempts == 0`), and no delivery key (PZQ's
+  `<id>|<n>`, which names one delivery) is received twice (`repeated_keys == 0`), across kills too: a
+  delivery leaves only after the record of its attempt is written;
+* what the gateway held when it came back from a kill (the loop reads its state, where the protocol
+  acknowledges nothing) is delivered in that process life or a later one (counted in `lost`).
 
 Run as a script: `python tests/support/crash_loop.py --rounds 20 --seed 7` prints the report line and
-exits 1 when a check fails.
+exits 1 when a check fails; `--protocol pzq` and `--protocol emqp` run it over those protocols.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -61,6 +66,7 @@ class Delivery:
     epoch: int
     msg_id: bytes = b""
     consumer: int = 0
+    key: bytes = b""  # the protocol's name of this one delivery (PZQ's `<id>|<n>`); b"": none
 
 
 @attrs.frozen(slots=True)
@@ -76,11 +82,14 @@ class CrashReport:
     phantom: int
     illegal_duplicates: int
     attempts_not_grown: int
+    repeated_attempts: int = 0  # bodies one of whose attempts was received twice
+    repeated_keys: int = 0  # delivery keys received twice
     examples: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.phantom or self.illegal_duplicates or self.attempts_not_grown)
+        return not (self.lost or self.phantom or self.illegal_duplicates or self.attempts_not_grown
+                    or self.repeated_attempts or self.repeated_keys)
 
     def line(self) -> str:
         return (
@@ -88,6 +97,7 @@ class CrashReport:
             f" delivered={self.delivered} deliveries={self.deliveries} duplicated={self.duplicated}"
             f" unacked_delivered={self.unacked_delivered} lost={self.lost} phantom={self.phantom}"
             f" illegal_duplicates={self.illegal_duplicates} attempts_not_grown={self.attempts_not_grown}"
+            f" repeated_attempts={self.repeated_attempts} repeated_keys={self.repeated_keys}"
         )
 
     def problems(self) -> str:
@@ -103,17 +113,24 @@ def check(
     kills: AbstractSet[int],
     *,
     rounds: int | None = None,
+    held: Mapping[bytes, int] | None = None,
 ) -> CrashReport:
     """Check the records of a crash loop.
 
     `sent` maps each body to the epoch it was first written to a socket in, `acked` holds the bodies
     answered with OK, `deliveries` is in arrival order, `kills` holds the epochs ended by SIGKILL.
+    `held` maps a body to the last epoch at whose start the gateway's state showed it (restored,
+    not finished): it must be delivered in that epoch or a later one.
     """
     by_body: dict[bytes, list[Delivery]] = {}
     for delivery in deliveries:
         by_body.setdefault(delivery.body, []).append(delivery)
 
-    lost = sorted(body for body in acked if body not in by_body)
+    held = held or {}
+    lost = sorted({
+        *(body for body in acked if body not in by_body),
+        *(body for body, epoch in held.items() if all(d.epoch < epoch for d in by_body.get(body, ()))),
+    })
     # Delivered in an epoch before the one it was sent in is as impossible as never sent.
     phantom = sorted(
         body for body, got in by_body.items() if body not in sent or min(d.epoch for d in got) < sent[body]
@@ -131,6 +148,13 @@ def check(
                 not_grown.append(body)
             highest = max(highest, after.attempts)
 
+    # An attempt is handed out once: a second delivery with the same attempts (or the same key)
+    # went out before the record of the first was written, and a kill made the gateway forget it.
+    attempts_seen = Counter((delivery.body, delivery.attempts) for delivery in deliveries)
+    repeated_attempts = sorted({body for (body, _), count in attempts_seen.items() if count > 1})
+    keys_seen = Counter(delivery.key for delivery in deliveries if delivery.key)
+    repeated_keys = sorted(key for key, count in keys_seen.items() if count > 1)
+
     unacked_delivered = sum(1 for body in by_body if body in sent and body not in acked)
     examples = tuple(
         (kind, tuple(bodies[:EXAMPLES]))
@@ -139,6 +163,8 @@ def check(
             ("phantom", phantom),
             ("illegal_duplicates", sorted(set(illegal))),
             ("attempts_not_grown", sorted(set(not_grown))),
+            ("repeated_attempts", repeated_attempts),
+            ("repeated_keys", repeated_keys),
         )
         if bodies
     )
@@ -154,6 +180,8 @@ def check(
         phantom=len(phantom),
         illegal_duplicates=len(illegal),
         attempts_not_grown=len(not_grown),
+        repeated_attempts=len(repeated_attempts),
+        repeated_keys=len(repeated_keys),
         examples=examples,
     )
 
@@ -172,9 +200,13 @@ class Ledger:
     # Acknowledged, not delivered yet: the drain watches its size.
     missing: set[bytes] = attrs.Factory(set)
     delivered: set[bytes] = attrs.Factory(set)
+    # Body → the last epoch at whose start the gateway's state showed it (`check`'s `held`).
+    held: dict[bytes, int] = attrs.Factory(dict)
     sent_in_epoch: int = 0
     delivered_in_epoch: int = 0
     lock: threading.Lock = attrs.Factory(threading.Lock)
+    # Set by every delivery: the kill can wait for the next one (`CrashLoopConfig.kill_on_delivery`).
+    a_delivery: threading.Event = attrs.Factory(threading.Event)
 
     def new_epoch(self) -> None:
         with self.lock:
@@ -191,12 +223,20 @@ class Ledger:
             self.acked.update(bodies)
             self.missing.update(body for body in bodies if body not in self.delivered)
 
+    def record_held(self, bodies: list[bytes], epoch: int) -> None:
+        """The gateway holds these at the start of `epoch`: they must be delivered from then on."""
+        with self.lock:
+            for body in bodies:
+                self.held[body] = epoch
+            self.missing.update(bodies)
+
     def record_delivery(self, delivery: Delivery) -> None:
         with self.lock:
             self.deliveries.append(delivery)
             self.delivered.add(delivery.body)
             self.missing.discard(delivery.body)
             self.delivered_in_epoch += 1
+        self.a_delivery.set()
 
     def record_error(self, text: str) -> None:
         with self.lock:
@@ -278,6 +318,9 @@ class CrashLoopConfig:
     settle_s: float = 0.5  # all acknowledged delivered: wait this quiet long for the unacked stragglers
     topic: str = "crash"
     channel: str = "c"
+    # After the random moment, the kill waits for the next message a consumer receives: the
+    # gateway dies just after a delivery left it, while its record may still be on its way to disk.
+    kill_on_delivery: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -430,6 +473,13 @@ class CrashLoop:
 
     # -- epochs ------------------------------------------------------------------------------
 
+    def epoch_started(self, gateway: GatewayProcess, epoch: int) -> None:
+        """The gateway is up, no client is connected yet (a protocol loop may read its state here)."""
+
+    def checked_deliveries(self) -> list[Delivery]:
+        """The deliveries `check` gets (a protocol loop may complete what its clients could not see)."""
+        return list(self.ledger.deliveries)
+
     def _check_alive(self, gateway: GatewayProcess, epoch: int) -> None:
         # Only our SIGKILL may end a process life: a gateway that died on its own is a finding.
         code = gateway.process.poll()
@@ -444,12 +494,16 @@ class CrashLoop:
             stop = threading.Event()
             threads: list[threading.Thread] = []
             try:
+                self.epoch_started(gateway, epoch)
                 threads += self._start_consumers(gateway, epoch, stop)
                 for index in range(self.config.publishers):
                     rng = random.Random(self.rng.getrandbits(64))
                     threads.append(self._thread(f"publisher-{epoch}-{index}", self._publisher,
                                                 self.publish_address(gateway), epoch, rng, stop))
                 time.sleep(run_s)  # the random moment of the kill
+                if self.config.kill_on_delivery:
+                    self.ledger.a_delivery.clear()
+                    self.ledger.a_delivery.wait(self.config.io_timeout_s)  # none within: killed anyway
                 self._check_alive(gateway, epoch)
                 gateway.stop(signal.SIGKILL)  # our own child, by its PID
                 self.ledger.kills.add(epoch)
@@ -464,6 +518,7 @@ class CrashLoop:
             stop = threading.Event()
             threads: list[threading.Thread] = []
             try:
+                self.epoch_started(gateway, epoch)
                 threads += self._start_consumers(gateway, epoch, stop)
                 start = last_change = time.monotonic()
                 last_count = -1
@@ -497,8 +552,10 @@ class CrashLoop:
             if own_dir is not None:
                 shutil.rmtree(own_dir, ignore_errors=True)
         ledger = self.ledger
+        deliveries = self.checked_deliveries()
         with ledger.lock:
-            report = check(ledger.sent, ledger.acked, ledger.deliveries, ledger.kills, rounds=self.config.rounds)
+            report = check(ledger.sent, ledger.acked, deliveries, ledger.kills, rounds=self.config.rounds,
+                           held=ledger.held)
             errors = tuple(ledger.errors)
         return CrashLoopResult(self.config, report, errors, time.monotonic() - started)
 
@@ -565,9 +622,10 @@ class PZQCrashLoop(CrashLoop):
                 if not sock.poll(200):
                     continue
                 frames = sock.recv_multipart()
-                attempt = int(frames[1].rsplit(b"|", 1)[1])
+                key = frames[1]  # `<id>|<delivery number>`: the number is the message's attempts
+                msg_id, _, attempt = key.partition(b"|")
                 # Recorded before the answer: a kill between the two makes a redelivery legal.
-                ledger.record_delivery(Delivery(frames[5], attempt, epoch, frames[1], index))
+                ledger.record_delivery(Delivery(frames[5], int(attempt), epoch, msg_id, index, key))
                 sock.send_multipart([frames[0], frames[1], b"1"])
         finally:
             sock.close(linger=0)
@@ -576,12 +634,21 @@ class PZQCrashLoop(CrashLoop):
 
 # The PZQ loop's ACK timeout: nothing comes twice within one process life.
 PZQ_ACK_TIMEOUT_MS = 60_000
+# Deliveries each PZQ consumer may hold: small, so that most leave from the bursts of ACKs (their
+# messages' ADD records written long before, their attempt records not yet) as well as from the
+# producers' bursts.
+PZQ_WINDOW = 2
 
 
 def run_crash_loop(config: CrashLoopConfig, protocol: str = "nsq") -> CrashLoopResult:
     if protocol == "pzq":
-        config = attrs.evolve(config, gateway_args=(*config.gateway_args, "--pzq-ack-timeout", str(PZQ_ACK_TIMEOUT_MS)))
+        config = attrs.evolve(config, kill_on_delivery=True, gateway_args=(
+            *config.gateway_args, "--pzq-ack-timeout", str(PZQ_ACK_TIMEOUT_MS), "--pzq-window", str(PZQ_WINDOW)))
         return PZQCrashLoop(config).run()
+    if protocol == "emqp":
+        from support.emqp_crash_loop import EMQPCrashLoop, emqp_config  # it builds on this module
+
+        return EMQPCrashLoop(emqp_config(config)).run()
     return CrashLoop(config).run()
 
 
@@ -597,8 +664,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--min-run", type=float, default=0.2, help="shortest process life before a kill (s)")
     parser.add_argument("--max-run", type=float, default=1.5, help="longest process life before a kill (s)")
     parser.add_argument("--drain-timeout", type=float, default=30.0)
-    parser.add_argument("--protocol", choices=("nsq", "pzq"), default="nsq",
-                        help="nsq: PUB/MPUB and FIN; pzq: DEALER producers and ROUTER consumers")
+    parser.add_argument("--protocol", choices=("nsq", "pzq", "emqp"), default="nsq",
+                        help="nsq: PUB/MPUB and FIN; pzq: DEALER producers and ROUTER consumers; "
+                             "emqp: REQUESTs on the frontend, jobmanager-style workers on the backend")
     args = parser.parse_args(argv)
     gateway_args: list[str] = []
     if args.fsync is not None:
