@@ -27,7 +27,7 @@ import uuid
 import attrs
 import zmq
 
-from polymq.adapters.stream_client import StreamClient, StreamClientError
+from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import emqp, stream_rows
 
 from support.crash_loop import CrashLoop, CrashLoopConfig, Delivery
