@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 
 from polymq.adapters.http import NeedBody, Request, Response
 from polymq.adapters.protocol import Traffic
+from polymq.codecs import nsq_client, phpmq
 from polymq.core.engine import Engine
 from polymq.gateway.admin_access import AdminAccess, is_loopback
 from polymq.gateway.admin_api import AdminApi
@@ -26,7 +29,10 @@ from support.gateway import running_gateway
 TOKEN = "api-test-token-0123456789"
 HOST = (b"host", b"127.0.0.1:4181")
 HOSTILE = "<script>alert(1)</script>&\u2028"
-PAGE = Path(__file__).resolve().parent.parent / "gateway" / "admin_page.html"
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "gateway" / "admin_page.html"
+# A documented example: a curl command line to the default listener, and the answer its comment shows.
+CURL = re.compile(r"^(curl .*127\.0\.0\.1:4181.*?)(?:\s+# (\{.*\}))?$", re.MULTILINE)
 
 
 class TcpLike:
@@ -281,3 +287,28 @@ def test_a_real_gateway_says_how_its_api_is_guarded_and_checks_the_token(tmp_pat
                                b"")
         assert (status, refused["message"]) == (403, "FORBIDDEN")
         assert _get(f"http://{gateway.http}/api/topic/pause?topic=none", data=b"")[0] == 404
+
+
+def test_the_documented_curl_examples_run_as_printed(tmp_path: Path) -> None:
+    section = (ROOT / "docs" / "operations.md").read_text().split("\n## The admin page\n")[1].split("\n## ")[0]
+    examples = CURL.findall(section)
+    assert len(examples) >= 8
+    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, \
+            socket.create_connection(gateway.host_port("phpmq"), timeout=10) as php, \
+            socket.create_connection(gateway.host_port("nsq-tcp"), timeout=10) as nsq:
+        php.sendall(phpmq.send(b"orders", b"one"))
+        deadline = time.monotonic() + 60
+        while not any(topic["name"] == "orders" for topic in _get(f"http://{gateway.http}/api/state")[1]["topics"]):
+            assert time.monotonic() < deadline, "the PHPMQ publish did not arrive"
+            time.sleep(0.05)
+        nsq.sendall(nsq_client.magic() + nsq_client.sub("orders", "billing"))
+        reader = nsq_client.FrameReader()
+        while not reader.frames():
+            reader.receive_data(nsq.recv(65536))
+        for command, expected in examples:
+            result = subprocess.run(["bash", "-c", command.replace("127.0.0.1:4181", gateway.http)],
+                                    capture_output=True, text=True, timeout=30)
+            assert result.returncode == 0, (command, result.stderr)
+            answer = json.loads(result.stdout)
+            if expected:
+                assert answer == json.loads(expected), command
