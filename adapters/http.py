@@ -53,6 +53,11 @@ class Request:
     path: str  # percent-decoded, as Go's req.URL.Path
     query: bytes = b""  # raw query string, parsed like Go's url.ParseQuery
     content_length: int | None = None
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # as received: names in lower case (ASGI)
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header `name` (lower case), or None."""
+        return next((value for key, value in self.headers if key == name), None)
 
 
 @attrs.frozen(slots=True)
@@ -163,6 +168,7 @@ class HttpApp:
             path=scope["path"],
             query=scope.get("query_string", b""),
             content_length=_content_length(scope["headers"]),
+            headers=tuple(scope["headers"]),
         )
         result = self.api.handle(request)
         finished = False

@@ -48,6 +48,8 @@ class Setting:
     # Repeatable: the flag may be given again, the value is a tuple of values of `type` (a TOML array,
     # a POLYMQ_* variable of values separated by spaces); the default is then a tuple too.
     multiple: bool = False
+    # A secret (a token): `polymq config --show` says it is set, never what it is.
+    secret: bool = False
 
     @property
     def is_switch(self) -> bool:
@@ -120,6 +122,10 @@ class Service(TypingProtocol):
 
     def traffic(self) -> Traffic:
         """What its clients sent and got so far (for the metrics)."""
+
+    # A service may also have `peers() -> list[tuple[str, str]]`: (its listener's address, the
+    # client's) for each client connected now (TCP services do: adapters/session.py); the admin page
+    # lists them. Not a member here, so that a unit without it still is a Service.
 
 
 @attrs.frozen

@@ -347,6 +347,15 @@ class TcpService:
     def connections(self) -> int:
         return sum(len(listener.sessions) for _, listener in self.served)
 
+    def peers(self) -> list[tuple[str, str]]:
+        """(the listener's address, the client's) for each client connected now."""
+        found = []
+        for sock, listener in self.served:
+            host, port = sock.getsockname()[:2]
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            found += sorted((address, session.peer) for session in listener.sessions)
+        return found
+
     def traffic(self) -> Traffic:
         total = Traffic()
         for _, listener in self.served:

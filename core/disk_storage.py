@@ -778,17 +778,20 @@ class DiskStorage:
         self._logs.append(owner)
         return uid, owner
 
-    def open_topic(self, name: str) -> OwnerLog:
+    def open_topic(self, name: str, made_by: str | None = None) -> OwnerLog:
         uid, owner = self._new_log("t")
-        self._topics[name] = {"uid": uid, "paused": False}
-        self._meta({"t": "topic", "name": name, "uid": uid, "paused": False})
+        meta: dict[str, Any] = {"uid": uid, "paused": False}
+        if made_by is not None:
+            meta["made_by"] = made_by
+        self._topics[name] = meta
+        self._meta({"t": "topic", "name": name, **meta})
         return owner
 
     def topic_saved(self, name: str, paused: bool) -> None:
         meta = self._topics.get(name)
         if meta is not None and meta["paused"] != paused:
             meta["paused"] = paused
-            self._meta({"t": "topic", "name": name, "uid": meta["uid"], "paused": paused})
+            self._meta({"t": "topic", "name": name, **meta})
 
     def topic_deleted(self, name: str, owner: OwnerLog | None) -> None:
         meta = self._topics.pop(name, None)
@@ -1065,7 +1068,7 @@ class DiskStorage:
             owner = OwnerLog(self, self.dir / f"t{meta['uid']}", is_topic=True)
             self._logs.append(owner)
             _recover(owner, self.clock)
-            topics.append(TopicRecord(name, meta["paused"], owner))
+            topics.append(TopicRecord(name, meta["paused"], owner, meta.get("made_by")))
         queues = []
         for name, meta in self._queues.items():
             owner = OwnerLog(self, self.dir / _queue_dir(meta), is_topic=False)
@@ -1078,7 +1081,7 @@ class DiskStorage:
         kind = change.get("t")
         name: str = change.get("name", "")
         if kind == "topic":
-            self._topics[name] = {"uid": change["uid"], "paused": change["paused"]}
+            self._topics[name] = {key: change[key] for key in ("uid", "paused", "made_by") if key in change}
             self._next_uid = max(self._next_uid, change["uid"] + 1)
         elif kind == "topic-":
             self._topics.pop(name, None)

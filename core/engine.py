@@ -61,6 +61,9 @@ STREAM_COMMITTED_OPTION = "stream_committed"
 # in flight), and its own topic with it when nothing else is bound to that or waits in it (PHPMQ's
 # queues: the original keeps no empty queue).
 AUTO_DELETE_EMPTY_OPTION = "auto_delete_empty"
+# Queue option: the origin its maker gave (`ensure_queue`), kept for the operators' view; topics
+# keep theirs as `Topic.made_by`.
+MADE_BY_OPTION = "made_by"
 
 
 def dead_letter_topic(queue_name: str) -> str:
@@ -755,10 +758,11 @@ def _store(log: OwnerLog, messages: list[Message], held: int, mem_queue_size: in
 
 
 class Topic:
-    def __init__(self, engine: Engine, name: str, *, ephemeral: bool) -> None:
+    def __init__(self, engine: Engine, name: str, *, ephemeral: bool, made_by: str | None = None) -> None:
         self.engine = engine
         self.name = name
         self.ephemeral = ephemeral
+        self.made_by = made_by  # the origin its maker gave (`ensure_topic`); None when not known
         self.queues: list[Queue] = []
         # Kept while no queue is bound or while paused, and until what was kept has gone on.
         self.backlog: deque[Message] = deque()
@@ -876,13 +880,14 @@ class Engine:
     def topic(self, name: str) -> Topic | None:
         return self.topics.get(name)
 
-    def ensure_topic(self, name: str, *, ephemeral: bool = False) -> Topic:
+    def ensure_topic(self, name: str, *, ephemeral: bool = False, origin: str | None = None) -> Topic:
+        """The topic `name`, made if missing; `origin` (the protocol asking) is kept as its `made_by`."""
         topic = self.topics.get(name)
         if topic is None:
-            topic = Topic(self, name, ephemeral=ephemeral)
+            topic = Topic(self, name, ephemeral=ephemeral, made_by=origin)
             self.topics[name] = topic
             if not ephemeral and self.storage.persistent:
-                topic.log = self.storage.open_topic(name)
+                topic.log = self.storage.open_topic(name, origin)
                 topic.log.on_readable = topic._pump
             for observer in self.on_topic_created:
                 observer(topic)
@@ -920,9 +925,13 @@ class Engine:
         ephemeral: bool = False,
         auto_delete: float | None = None,
         options: Mapping[str, Any] | None = None,
+        origin: str | None = None,
     ) -> Queue:
+        """The queue `name`, made if missing; `origin` (the protocol asking) is kept as its `made_by` option."""
         queue = self.queues.get(name)
         if queue is None:
+            if origin is not None:
+                options = {MADE_BY_OPTION: origin, **(options or {})}
             queue = Queue(self, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options)
             self.queues[name] = queue
             if not ephemeral and self.storage.persistent:
@@ -945,7 +954,8 @@ class Engine:
 
     def bind(self, queue_name: str, topic_name: str, *, ephemeral_topic: bool = False) -> Queue:
         queue = self.queues[queue_name]
-        topic = self.ensure_topic(topic_name, ephemeral=ephemeral_topic)
+        # A topic made by a binding is made by whoever made the queue.
+        topic = self.ensure_topic(topic_name, ephemeral=ephemeral_topic, origin=queue.options.get(MADE_BY_OPTION))
         if topic_name not in queue.topics:
             queue.topics.append(topic_name)
             topic.queues.append(queue)
@@ -1096,7 +1106,7 @@ class Engine:
                 self.dropped_count += 1
                 return message_id
             if topic is None:
-                topic = self.ensure_topic(topic_name)
+                topic = self.ensure_topic(topic_name, origin=origin)
         now = self.clock.now()
         message = Message(message_id, body, self.clock.wall_ns(), headers,
                           None if ttl is None else now + ttl, 0, topic_name, origin)
@@ -1125,7 +1135,7 @@ class Engine:
             if topic_or_none is None or not topic_or_none.queues:
                 self.dropped_count += len(bodies)
                 return first
-        topic = self.ensure_topic(topic_name)
+        topic = self.ensure_topic(topic_name, origin=origin)
         timestamp = self.clock.wall_ns()
         if each_headers is None:
             messages = [Message(first + index, body, timestamp, headers, None, 0, topic_name, origin)
@@ -1166,7 +1176,7 @@ class Engine:
         snapshot = self.storage.load(self.ids)
         now = self.clock.now()
         for record in snapshot.topics:
-            topic = Topic(self, record.name, ephemeral=False)
+            topic = Topic(self, record.name, ephemeral=False, made_by=record.made_by)
             topic.paused = record.paused
             topic.log = record.log
             topic.log.on_readable = topic._pump

@@ -85,6 +85,7 @@ class TopicRecord:
     name: str
     paused: bool
     log: OwnerLog
+    made_by: str | None = None  # the origin its maker gave (`Engine.ensure_topic`)
 
 
 @attrs.frozen(slots=True)
@@ -118,7 +119,7 @@ class Storage(Protocol):
 
     def load(self, ids: IdSource) -> Snapshot: ...
 
-    def open_topic(self, name: str) -> OwnerLog: ...
+    def open_topic(self, name: str, made_by: str | None = None) -> OwnerLog: ...
 
     def topic_saved(self, name: str, paused: bool) -> None: ...
 
@@ -174,7 +175,7 @@ class MemoryStorage:
     def load(self, ids: IdSource) -> Snapshot:
         return Snapshot()
 
-    def open_topic(self, name: str) -> OwnerLog:
+    def open_topic(self, name: str, made_by: str | None = None) -> OwnerLog:
         raise TypeError("MemoryStorage keeps no logs")
 
     def topic_saved(self, name: str, paused: bool) -> None:

@@ -29,12 +29,12 @@ class StreamError(Exception):
     """A stream operation that cannot be done: the message says why, for the reader to show."""
 
 
-def open_stream(engine: Engine, name: str, topics: Iterable[str]) -> Queue:
-    """The stream `name`, made if missing, bound to `topics` as well (bindings are only added: a
-    reader naming fewer topics leaves the others' copies coming)."""
+def open_stream(engine: Engine, name: str, topics: Iterable[str], origin: str | None = None) -> Queue:
+    """The stream `name`, made if missing (by `origin`), bound to `topics` as well (bindings are only
+    added: a reader naming fewer topics leaves the others' copies coming)."""
     queue = engine.queue(name)
     if queue is None:
-        queue = engine.ensure_queue(name, options={STREAM_OPTION: True})
+        queue = engine.ensure_queue(name, options={STREAM_OPTION: True}, origin=origin)
     elif not queue.stream:
         raise StreamError(f"queue {name} exists and is not a stream (it has consumers, not positions)")
     for topic in topics:

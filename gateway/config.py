@@ -28,6 +28,7 @@ from polymq.adapters.protocol import PORT, Setting, options_class
 from polymq.adapters.registry import protocols
 from polymq.core.dedup import DEFAULT_WINDOW_S as DEFAULT_DEDUP_WINDOW_S
 from polymq.core.disk_storage import MEM_QUEUE_SIZE, FsyncPolicy
+from polymq.gateway.admin_access import MIN_TOKEN_LENGTH
 from polymq.gateway.stream_http_api import DEFAULT_MAX_BATCH, DEFAULT_MAX_ROW, DEFAULT_SNAPSHOT_MEMORY
 
 # polymq binds loopback unless told otherwise (nsqd binds every interface).
@@ -75,9 +76,17 @@ GATEWAY_SECTIONS: dict[str, tuple[Setting, ...]] = {
     ),
     "http": (
         Setting("port", "--admin-port", PORT, DEFAULT_HTTP_PORT,
-                "The gateway's own HTTP listener (the Spark stream API) TCP port (0 = any free, -1 = off)."),
+                "The gateway's own HTTP listener (the admin page, /metrics, the Spark stream API) TCP port "
+                "(0 = any free, -1 = off)."),
         Setting("bind", "--admin-bind", click.STRING, DEFAULT_BIND,
-                "Address the gateway's own HTTP listener binds to, whatever --bind says (loopback by default)."),
+                "Address the gateway's own HTTP listener binds to, whatever --bind says (loopback by default); "
+                "beyond loopback it needs --admin-token or --admin-token-file."),
+        Setting("token", "--admin-token", click.STRING, None,
+                f"Token the admin API and its actions ask for (`Authorization: Bearer TOKEN`, at least "
+                f"{MIN_TOKEN_LENGTH} characters); needed when --admin-bind is beyond loopback. "
+                "--admin-token-file keeps it out of the process list.", secret=True),
+        Setting("token_file", "--admin-token-file", click.Path(dir_okay=False, path_type=Path), None,
+                "A file whose first line is the token (as --admin-token), read at start-up."),
         Setting("max_row_size", "--stream-max-row-size", click.IntRange(min=1), DEFAULT_MAX_ROW,
                 "Largest row a Spark job may publish through the stream API, in bytes (nsqd's --max-msg-size)."),
         Setting("max_batch_size", "--stream-max-batch-size", click.IntRange(min=1), DEFAULT_MAX_BATCH,
@@ -401,6 +410,8 @@ def to_toml(config: Config) -> str:
                 value = [str(item) if isinstance(item, Path) else item for item in value]
             if value is None:
                 out.append(f"# {option.field} = (not set)")
+            elif option.setting.secret:
+                out.append(f"# {option.field} = (set, not shown)")
             else:
                 out.append(tomli_w.dumps({option.field: value}).rstrip("\n"))
     return "\n".join(out) + "\n"

@@ -1,5 +1,5 @@
-"""The gateway's own HTTP listener (`--admin-port`, 4181, loopback by default): `/ping`, `/metrics`
-(Prometheus), the Spark stream API.
+"""The gateway's own HTTP listener (`--admin-port`, 4181, loopback by default): the admin page `/` and
+its API `/api/...` (gateway/admin_api.py), `/ping`, `/metrics` (Prometheus), the Spark stream API.
 
 It serves whatever protocols are on (turning NSQ off leaves it on), on the shared HTTP skeleton
 (adapters/http.py). Errors are `{"message": "CODE", "reason": "…"}` as JSON.
@@ -14,6 +14,7 @@ import trio
 
 from polymq.adapters.http import JSON_TYPE, HttpApp, NeedBody, Request, Response, go_json, serve_http
 from polymq.core.engine import Engine
+from polymq.gateway.admin_api import AdminApi
 from polymq.gateway.metrics import CONTENT_TYPE as METRICS_TYPE
 from polymq.gateway.metrics import Metrics
 from polymq.gateway.stream_http_api import Handler, StreamHttpApi
@@ -50,7 +51,7 @@ def _ping(request: Request, _: str) -> Response:
 
 
 async def serve_gateway_http(engine: Engine, sock: socket.socket, options: Any, snapshot_memory: int,
-                             metrics: Metrics, *,
+                             metrics: Metrics, admin: AdminApi, *,
                              task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     stream = StreamHttpApi(engine, max_row=options.max_row_size, max_batch=options.max_batch_size,
                            snapshot_memory=snapshot_memory)
@@ -58,5 +59,6 @@ async def serve_gateway_http(engine: Engine, sock: socket.socket, options: Any, 
     def scrape(request: Request, _: str) -> Response:
         return Response(200, metrics.exposition(), METRICS_TYPE)
 
-    api = GatewayHttpApi(engine, {"/ping": {"GET": _ping}, "/metrics": {"GET": scrape}, **stream.routes()})
+    api = GatewayHttpApi(engine, {"/ping": {"GET": _ping}, "/metrics": {"GET": scrape}, **stream.routes(),
+                                  **admin.routes()})
     await serve_http(HttpApp(api, STORAGE_FAILED), sock, task_status=task_status)

@@ -37,6 +37,8 @@ from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import Engine
 from polymq.core.storage import DataDirInUse, MemoryStorage
 from polymq.gateway import logs
+from polymq.gateway.admin_access import AccessError, AdminAccess
+from polymq.gateway.admin_api import AdminApi
 from polymq.gateway.committer import Committer
 from polymq.gateway.config import HTTP_LISTENER, OPTIONS_BY_KEY, Config, click_options, from_command_line, to_toml
 from polymq.gateway.http import serve_gateway_http
@@ -61,6 +63,7 @@ class Prepared:
     http: socket.socket | None  # the gateway's own HTTP listener
     storage: DiskStorage | MemoryStorage
     committer: Committer | None
+    access: AdminAccess  # who may use the admin API (checked before anything is bound)
 
     def close(self) -> None:
         for bound in self.bound:
@@ -211,6 +214,12 @@ def bind_protocol(protocol: Protocol, options: Any, config: Config) -> Bound:
 
 def prepare(config: Config) -> Prepared:
     """Binds every listener, then opens the store; on failure closes what it made and raises StartupError."""
+    access = AdminAccess(None)
+    if config.http.port >= 0:
+        try:
+            access = AdminAccess.configured(config.http.bind, config.http.token, config.http.token_file)
+        except AccessError as error:
+            raise StartupError(str(error)) from error
     bound: list[Bound] = []
     http: socket.socket | None = None
     try:
@@ -228,7 +237,7 @@ def prepare(config: Config) -> Prepared:
         if http is not None:
             http.close()
         raise
-    return Prepared(config, bound, http, storage, committer)
+    return Prepared(config, bound, http, storage, committer, access)
 
 
 def zmq_sockets(host: str, specs: dict[str, SocketSpec], protocol: Protocol,
@@ -311,11 +320,13 @@ async def run_gateway(
                         log.info("listening %s %s", name, address)
             if http is not None:
                 log.info("listening %s %s", HTTP_LISTENER, http_address)
+                log.info("%s", prepared.access.describe(http_address or ""))
             for service in services:
                 await nursery.start(service.run)
             if http is not None:
                 await nursery.start(serve_gateway_http, engine, http, config.http,
-                                    config.storage.snapshot_memory_mb << 20, metrics)
+                                    config.storage.snapshot_memory_mb << 20, metrics,
+                                    AdminApi(engine, lambda: by_protocol, prepared.access))
             log.info("ready")
             task_status.started(engine)
             async for signum in signals:

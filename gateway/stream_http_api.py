@@ -147,7 +147,7 @@ class StreamHttpApi:
         topics = [_valid_name(raw, "topic") for raw in params.get(b"topic", [])]
         if self.engine.storage.failure is not None:
             return failure(503, "EXITING", f"the store failed: {self.engine.storage.failure}")
-        queue = streams.open_stream(self.engine, name, topics)
+        queue = streams.open_stream(self.engine, name, topics, ORIGIN)
         return _json(self._positions(queue))
 
     def _offsets(self, params: Params) -> Response:

@@ -361,7 +361,8 @@ class EMQPBroker(ZmqService):
         if queue is None or name not in queue.topics:
             if queue is None:
                 attempts = self.limits.max_attempts
-                queue = engine.ensure_queue(name, options={MAX_ATTEMPTS_OPTION: attempts} if attempts else None)
+                queue = engine.ensure_queue(name, options={MAX_ATTEMPTS_OPTION: attempts} if attempts else None,
+                                           origin=ORIGIN)
             engine.bind(name, name)
         return queue
 

@@ -392,7 +392,7 @@ class MQKSSession(StreamSession):
             server.delete_consumer(previous)
         queue = engine.queue(request.queue)
         if queue is None:  # its first consume: it takes over what `rebind` bound so far
-            queue = engine.ensure_queue(request.queue)
+            queue = engine.ensure_queue(request.queue, origin=ORIGIN)
             old_events = server.unconsumed_bindings.pop(request.queue, [])
         else:
             old_events = list(queue.topics)
@@ -447,7 +447,7 @@ class MQKSSession(StreamSession):
                     server.unconsumed_bindings.pop(request.queue, None)
             else:
                 if queue is None:
-                    queue = engine.ensure_queue(request.queue)
+                    queue = engine.ensure_queue(request.queue, origin=ORIGIN)
                 engine.set_bindings(queue.name, ordered)
                 server.send_updates(queue, queue.name)
                 server.forget_events(set(old_events) - events)

@@ -436,7 +436,7 @@ class NsqHttpApi:
         return params, name.decode()
 
     def _ensure_topic(self, name: str) -> Topic:
-        return self.engine.ensure_topic(name, ephemeral=is_ephemeral(name))
+        return self.engine.ensure_topic(name, ephemeral=is_ephemeral(name), origin=NSQ_ORIGIN)
 
     def _pub(self, request: Request, _: str) -> Response | NeedBody:
         refused = self._refuse_unauthenticated()
@@ -606,7 +606,7 @@ class NsqHttpApi:
         topic, channel = found
         if find_channel(topic, channel) is None:
             name = channel_queue_name(topic.name, channel)
-            self.engine.ensure_queue(name, ephemeral=is_ephemeral(channel))
+            self.engine.ensure_queue(name, ephemeral=is_ephemeral(channel), origin=NSQ_ORIGIN)
             self.engine.bind(name, topic.name)
         return OK_EMPTY
 

@@ -494,9 +494,9 @@ class NSQSession(StreamSession):
 
     def _subscribe(self, command: nsq.Sub) -> None:
         engine = self.engine
-        engine.ensure_topic(command.topic, ephemeral=nsq.is_ephemeral(command.topic))
+        engine.ensure_topic(command.topic, ephemeral=nsq.is_ephemeral(command.topic), origin=ORIGIN)
         name = queue_name(command.topic, command.channel)
-        engine.ensure_queue(name, ephemeral=nsq.is_ephemeral(command.channel))
+        engine.ensure_queue(name, ephemeral=nsq.is_ephemeral(command.channel), origin=ORIGIN)
         engine.bind(name, command.topic)
         self.topic, self.channel = command.topic, command.channel
         self.consumer = engine.attach(
@@ -575,7 +575,7 @@ class NSQSession(StreamSession):
 
     def _ensure_topic(self, topic: str) -> None:
         if topic not in self.engine.topics:
-            self.engine.ensure_topic(topic, ephemeral=nsq.is_ephemeral(topic))
+            self.engine.ensure_topic(topic, ephemeral=nsq.is_ephemeral(topic), origin=ORIGIN)
 
     def _storage_failed(self, name: str) -> bool:
         """While the storage cannot write, a publish is refused (in its turn, after earlier answers)."""

@@ -85,7 +85,7 @@ class PHPMQServer(Listener):
                 forget = self.limits.forget_empty_after
                 if forget is not None:
                     options[AUTO_DELETE_EMPTY_OPTION] = True
-                queue = engine.ensure_queue(name, auto_delete=forget, options=options)
+                queue = engine.ensure_queue(name, auto_delete=forget, options=options, origin=ORIGIN)
             engine.bind(name, name)
         return queue
 

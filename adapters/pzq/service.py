@@ -80,7 +80,7 @@ class PZQServer(ZmqService):
         engine, name = self.engine, self.limits.queue
         queue = engine.queue(name)
         if queue is None or name not in queue.topics:
-            queue = queue or engine.ensure_queue(name)
+            queue = queue or engine.ensure_queue(name, origin=ORIGIN)
             engine.bind(name, name)
         return queue
 

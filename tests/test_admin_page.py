@@ -1,0 +1,134 @@
+"""The admin page in a real browser (headless chromium): a real gateway, clients of two protocols,
+the page read and an action taken through it, the gateway's state checked through nsqd's API."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from polymq.codecs import nsq_client, phpmq
+
+from support.browser import chromium
+from support.gateway import GatewayProcess, running_gateway
+
+TOKEN = "page-test-token-0123456789"
+# Long enough for a loaded 2-core machine; every wait ends as soon as its condition holds.
+WAIT_S = 60
+# A topic name that is HTML: the page must show it as text.
+HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1">'
+RETRIED = (StaleElementReferenceException, NoSuchElementException)  # the page redraws its tables every poll
+
+
+def _state(gateway: GatewayProcess) -> dict[str, Any]:
+    request = urllib.request.Request(f"http://{gateway.http}/api/state", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def _until(what: str, condition: Callable[[], Any]) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"waited {WAIT_S} s for {what}"
+        time.sleep(0.05)
+    return found
+
+
+def _nsq_channel(gateway: GatewayProcess, topic: str, channel: str) -> dict[str, Any] | None:
+    host, port = gateway.host_port("nsq-http")
+    with urllib.request.urlopen(f"http://{host}:{port}/stats?format=json&topic={topic}", timeout=10) as reply:
+        stats = json.loads(reply.read())
+    for found in stats["topics"]:
+        for candidate in found["channels"]:
+            if found["topic_name"] == topic and candidate["channel_name"] == channel:
+                return candidate
+    return None
+
+
+def _subscribed(gateway: GatewayProcess, topic: str, channel: str) -> socket.socket:
+    client = socket.create_connection(gateway.host_port("nsq-tcp"), timeout=10)
+    client.sendall(nsq_client.magic() + nsq_client.sub(topic, channel))
+    reader = nsq_client.FrameReader()
+    while not (frames := reader.frames()):
+        reader.receive_data(client.recv(65536))
+    assert frames[0].data == b"OK"
+    return client
+
+
+def _bound(browser: WebDriver, topic: str) -> dict[str, str]:
+    """The queues the page lists for `topic`, with the protocol it says made each."""
+    items = browser.find_elements(By.CSS_SELECTOR, f'tr[data-topic="{topic}"] li[data-bound-queue]')
+    return {item.get_attribute("data-bound-queue") or "": item.find_element(By.CSS_SELECTOR, ".badge").text
+            for item in items}
+
+
+def _click(browser: WebDriver, selector: str) -> None:
+    def clicked(driver: WebDriver) -> bool:
+        driver.find_element(By.CSS_SELECTOR, selector).click()
+        return True
+
+    WebDriverWait(browser, WAIT_S, ignored_exceptions=RETRIED).until(clicked)
+
+
+def _text(browser: WebDriver, selector: str) -> str:
+    return WebDriverWait(browser, WAIT_S, ignored_exceptions=RETRIED).until(
+        lambda driver: driver.find_element(By.CSS_SELECTOR, selector).text)
+
+
+def test_the_page_shows_protocols_side_by_side_and_pauses_a_channel(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    with running_gateway("--admin-token-file", str(token_file), data_dir=tmp_path / "data") as gateway, \
+            socket.create_connection(gateway.host_port("phpmq"), timeout=10) as php:
+        php.sendall(phpmq.send(b"orders", b"one") + phpmq.send(HOSTILE.encode(), b"x"))
+        # PHPMQ publishes get no answer: the topic is PHPMQ's once the gateway shows it.
+        _until("the PHPMQ publishes", lambda: {"orders", HOSTILE} <= {t["name"] for t in _state(gateway)["topics"]})
+        with _subscribed(gateway, "orders", "billing"), chromium() as browser:
+            browser.get(f"http://{gateway.http}/")
+            wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=RETRIED)
+            token_input = wait.until(lambda driver: driver.find_element(By.ID, "token-input"))
+            wait.until(lambda driver: token_input.is_displayed())
+            token_input.send_keys(TOKEN)
+            browser.find_element(By.ID, "token-ok").click()
+
+            # The topic PHPMQ made, its PHPMQ queue next to the NSQ channel reading it.
+            wait.until(lambda driver: _bound(driver, "orders") == {"orders": "phpmq", "orders/billing": "nsq"})
+            assert _text(browser, 'tr[data-topic="orders"] td:nth-child(2)') == "phpmq"
+            assert _text(browser, 'tr[data-queue="orders/billing"] td:nth-child(2)') == "nsq"
+            assert _text(browser, 'tr[data-queue="orders/billing"] td:nth-child(8)') == "1"  # its consumer
+            wait.until(lambda driver: int(_text(driver, 'tr[data-protocol="phpmq"] td:nth-child(2)')) == 1)
+            assert _text(browser, 'tr[data-protocol="nsq"] td:nth-child(2)') == "1"
+
+            # A name that is HTML is shown as it is, and nothing of it runs.
+            names = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#topics td.name")]
+            assert HOSTILE in names
+            assert browser.find_elements(By.CSS_SELECTOR, "main img") == []
+            assert browser.execute_script("return document.body.dataset.pwned") is None
+
+            # Pause the NSQ channel through the page, confirming in its dialog.
+            assert not _nsq_channel(gateway, "orders", "billing")["paused"]  # type: ignore[index]
+            _click(browser, 'tr[data-queue="orders/billing"] button[data-action="pause"]')
+            dialog = browser.find_element(By.ID, "confirm")
+            wait.until(lambda driver: dialog.is_displayed())
+            assert dialog.find_element(By.ID, "confirm-title").text == "Pause queue orders/billing?"
+            browser.find_element(By.ID, "confirm-ok").click()
+            _until("nsqd's /stats to say the channel is paused",
+                   lambda: _nsq_channel(gateway, "orders", "billing")["paused"])  # type: ignore[index]
+            wait.until(lambda driver: "paused" in _text(driver, 'tr[data-queue="orders/billing"] td:nth-child(4)'))
+            assert [queue["paused"] for queue in _state(gateway)["queues"] if queue["name"] == "orders"] == [False]
+
+            # Cancelling the confirmation does nothing.
+            _click(browser, 'tr[data-queue="orders"] button[data-action="delete"]')
+            wait.until(lambda driver: dialog.is_displayed())
+            browser.find_element(By.ID, "confirm-cancel").click()
+            wait.until(lambda driver: not dialog.is_displayed())
+            assert "orders" in {queue["name"] for queue in _state(gateway)["queues"]}
