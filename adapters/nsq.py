@@ -58,6 +58,11 @@ TICK_TOLERANCE_S = 0.005
 READ_TIMEOUT_REASON = "client timed out: no data for two heartbeat intervals"
 # A TLS handshake gets at least this long (or one heartbeat interval, if longer).
 TLS_HANDSHAKE_TIMEOUT_S = 5.0
+# What a failed FIN, REQ or TOUCH says after `<id> failed ` (nsqd's channel.go errors).
+ACK_FAILED_TEXT: dict[Outcome, bytes] = {
+    Outcome.NOT_IN_FLIGHT: b"ID not in flight",
+    Outcome.NOT_OWNED: b"client does not own message",
+}
 
 
 def queue_name(topic: str, channel: str) -> str:
@@ -526,7 +531,7 @@ class NSQSession(StreamSession):
 
     def _ack_failed(self, name: bytes, code: str, raw_id: bytes, outcome: Outcome) -> None:
         # nsqd: `E_FIN_FAILED FIN <id> failed ID not in flight` (non-fatal, docs/protocols/nsq.md).
-        self._send_error(nsq.non_fatal(code, name + b" " + raw_id + b" failed " + outcome.value.encode()))
+        self._send_error(nsq.non_fatal(code, name + b" " + raw_id + b" failed " + ACK_FAILED_TEXT[outcome]))
 
     def _fin(self, command: nsq.Fin) -> None:
         self._finish([command.msg_id])

@@ -33,9 +33,11 @@ from polymq.core.timers import Timer, TimerService
 
 
 class Outcome(enum.Enum):
-    OK = "ok"
-    NOT_IN_FLIGHT = "ID not in flight"
-    NOT_OWNED = "client does not own message"
+    """What an acknowledgement by id came to; each adapter says it in its own protocol's words."""
+
+    OK = enum.auto()
+    NOT_IN_FLIGHT = enum.auto()  # no delivery of that id is in flight in the queue
+    NOT_OWNED = enum.auto()  # in flight, but held by another consumer
 
 
 class CreditMode(enum.Enum):
