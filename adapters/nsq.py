@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import socket
 import ssl
@@ -67,6 +68,15 @@ ACK_FAILED_TEXT: dict[Outcome, bytes] = {
 
 def queue_name(topic: str, channel: str) -> str:
     return f"{topic}/{channel}"
+
+
+def sampler(sample_rate: int) -> Callable[[Message], bool] | None:
+    """IDENTIFY's sample_rate (1 to 99) as the consumer's filter; 0 is none. nsqd's messagePump skips a
+    message when `rand.Int31n(100) > sampleRate`: that client never gets it, and the channel loses it."""
+    if not sample_rate:
+        return None
+    draw = random.randrange
+    return lambda message: draw(100) <= sample_rate
 
 
 @attrs.define(slots=True)
@@ -506,7 +516,7 @@ class NSQSession(StreamSession):
             credit=0,
             msg_timeout=self.msg_timeout,
             max_msg_timeout=self.limits.max_msg_timeout_ms / 1000,
-            sample_rate=self.sample_rate,
+            accept=sampler(self.sample_rate),
             on_close=self.close,
             tag=self,
         )

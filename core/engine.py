@@ -18,7 +18,6 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
-import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -46,6 +45,8 @@ class CreditMode(enum.Enum):
 
 
 Deliver = Callable[[Message], None]
+# A consumer's filter: a copy it refuses leaves the queue without being delivered (see `Engine.attach`).
+Accept = Callable[[Message], bool]
 
 # A queue's dead letters go to the topic of this name (docs/architecture.md): the queue's name with
 # `/` (an NSQ channel's `topic/channel`) written as `.`, so NSQ clients can read it too.
@@ -100,9 +101,9 @@ class CreditPool:
 class Consumer:
     """A session attached to one queue."""
 
-    __slots__ = ("auto_ack", "closed", "credit", "deliver", "finish_count", "in_flight", "in_ring",
+    __slots__ = ("accept", "auto_ack", "closed", "credit", "deliver", "finish_count", "in_flight", "in_ring",
                  "max_msg_timeout", "message_count", "mode", "msg_timeout", "on_close", "outstanding", "pool",
-                 "priority", "queue", "requeue_count", "retry_first", "sample_rate", "tag", "timeout_count", "timer")
+                 "priority", "queue", "requeue_count", "retry_first", "tag", "timeout_count", "timer")
 
     def __init__(
         self,
@@ -114,12 +115,12 @@ class Consumer:
         auto_ack: bool,
         msg_timeout: float | None,
         max_msg_timeout: float | None,
-        sample_rate: int,
         on_close: Callable[[str], None] | None,
         tag: Any,
         retry_first: bool = False,
         pool: CreditPool | None = None,
         priority: int = 0,
+        accept: Accept | None = None,
     ) -> None:
         self.queue = queue
         # Tokens shared with other consumers (their deliveries spend them too); replaces `credit`.
@@ -138,7 +139,8 @@ class Consumer:
         self.auto_ack = auto_ack
         self.msg_timeout = msg_timeout
         self.max_msg_timeout = max_msg_timeout
-        self.sample_rate = sample_rate
+        # None (the rule): every copy is for it. Else called once per copy about to be delivered.
+        self.accept = accept
         self.on_close = on_close
         self.tag = tag  # whatever the adapter wants to find its session by
         self.in_flight: dict[int, Message] = {}  # ordered by deadline (see `touch`)
@@ -402,9 +404,9 @@ class Queue:
                 if log is not None:
                     log.removed(message)
                 continue
-            if consumer.sample_rate and random.randrange(100) > consumer.sample_rate:
-                # NSQ sample_rate: a message outside the sample is dropped for this channel
-                # (never sent, so not counted as a delivery: nsqd's messagePump).
+            accept = consumer.accept
+            if accept is not None and not accept(message):
+                # Refused: gone from the queue, never delivered, so not counted as a delivery.
                 if log is not None:
                     log.removed(message)
                 continue
@@ -1047,18 +1049,21 @@ class Engine:
         auto_ack: bool = False,
         msg_timeout: float | None = None,
         max_msg_timeout: float | None = None,
-        sample_rate: int = 0,
         on_close: Callable[[str], None] | None = None,
         tag: Any = None,
         retry_first: bool = False,
         pool: CreditPool | None = None,
         priority: int = 0,
+        accept: Accept | None = None,
     ) -> Consumer:
+        """A consumer of the queue. `accept`, when given, is asked about each copy about to be delivered
+        to it (it must not call the engine): a copy it refuses is dropped from the queue, neither
+        delivered nor kept (NSQ's sample_rate: a channel client sees a sample, the rest is lost)."""
         queue = self.queues[queue_name]
         consumer = Consumer(queue, deliver, credit=credit, mode=mode, auto_ack=auto_ack,
                             msg_timeout=msg_timeout, max_msg_timeout=max_msg_timeout,
-                            sample_rate=sample_rate, on_close=on_close, tag=tag, retry_first=retry_first,
-                            pool=pool, priority=priority)
+                            on_close=on_close, tag=tag, retry_first=retry_first,
+                            pool=pool, priority=priority, accept=accept)
         queue._attach(consumer)
         return consumer
 

@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 
+from polymq.adapters.nsq import sampler
 from polymq.core import records
 from polymq.core.clock import ManualClock
 from polymq.core.disk_io import FileWriter
 from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import AUTO_DELETE_EMPTY_OPTION, Consumer, CreditMode, CreditPool, Engine, Message, Outcome
+
+from support.sync_store import Store
 
 
 class Recorder:
@@ -1137,13 +1140,51 @@ def test_empty_publish_many_does_not_hand_out_an_id_that_is_used_later() -> None
     assert second != first
 
 
-# -- sample_rate --------------------------------------------------------------------------------
+# -- a consumer's accept filter, and NSQ's sample_rate through it ------------------------------------
+
+
+def test_a_copy_the_consumer_refuses_leaves_the_queue_undelivered_and_uncounted(tmp_path: Path) -> None:
+    clock = ManualClock()
+    store = Store(tmp_path, clock, mem_queue_size=10_000)
+    engine = store.engine
+    engine.ensure_queue("q")
+    engine.bind("q", "q")
+    asked: list[bytes] = []
+
+    def odd_only(message: Message) -> bool:
+        asked.append(message.body)
+        return int(message.body) % 2 == 1
+
+    consumer, got = attach(engine, "q", credit=10, accept=odd_only)
+    pub(engine, "q", *(str(n).encode() for n in range(6)))
+    assert asked == [b"0", b"1", b"2", b"3", b"4", b"5"]
+    assert got.log == [(b"1", 1), (b"3", 1), (b"5", 1)]
+    queue = engine.queue("q")
+    assert queue is not None and queue.depth == 0 and queue.in_flight.keys() == consumer.in_flight.keys()
+    assert consumer.message_count == 3
+    for message in got.messages:
+        consumer.finish(message.id)
+    other, got_other = attach(engine, "q", credit=10)  # no filter: nothing refused was kept for it
+    assert got_other.log == [] and other.message_count == 0
+    store.close()
+    store = Store(tmp_path, clock, mem_queue_size=10_000)  # nor written as still there
+    assert store.queue("q").depth == 0
+    store.close()
+
+
+def test_without_a_filter_every_copy_is_delivered() -> None:
+    engine, _ = make()
+    consumer, got = sub(engine, "t", "c", credit=100)
+    assert consumer.accept is None
+    pub(engine, "t", *bodies("m", 50))
+    assert got.bodies == bodies("m", 50)
 
 
 def test_sample_rate_zero_delivers_all_and_99_delivers_all() -> None:
     engine, _ = make()
-    _off, got_off = sub(engine, "t", "c0", credit=1000, sample_rate=0)
-    _high, got_high = sub(engine, "t", "c99", credit=1000, sample_rate=99)
+    assert sampler(0) is None
+    _off, got_off = sub(engine, "t", "c0", credit=1000, accept=sampler(0))
+    _high, got_high = sub(engine, "t", "c99", credit=1000, accept=sampler(99))
     pub(engine, "t", *bodies("m", 500))
     assert got_off.bodies == bodies("m", 500)
     assert got_high.bodies == bodies("m", 500)
@@ -1152,7 +1193,7 @@ def test_sample_rate_zero_delivers_all_and_99_delivers_all() -> None:
 def test_sample_rate_one_keeps_a_small_sample_and_counts_only_deliveries() -> None:
     random.seed(1234)
     engine, _ = make()
-    consumer, got = sub(engine, "t", "c", credit=10_000, sample_rate=1)
+    consumer, got = sub(engine, "t", "c", credit=10_000, accept=sampler(1))
     pub(engine, "t", *bodies("m", 2000))
     assert 0 < len(got.log) < 100  # about 2 %
     assert all(attempts == 1 for _, attempts in got.log)
