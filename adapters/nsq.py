@@ -7,10 +7,10 @@ output buffering (docs/protocols/nsq.md): they are flushed when the buffer fills
 client's in-flight count reaches its RDY, or when `output_buffer_timeout` passes. Heartbeats are
 sent every `heartbeat_interval`, and a client that says nothing for two intervals is closed.
 
-Topic `t` is engine topic `t`; channel `c` of topic `t` is engine queue `t/c` bound to `t`
-(docs/architecture.md). Unlike nsqd, a disconnected consumer's in-flight messages return to the
-channel at once instead of after their timeout: nobody can FIN them any more, and the
-redelivery is sooner.
+Topic `t` is engine topic `t`; channel `c` of topic `t` is engine queue `t/c`, bound to `t` and
+owned by it, whose dead letters go to topic `t.c.dead` (docs/architecture.md). Unlike nsqd, a
+disconnected consumer's in-flight messages return to the channel at once instead of after their
+timeout: nobody can FIN them any more, and the redelivery is sooner.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from polymq.codecs.compression import (
     SnappyCompressor,
     SnappyDecompressor,
 )
-from polymq.core.engine import Consumer, Engine, Message, Outcome
+from polymq.core.engine import DEAD_LETTER_SUFFIX, DEAD_LETTER_TOPIC_OPTION, Consumer, Engine, Message, Outcome, Queue
 from polymq.core.timers import Timer
 
 ORIGIN = "nsq"  # the protocol the engine keeps with what comes in here
@@ -68,6 +68,41 @@ ACK_FAILED_TEXT: dict[Outcome, bytes] = {
 
 def queue_name(topic: str, channel: str) -> str:
     return f"{topic}/{channel}"
+
+
+def dead_letter_topic(queue: str) -> str:
+    """Where channel `t/c`'s dead letters go: `t.c.dead`, a topic NSQ clients can SUB to (no `/` in NSQ names)."""
+    return queue.replace("/", ".") + DEAD_LETTER_SUFFIX
+
+
+def ensure_channel(engine: Engine, topic: str, channel: str) -> Queue:
+    """Channel `c` of topic `t`: the queue `t/c`, owned by `t` (deleting `t` deletes it) and bound to it,
+    made if missing. The topic is the caller's to make first (it may be ephemeral)."""
+    name = queue_name(topic, channel)
+    queue = engine.ensure_queue(name, ephemeral=nsq.is_ephemeral(channel), owner=topic,
+                                options={DEAD_LETTER_TOPIC_OPTION: dead_letter_topic(name)})
+    engine.bind(name, topic)
+    return queue
+
+
+def claim_channels(engine: Engine) -> int:
+    """Stores written before queue records kept an owner hold NSQ channels without one: a restored
+    queue named `t/…` and bound to `t` is one (deleting `t` deleted such queues then), so `t` becomes
+    its owner and its dead letters keep going to `t.c.dead`. A queue whose record has an owner, or
+    none on purpose, is left alone. Returns how many were claimed."""
+    claimed = 0
+    for queue in list(engine.queues.values()):
+        if queue.owner_recorded:
+            continue
+        topic = next((name for name in queue.topics if queue.name.startswith(name + "/")), None)
+        if topic is None:
+            continue
+        if DEAD_LETTER_TOPIC_OPTION not in queue.options:
+            engine.configure_queue(queue, auto_delete=queue.auto_delete,
+                                   options={DEAD_LETTER_TOPIC_OPTION: dead_letter_topic(queue.name)})
+        engine.set_owner(queue, topic)
+        claimed += 1
+    return claimed
 
 
 def sampler(sample_rate: int) -> Callable[[Message], bool] | None:
@@ -127,6 +162,10 @@ class NSQServer(Listener):
         self.http_port = 0
         self.start_time = int(time.time())
         self.hostname = socket.gethostname()
+        # Made right after the engine's restore, before any client or other protocol acts on it.
+        claimed = claim_channels(engine)
+        if claimed:
+            log.info("%d channels of a store written before queues kept their topic: now owned by it", claimed)
 
     @property
     def auth_enabled(self) -> bool:
@@ -506,12 +545,10 @@ class NSQSession(StreamSession):
     def _subscribe(self, command: nsq.Sub) -> None:
         engine = self.engine
         engine.ensure_topic(command.topic, ephemeral=nsq.is_ephemeral(command.topic))
-        name = queue_name(command.topic, command.channel)
-        engine.ensure_queue(name, ephemeral=nsq.is_ephemeral(command.channel))
-        engine.bind(name, command.topic)
+        queue = ensure_channel(engine, command.topic, command.channel)
         self.topic, self.channel = command.topic, command.channel
         self.consumer = engine.attach(
-            name,
+            queue.name,
             self._deliver,
             credit=0,
             msg_timeout=self.msg_timeout,

@@ -48,9 +48,13 @@ Deliver = Callable[[Message], None]
 # A consumer's filter: a copy it refuses leaves the queue without being delivered (see `Engine.attach`).
 Accept = Callable[[Message], bool]
 
-# A queue's dead letters go to the topic of this name (docs/architecture.md): the queue's name with
-# `/` (an NSQ channel's `topic/channel`) written as `.`, so NSQ clients can read it too.
+# A queue's dead letters go to the topic `<queue>` + this, unless its DEAD_LETTER_TOPIC_OPTION names
+# another (docs/architecture.md).
 DEAD_LETTER_SUFFIX = ".dead"
+# Queue option: the topic its dead letters go to, for an adapter whose protocol names them otherwise.
+DEAD_LETTER_TOPIC_OPTION = "dead_letter_topic"
+# Where the store's record of a queue keeps `Queue.owner` (beside its options, as "auto_delete").
+OWNER_RECORD_KEY = "owner_topic"
 # Headers a dead letter carries besides its own: where it came from and why.
 DEAD_LETTER_QUEUE_HEADER = "dead_letter_queue"
 DEAD_LETTER_REASON_HEADER = "dead_letter_reason"
@@ -64,10 +68,6 @@ STREAM_COMMITTED_OPTION = "stream_committed"
 # in flight), and its own topic with it when nothing else is bound to that or waits in it (PHPMQ's
 # queues: the original keeps no empty queue).
 AUTO_DELETE_EMPTY_OPTION = "auto_delete_empty"
-
-
-def dead_letter_topic(queue_name: str) -> str:
-    return queue_name.replace("/", ".") + DEAD_LETTER_SUFFIX
 
 
 # Spilled copies read back from disk at a time when a queue's memory runs dry.
@@ -227,10 +227,16 @@ class Queue:
     """A named, ordered store with competing consumers, bound to one or more topics."""
 
     def __init__(self, engine: Engine, name: str, *, ephemeral: bool, auto_delete: float | None,
-                 options: Mapping[str, Any] | None) -> None:
+                 options: Mapping[str, Any] | None, owner: str | None = None) -> None:
         self.engine = engine
         self.name = name
         self.ephemeral = ephemeral
+        # The topic this queue belongs to, if any: deleting that topic deletes the queue, where it
+        # only unbinds the other queues bound to it. The adapter that makes a queue says so.
+        self.owner = owner
+        # False for a queue restored from a record written before records kept the owner: its
+        # adapter may tell by its own naming (`Engine.set_owner`).
+        self.owner_recorded = True
         # Seconds to wait after the last consumer leaves before deleting; None = keep forever.
         self.auto_delete = 0.0 if ephemeral and auto_delete is None else auto_delete
         self.options: dict[str, Any] = dict(options or {})
@@ -256,7 +262,7 @@ class Queue:
         self.requeue_count = 0
         self.timeout_count = 0
         self.expired_count = 0  # copies whose TTL ran out before a delivery
-        self.dead_letter_count = 0  # copies moved to `dead_letter_topic(name)`
+        self.dead_letter_count = 0  # copies moved to `dead_letter_topic`
 
     @property
     def durable(self) -> bool:
@@ -266,6 +272,10 @@ class Queue:
     def max_attempts(self) -> int:
         """Deliveries after which a message coming back is dead-lettered instead; 0 = no limit."""
         return int(self.options.get(MAX_ATTEMPTS_OPTION) or 0)
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return str(self.options.get(DEAD_LETTER_TOPIC_OPTION) or self.name + DEAD_LETTER_SUFFIX)
 
     @property
     def depth(self) -> int:
@@ -603,7 +613,7 @@ class Queue:
         return Outcome.OK
 
     def _dead_letter(self, message: Message, reason: str) -> None:
-        """The copy leaves this queue for `dead_letter_topic(name)`: an ordinary topic any protocol reads
+        """The copy leaves this queue for `dead_letter_topic`: an ordinary topic any protocol reads
         (its first queue gets what waited there). It keeps its id, body and headers, and says whence and why."""
         if self.log is not None:
             self.log.removed(message)
@@ -612,7 +622,7 @@ class Queue:
         headers[DEAD_LETTER_QUEUE_HEADER] = self.name
         headers[DEAD_LETTER_REASON_HEADER] = reason
         engine = self.engine
-        name = dead_letter_topic(self.name)
+        name = self.dead_letter_topic
         letter = Message(message.id, message.body, message.timestamp_ns, headers, None, 0, name, message.origin)
         engine._publish_messages(engine.ensure_topic(name, ephemeral=self.ephemeral), [letter])
 
@@ -886,13 +896,13 @@ class Engine:
         return topic
 
     def delete_topic(self, name: str) -> bool:
-        """Delete a topic; queues named `<topic>/…` (its NSQ channels) go with it, others are unbound."""
+        """Delete a topic; the queues bound to it that it owns (`Queue.owner`) go with it, others are unbound."""
         topic = self.topics.pop(name, None)
         if topic is None:
             return False
         topic.deleted = True
         for queue in list(topic.queues):
-            if queue.name.startswith(name + "/"):
+            if queue.owner == name:
                 self.delete_queue(queue.name)
             else:
                 self.unbind(queue.name, name)
@@ -917,10 +927,12 @@ class Engine:
         ephemeral: bool = False,
         auto_delete: float | None = None,
         options: Mapping[str, Any] | None = None,
+        owner: str | None = None,
     ) -> Queue:
+        """The queue `name`, made if missing with these settings (`owner`: the topic it belongs to)."""
         queue = self.queues.get(name)
         if queue is None:
-            queue = Queue(self, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options)
+            queue = Queue(self, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options, owner=owner)
             self.queues[name] = queue
             if not ephemeral and self.storage.persistent:
                 queue.log = self.storage.open_queue(name, queue.topics, queue.paused, self._queue_options(queue))
@@ -932,13 +944,20 @@ class Engine:
         queue.options.update(options)
         self._save_queue(queue)
 
+    def set_owner(self, queue: Queue, owner: str | None) -> None:
+        """Record the topic `queue` belongs to (None: none), for a queue whose record had no owner."""
+        queue.owner = owner
+        queue.owner_recorded = True
+        self._save_queue(queue)
+
     def _save_queue(self, queue: Queue) -> None:
         if queue.durable:
             self.storage.queue_saved(queue.name, queue.topics, queue.paused, self._queue_options(queue))
 
     @staticmethod
     def _queue_options(queue: Queue) -> dict[str, Any]:
-        return {"auto_delete": queue.auto_delete, **queue.options}
+        # The owner is written even when None: a record without it predates owners (`owner_recorded`).
+        return {"auto_delete": queue.auto_delete, OWNER_RECORD_KEY: queue.owner, **queue.options}
 
     def bind(self, queue_name: str, topic_name: str, *, ephemeral_topic: bool = False) -> Queue:
         queue = self.queues[queue_name]
@@ -1171,7 +1190,10 @@ class Engine:
         for stored in snapshot.queues:
             options = dict(stored.options)
             auto_delete = options.pop("auto_delete", None)
-            queue = Queue(self, stored.name, ephemeral=False, auto_delete=auto_delete, options=options)
+            recorded = OWNER_RECORD_KEY in options
+            queue = Queue(self, stored.name, ephemeral=False, auto_delete=auto_delete,
+                          owner=options.pop(OWNER_RECORD_KEY, None), options=options)
+            queue.owner_recorded = recorded
             queue.paused = stored.paused
             queue.log = stored.log
             queue.log.on_readable = queue._on_readable

@@ -13,12 +13,21 @@ from typing import Any
 
 import pytest
 
-from polymq.adapters.nsq import sampler
+from polymq.adapters.nsq import ensure_channel, sampler
 from polymq.core import records
 from polymq.core.clock import ManualClock
 from polymq.core.disk_io import FileWriter
 from polymq.core.disk_storage import DiskStorage
-from polymq.core.engine import AUTO_DELETE_EMPTY_OPTION, Consumer, CreditMode, CreditPool, Engine, Message, Outcome
+from polymq.core.engine import (
+    AUTO_DELETE_EMPTY_OPTION,
+    DEAD_LETTER_TOPIC_OPTION,
+    Consumer,
+    CreditMode,
+    CreditPool,
+    Engine,
+    Message,
+    Outcome,
+)
 
 from support.sync_store import Store
 
@@ -61,11 +70,10 @@ def advance(engine: Engine, clock: ManualClock, seconds: float) -> int:
 
 
 def sub(engine: Engine, topic: str, channel: str, **options: Any) -> tuple[Consumer, Recorder]:
-    """NSQ-style: queue `topic/channel` bound to `topic`, one consumer attached."""
-    name = f"{topic}/{channel}"
-    engine.ensure_queue(name, ephemeral=channel.endswith("#ephemeral"))
-    engine.bind(name, topic, ephemeral_topic=topic.endswith("#ephemeral"))
-    return attach(engine, name, **options)
+    """NSQ's way (adapters/nsq.py): queue `topic/channel`, owned by `topic` and bound to it, one consumer attached."""
+    engine.ensure_topic(topic, ephemeral=topic.endswith("#ephemeral"))
+    queue = ensure_channel(engine, topic, channel)
+    return attach(engine, queue.name, **options)
 
 
 def attach(engine: Engine, queue: str, **options: Any) -> tuple[Consumer, Recorder]:
@@ -938,6 +946,21 @@ def test_delete_topic_deletes_its_channels_and_unbinds_other_queues() -> None:
     assert got_other.bodies == [b"b"]
 
 
+def test_delete_topic_deletes_the_queues_it_owns_and_only_those_whatever_their_names() -> None:
+    engine, _ = make()
+    engine.ensure_queue("jobs", owner="t")
+    engine.ensure_queue("t/stranger")  # named like a channel of "t", but nobody said "t" owns it
+    engine.set_bindings("jobs", ["t", "u"])
+    engine.bind("t/stranger", "t")
+    engine.ensure_queue("u-owned", owner="u")
+    engine.bind("u-owned", "t")  # owned by another topic: only unbound from this one
+    assert engine.delete_topic("t") is True
+    assert engine.queue("jobs") is None
+    stranger, u_owned = engine.queue("t/stranger"), engine.queue("u-owned")
+    assert stranger is not None and stranger.topics == [] and stranger.owner is None
+    assert u_owned is not None and u_owned.topics == [] and u_owned.owner == "u"
+
+
 def test_delete_topic_keeps_a_channel_of_another_topic_with_a_similar_name() -> None:
     engine, _ = make()
     sub(engine, "t", "c")
@@ -1624,6 +1647,23 @@ def test_max_attempts_dead_letters_a_message_that_keeps_coming_back(how: str) ->
     _, letters = attach(engine, "Foo.dead", credit=5)
     assert letters.bodies == [b"flaky"]
     assert letters.messages[0].headers == {"dead_letter_queue": "Foo", "dead_letter_reason": "max attempts"}
+
+
+def test_dead_letters_go_to_the_queue_name_dot_dead_unless_the_queue_names_their_topic() -> None:
+    engine, _ = make()
+    engine.ensure_queue("a/b")
+    engine.ensure_queue("c", options={DEAD_LETTER_TOPIC_OPTION: "graveyard"})
+    keys = {}
+    for name in ("a/b", "c"):
+        engine.bind(name, name)
+        attach(engine, name, credit=1)
+        [keys[name]] = pub(engine, name, b"x")
+    a_b, c = engine.queue("a/b"), engine.queue("c")
+    assert a_b is not None and c is not None
+    assert a_b.dead_letter_topic == "a/b.dead" and c.dead_letter_topic == "graveyard"
+    assert a_b.dead_letter(keys["a/b"]) is Outcome.OK and c.dead_letter(keys["c"]) is Outcome.OK
+    assert {name: topic.depth for name, topic in engine.topics.items()} == {"a/b": 0, "c": 0, "a/b.dead": 1,
+                                                                            "graveyard": 1}
 
 
 def test_an_nsq_channel_dead_letters_to_a_topic_nsq_can_subscribe_to() -> None:
