@@ -1077,6 +1077,29 @@ def test_sigterm_keeps_in_flight_messages_and_pause_state(tmp_path: Path) -> Non
             conn.expect_nothing(0.3)  # still paused: nothing delivered
 
 
+def test_a_gateway_on_a_data_dir_without_owners_deletes_the_nsq_channels_with_their_topic(
+        open_store: Callable[..., Store], data_dir: Path) -> None:
+    store = open_store()
+    engine = store.engine
+    engine.ensure_topic("legacy")
+    ensure_channel(engine, "legacy", "c")
+    engine.ensure_queue("q")  # another protocol's queue bound to the topic
+    engine.bind("q", "legacy")
+    publish_each(engine, "legacy", [b"old"])
+    store.close()
+    _forget_owners(data_dir)
+
+    with running_gateway(data_dir=data_dir) as gateway:
+        stats = channel_stats(gateway, "legacy")
+        assert set(stats) == {"", "c", "q"} and (stats["c"]["depth"], stats["q"]["depth"]) == (1, 1)
+        assert http_request(gateway, "POST", "/topic/delete?topic=legacy") == (200, b"")
+        assert gateway.stop(signal.SIGTERM) == 0
+
+    store = open_store()
+    assert set(store.engine.queues) == {"q"} and "legacy" not in store.engine.topics
+    assert store.queue("q").topics == [] and bodies(store.engine, "q") == [b"old"]
+
+
 def test_gateway_starts_on_damaged_files(tmp_path: Path) -> None:
     """Damage written into a real gateway's files: it starts, says what it skipped, delivers every intact message."""
     data_dir = tmp_path / "data"
