@@ -79,7 +79,7 @@ def ensure_channel(engine: Engine, topic: str, channel: str) -> Queue:
     """Channel `c` of topic `t`: the queue `t/c`, owned by `t` (deleting `t` deletes it) and bound to it,
     made if missing. The topic is the caller's to make first (it may be ephemeral)."""
     name = queue_name(topic, channel)
-    queue = engine.ensure_queue(name, ephemeral=nsq.is_ephemeral(channel), owner=topic,
+    queue = engine.ensure_queue(name, ephemeral=nsq.is_ephemeral(channel), owner_topic=topic,
                                 options={DEAD_LETTER_TOPIC_OPTION: dead_letter_topic(name)})
     engine.bind(name, topic)
     return queue
@@ -92,7 +92,7 @@ def claim_channels(engine: Engine) -> int:
     none on purpose, is left alone. Returns how many were claimed."""
     claimed = 0
     for queue in list(engine.queues.values()):
-        if queue.owner_recorded:
+        if queue.owner_topic_recorded:
             continue
         topic = next((name for name in queue.topics if queue.name.startswith(name + "/")), None)
         if topic is None:
@@ -100,7 +100,7 @@ def claim_channels(engine: Engine) -> int:
         if DEAD_LETTER_TOPIC_OPTION not in queue.options:
             engine.configure_queue(queue, auto_delete=queue.auto_delete,
                                    options={DEAD_LETTER_TOPIC_OPTION: dead_letter_topic(queue.name)})
-        engine.set_owner(queue, topic)
+        engine.set_owner_topic(queue, topic)
         claimed += 1
     return claimed
 

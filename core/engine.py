@@ -58,7 +58,7 @@ def _accept_all(message: Message) -> bool:
 DEAD_LETTER_SUFFIX = ".dead"
 # Queue option: the topic its dead letters go to, for an adapter whose protocol names them otherwise.
 DEAD_LETTER_TOPIC_OPTION = "dead_letter_topic"
-# Where the store's record of a queue keeps `Queue.owner` (beside its options, as "auto_delete").
+# Where the store's record of a queue keeps `Queue.owner_topic` (beside its options, as "auto_delete").
 OWNER_RECORD_KEY = "owner_topic"
 # Headers a dead letter carries besides its own: where it came from and why.
 DEAD_LETTER_QUEUE_HEADER = "dead_letter_queue"
@@ -234,16 +234,16 @@ class Queue:
     """A named, ordered store with competing consumers, bound to one or more topics."""
 
     def __init__(self, engine: Engine, name: str, *, ephemeral: bool, auto_delete: float | None,
-                 options: Mapping[str, Any] | None, owner: str | None = None) -> None:
+                 options: Mapping[str, Any] | None, owner_topic: str | None = None) -> None:
         self.engine = engine
         self.name = name
         self.ephemeral = ephemeral
         # The topic this queue belongs to, if any: deleting that topic deletes the queue, where it
         # only unbinds the other queues bound to it. The adapter that makes a queue says so.
-        self.owner = owner
+        self.owner_topic = owner_topic
         # False for a queue restored from a record written before records kept the owner: its
-        # adapter may tell by its own naming (`Engine.set_owner`).
-        self.owner_recorded = True
+        # adapter may tell by its own naming (`Engine.set_owner_topic`).
+        self.owner_topic_recorded = True
         # Seconds to wait after the last consumer leaves before deleting; None = keep forever.
         self.auto_delete = 0.0 if ephemeral and auto_delete is None else auto_delete
         self.options: dict[str, Any] = dict(options or {})
@@ -902,13 +902,13 @@ class Engine:
         return topic
 
     def delete_topic(self, name: str) -> bool:
-        """Delete a topic; the queues bound to it that it owns (`Queue.owner`) go with it, others are unbound."""
+        """Delete a topic; the queues bound to it that it owns (`Queue.owner_topic`) go with it, others are unbound."""
         topic = self.topics.pop(name, None)
         if topic is None:
             return False
         topic.deleted = True
         for queue in list(topic.queues):
-            if queue.owner == name:
+            if queue.owner_topic == name:
                 self.delete_queue(queue.name)
             else:
                 self.unbind(queue.name, name)
@@ -933,12 +933,13 @@ class Engine:
         ephemeral: bool = False,
         auto_delete: float | None = None,
         options: Mapping[str, Any] | None = None,
-        owner: str | None = None,
+        owner_topic: str | None = None,
     ) -> Queue:
-        """The queue `name`, made if missing with these settings (`owner`: the topic it belongs to)."""
+        """The queue `name`, made if missing with these settings (`owner_topic`: the topic it belongs to)."""
         queue = self.queues.get(name)
         if queue is None:
-            queue = Queue(self, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options, owner=owner)
+            queue = Queue(self, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options,
+                          owner_topic=owner_topic)
             self.queues[name] = queue
             if not ephemeral and self.storage.persistent:
                 queue.log = self.storage.open_queue(name, queue.topics, queue.paused, self._queue_options(queue))
@@ -950,10 +951,10 @@ class Engine:
         queue.options.update(options)
         self._save_queue(queue)
 
-    def set_owner(self, queue: Queue, owner: str | None) -> None:
+    def set_owner_topic(self, queue: Queue, owner_topic: str | None) -> None:
         """Record the topic `queue` belongs to (None: none), for a queue whose record had no owner."""
-        queue.owner = owner
-        queue.owner_recorded = True
+        queue.owner_topic = owner_topic
+        queue.owner_topic_recorded = True
         self._save_queue(queue)
 
     def _save_queue(self, queue: Queue) -> None:
@@ -962,8 +963,8 @@ class Engine:
 
     @staticmethod
     def _queue_options(queue: Queue) -> dict[str, Any]:
-        # The owner is written even when None: a record without it predates owners (`owner_recorded`).
-        return {"auto_delete": queue.auto_delete, OWNER_RECORD_KEY: queue.owner, **queue.options}
+        # The owner is written even when None: a record without it predates owners (`owner_topic_recorded`).
+        return {"auto_delete": queue.auto_delete, OWNER_RECORD_KEY: queue.owner_topic, **queue.options}
 
     def bind(self, queue_name: str, topic_name: str, *, ephemeral_topic: bool = False) -> Queue:
         queue = self.queues[queue_name]
@@ -1198,8 +1199,8 @@ class Engine:
             auto_delete = options.pop("auto_delete", None)
             recorded = OWNER_RECORD_KEY in options
             queue = Queue(self, stored.name, ephemeral=False, auto_delete=auto_delete,
-                          owner=options.pop(OWNER_RECORD_KEY, None), options=options)
-            queue.owner_recorded = recorded
+                          owner_topic=options.pop(OWNER_RECORD_KEY, None), options=options)
+            queue.owner_topic_recorded = recorded
             queue.paused = stored.paused
             queue.log = stored.log
             queue.log.on_readable = queue._on_readable

@@ -666,7 +666,7 @@ class NsqHttpApi:
         if isinstance(found, Response):
             return found
         topic, queue = found
-        if queue.owner == topic.name:
+        if queue.owner_topic == topic.name:
             self.engine.delete_queue(queue.name)
         else:
             # A queue of another protocol bound to this topic: leave it, just stop the copies.

@@ -948,17 +948,17 @@ def test_delete_topic_deletes_its_channels_and_unbinds_other_queues() -> None:
 
 def test_delete_topic_deletes_the_queues_it_owns_and_only_those_whatever_their_names() -> None:
     engine, _ = make()
-    engine.ensure_queue("jobs", owner="t")
+    engine.ensure_queue("jobs", owner_topic="t")
     engine.ensure_queue("t/stranger")  # named like a channel of "t", but nobody said "t" owns it
     engine.set_bindings("jobs", ["t", "u"])
     engine.bind("t/stranger", "t")
-    engine.ensure_queue("u-owned", owner="u")
+    engine.ensure_queue("u-owned", owner_topic="u")
     engine.bind("u-owned", "t")  # owned by another topic: only unbound from this one
     assert engine.delete_topic("t") is True
     assert engine.queue("jobs") is None
     stranger, u_owned = engine.queue("t/stranger"), engine.queue("u-owned")
-    assert stranger is not None and stranger.topics == [] and stranger.owner is None
-    assert u_owned is not None and u_owned.topics == [] and u_owned.owner == "u"
+    assert stranger is not None and stranger.topics == [] and stranger.owner_topic is None
+    assert u_owned is not None and u_owned.topics == [] and u_owned.owner_topic == "u"
 
 
 def test_delete_topic_keeps_a_channel_of_another_topic_with_a_similar_name() -> None:

@@ -547,7 +547,7 @@ def test_a_queue_owner_and_dead_letter_topic_come_back(open_store: Callable[...,
     engine = store.engine
     engine.ensure_topic("t")
     ensure_channel(engine, "t", "c")  # NSQ's channel: owned by "t", dead letters to "t.c.dead"
-    engine.ensure_queue("jobs", owner="t", options={"max_attempts": 2})
+    engine.ensure_queue("jobs", owner_topic="t", options={"max_attempts": 2})
     engine.bind("jobs", "t")
     engine.ensure_queue("t/other")  # named like a channel, owned by nobody
     engine.bind("t/other", "t")
@@ -557,7 +557,7 @@ def test_a_queue_owner_and_dead_letter_topic_come_back(open_store: Callable[...,
     store = open_store()
     engine = store.engine
     channel, jobs, other = store.queue("t/c"), store.queue("jobs"), store.queue("t/other")
-    assert [(q.owner, q.owner_recorded, q.dead_letter_topic) for q in (channel, jobs, other)] == [
+    assert [(q.owner_topic, q.owner_topic_recorded, q.dead_letter_topic) for q in (channel, jobs, other)] == [
         ("t", True, "t.c.dead"), ("t", True, "jobs.dead"), (None, True, "t/other.dead")]
     assert (channel.options, jobs.options, other.options) == (
         {DEAD_LETTER_TOPIC_OPTION: "t.c.dead"}, {"max_attempts": 2}, {})
@@ -598,12 +598,12 @@ def test_nsq_channels_of_a_store_without_owners_are_claimed_once(open_store: Cal
     store = open_store()
     engine = store.engine
     channel = store.queue("t/c")
-    assert [(store.queue(name).owner, store.queue(name).owner_recorded) for name in ("t/c", "q", "Foo")] == [
-        (None, False), (None, False), (None, False)]
+    owners = [(store.queue(name).owner_topic, store.queue(name).owner_topic_recorded) for name in ("t/c", "q", "Foo")]
+    assert owners == [(None, False), (None, False), (None, False)]
     assert channel.dead_letter_topic == "t/c.dead"
     NSQServer(engine, ServerLimits())  # the gateway makes it right after the restore
-    assert (channel.owner, channel.owner_recorded, channel.dead_letter_topic) == ("t", True, "t.c.dead")
-    assert [(store.queue(name).owner, store.queue(name).owner_recorded) for name in ("q", "Foo")] == [
+    assert (channel.owner_topic, channel.owner_topic_recorded, channel.dead_letter_topic) == ("t", True, "t.c.dead")
+    assert [(store.queue(name).owner_topic, store.queue(name).owner_topic_recorded) for name in ("q", "Foo")] == [
         (None, False), (None, False)]
     assert bodies(engine, "t/c") == [b"kept"] and bodies(engine, "q") == [b"kept"]
     # Made now, unowned on purpose: not taken for a channel at the next start.
@@ -614,7 +614,7 @@ def test_nsq_channels_of_a_store_without_owners_are_claimed_once(open_store: Cal
     store = open_store()
     engine = store.engine
     NSQServer(engine, ServerLimits())
-    assert [(store.queue(name).owner, store.queue(name).dead_letter_topic) for name in ("t/c", "t/late")] == [
+    assert [(store.queue(name).owner_topic, store.queue(name).dead_letter_topic) for name in ("t/c", "t/late")] == [
         ("t", "t.c.dead"), (None, "t/late.dead")]
     assert engine.delete_topic("t")
     assert set(engine.queues) == {"q", "Foo", "t/late"}
