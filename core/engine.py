@@ -18,7 +18,6 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
-import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -33,9 +32,11 @@ from polymq.core.timers import Timer, TimerService
 
 
 class Outcome(enum.Enum):
-    OK = "ok"
-    NOT_IN_FLIGHT = "ID not in flight"
-    NOT_OWNED = "client does not own message"
+    """What an acknowledgement by id came to; each adapter says it in its own protocol's words."""
+
+    OK = enum.auto()
+    NOT_IN_FLIGHT = enum.auto()  # no delivery of that id is in flight in the queue
+    NOT_OWNED = enum.auto()  # in flight, but held by another consumer
 
 
 class CreditMode(enum.Enum):
@@ -44,10 +45,21 @@ class CreditMode(enum.Enum):
 
 
 Deliver = Callable[[Message], None]
+# A consumer's filter: a copy it refuses leaves the queue without being delivered (see `Engine.attach`).
+Accept = Callable[[Message], bool]
 
-# A queue's dead letters go to the topic of this name (docs/architecture.md): the queue's name with
-# `/` (an NSQ channel's `topic/channel`) written as `.`, so NSQ clients can read it too.
+
+def _accept_all(message: Message) -> bool:
+    return True
+
+
+# A queue's dead letters go to the topic `<queue>` + this, unless its DEAD_LETTER_TOPIC_OPTION names
+# another (docs/architecture.md).
 DEAD_LETTER_SUFFIX = ".dead"
+# Queue option: the topic its dead letters go to, for an adapter whose protocol names them otherwise.
+DEAD_LETTER_TOPIC_OPTION = "dead_letter_topic"
+# Where the store's record of a queue keeps `Queue.owner_topic` (beside its options, as "auto_delete").
+OWNER_RECORD_KEY = "owner_topic"
 # Headers a dead letter carries besides its own: where it came from and why.
 DEAD_LETTER_QUEUE_HEADER = "dead_letter_queue"
 DEAD_LETTER_REASON_HEADER = "dead_letter_reason"
@@ -64,10 +76,6 @@ AUTO_DELETE_EMPTY_OPTION = "auto_delete_empty"
 # Queue option: the origin its maker gave (`ensure_queue`), kept for the operators' view; topics
 # keep theirs as `Topic.made_by`.
 MADE_BY_OPTION = "made_by"
-
-
-def dead_letter_topic(queue_name: str) -> str:
-    return queue_name.replace("/", ".") + DEAD_LETTER_SUFFIX
 
 
 # Spilled copies read back from disk at a time when a queue's memory runs dry.
@@ -101,9 +109,9 @@ class CreditPool:
 class Consumer:
     """A session attached to one queue."""
 
-    __slots__ = ("auto_ack", "closed", "credit", "deliver", "finish_count", "in_flight", "in_ring",
-                 "max_msg_timeout", "message_count", "mode", "msg_timeout", "on_close", "outstanding", "pool",
-                 "priority", "queue", "requeue_count", "retry_first", "sample_rate", "tag", "timeout_count", "timer")
+    __slots__ = ("accept", "auto_ack", "closed", "credit", "deliver", "filtered", "finish_count", "in_flight",
+                 "in_ring", "max_msg_timeout", "message_count", "mode", "msg_timeout", "on_close", "outstanding",
+                 "pool", "priority", "queue", "requeue_count", "retry_first", "tag", "timeout_count", "timer")
 
     def __init__(
         self,
@@ -115,12 +123,12 @@ class Consumer:
         auto_ack: bool,
         msg_timeout: float | None,
         max_msg_timeout: float | None,
-        sample_rate: int,
         on_close: Callable[[str], None] | None,
         tag: Any,
         retry_first: bool = False,
         pool: CreditPool | None = None,
         priority: int = 0,
+        accept: Accept | None = None,
     ) -> None:
         self.queue = queue
         # Tokens shared with other consumers (their deliveries spend them too); replaces `credit`.
@@ -139,7 +147,10 @@ class Consumer:
         self.auto_ack = auto_ack
         self.msg_timeout = msg_timeout
         self.max_msg_timeout = max_msg_timeout
-        self.sample_rate = sample_rate
+        # Called once per copy about to be delivered, when there is a filter (`filtered`): the dispatch
+        # loop reads that native bool first, which costs less than testing an object slot for None.
+        self.accept: Accept = _accept_all if accept is None else accept
+        self.filtered = accept is not None
         self.on_close = on_close
         self.tag = tag  # whatever the adapter wants to find its session by
         self.in_flight: dict[int, Message] = {}  # ordered by deadline (see `touch`)
@@ -226,10 +237,16 @@ class Queue:
     """A named, ordered store with competing consumers, bound to one or more topics."""
 
     def __init__(self, engine: Engine, name: str, *, ephemeral: bool, auto_delete: float | None,
-                 options: Mapping[str, Any] | None) -> None:
+                 options: Mapping[str, Any] | None, owner_topic: str | None = None) -> None:
         self.engine = engine
         self.name = name
         self.ephemeral = ephemeral
+        # The topic this queue belongs to, if any: deleting that topic deletes the queue, where it
+        # only unbinds the other queues bound to it. The adapter that makes a queue says so.
+        self.owner_topic = owner_topic
+        # False for a queue restored from a record written before records kept the owner: its
+        # adapter may tell by its own naming (`Engine.set_owner_topic`).
+        self.owner_topic_recorded = True
         # Seconds to wait after the last consumer leaves before deleting; None = keep forever.
         self.auto_delete = 0.0 if ephemeral and auto_delete is None else auto_delete
         self.options: dict[str, Any] = dict(options or {})
@@ -255,7 +272,7 @@ class Queue:
         self.requeue_count = 0
         self.timeout_count = 0
         self.expired_count = 0  # copies whose TTL ran out before a delivery
-        self.dead_letter_count = 0  # copies moved to `dead_letter_topic(name)`
+        self.dead_letter_count = 0  # copies moved to `dead_letter_topic`
 
     @property
     def durable(self) -> bool:
@@ -265,6 +282,10 @@ class Queue:
     def max_attempts(self) -> int:
         """Deliveries after which a message coming back is dead-lettered instead; 0 = no limit."""
         return int(self.options.get(MAX_ATTEMPTS_OPTION) or 0)
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return str(self.options.get(DEAD_LETTER_TOPIC_OPTION) or self.name + DEAD_LETTER_SUFFIX)
 
     @property
     def depth(self) -> int:
@@ -403,9 +424,8 @@ class Queue:
                 if log is not None:
                     log.removed(message)
                 continue
-            if consumer.sample_rate and random.randrange(100) > consumer.sample_rate:
-                # NSQ sample_rate: a message outside the sample is dropped for this channel
-                # (never sent, so not counted as a delivery: nsqd's messagePump).
+            if consumer.filtered and not consumer.accept(message):
+                # Refused: gone from the queue, never delivered, so not counted as a delivery.
                 if log is not None:
                     log.removed(message)
                 continue
@@ -602,7 +622,7 @@ class Queue:
         return Outcome.OK
 
     def _dead_letter(self, message: Message, reason: str) -> None:
-        """The copy leaves this queue for `dead_letter_topic(name)`: an ordinary topic any protocol reads
+        """The copy leaves this queue for `dead_letter_topic`: an ordinary topic any protocol reads
         (its first queue gets what waited there). It keeps its id, body and headers, and says whence and why."""
         if self.log is not None:
             self.log.removed(message)
@@ -611,7 +631,7 @@ class Queue:
         headers[DEAD_LETTER_QUEUE_HEADER] = self.name
         headers[DEAD_LETTER_REASON_HEADER] = reason
         engine = self.engine
-        name = dead_letter_topic(self.name)
+        name = self.dead_letter_topic
         letter = Message(message.id, message.body, message.timestamp_ns, headers, None, 0, name, message.origin)
         engine._publish_messages(engine.ensure_topic(name, ephemeral=self.ephemeral), [letter])
 
@@ -894,13 +914,13 @@ class Engine:
         return topic
 
     def delete_topic(self, name: str) -> bool:
-        """Delete a topic; queues named `<topic>/…` (its NSQ channels) go with it, others are unbound."""
+        """Delete a topic; the queues bound to it that it owns (`Queue.owner_topic`) go with it, others are unbound."""
         topic = self.topics.pop(name, None)
         if topic is None:
             return False
         topic.deleted = True
         for queue in list(topic.queues):
-            if queue.name.startswith(name + "/"):
+            if queue.owner_topic == name:
                 self.delete_queue(queue.name)
             else:
                 self.unbind(queue.name, name)
@@ -926,13 +946,16 @@ class Engine:
         auto_delete: float | None = None,
         options: Mapping[str, Any] | None = None,
         origin: str | None = None,
+        owner_topic: str | None = None,
     ) -> Queue:
-        """The queue `name`, made if missing; `origin` (the protocol asking) is kept as its `made_by` option."""
+        """The queue `name`, made if missing with these settings: `origin` (the protocol asking) is kept
+        as its `made_by` option, `owner_topic` is the topic it belongs to."""
         queue = self.queues.get(name)
         if queue is None:
             if origin is not None:
                 options = {MADE_BY_OPTION: origin, **(options or {})}
-            queue = Queue(self, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options)
+            queue = Queue(self, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options,
+                          owner_topic=owner_topic)
             self.queues[name] = queue
             if not ephemeral and self.storage.persistent:
                 queue.log = self.storage.open_queue(name, queue.topics, queue.paused, self._queue_options(queue))
@@ -944,13 +967,20 @@ class Engine:
         queue.options.update(options)
         self._save_queue(queue)
 
+    def set_owner_topic(self, queue: Queue, owner_topic: str | None) -> None:
+        """Record the topic `queue` belongs to (None: none), for a queue whose record had no owner."""
+        queue.owner_topic = owner_topic
+        queue.owner_topic_recorded = True
+        self._save_queue(queue)
+
     def _save_queue(self, queue: Queue) -> None:
         if queue.durable:
             self.storage.queue_saved(queue.name, queue.topics, queue.paused, self._queue_options(queue))
 
     @staticmethod
     def _queue_options(queue: Queue) -> dict[str, Any]:
-        return {"auto_delete": queue.auto_delete, **queue.options}
+        # The owner is written even when None: a record without it predates owners (`owner_topic_recorded`).
+        return {"auto_delete": queue.auto_delete, OWNER_RECORD_KEY: queue.owner_topic, **queue.options}
 
     def bind(self, queue_name: str, topic_name: str, *, ephemeral_topic: bool = False) -> Queue:
         queue = self.queues[queue_name]
@@ -1069,18 +1099,21 @@ class Engine:
         auto_ack: bool = False,
         msg_timeout: float | None = None,
         max_msg_timeout: float | None = None,
-        sample_rate: int = 0,
         on_close: Callable[[str], None] | None = None,
         tag: Any = None,
         retry_first: bool = False,
         pool: CreditPool | None = None,
         priority: int = 0,
+        accept: Accept | None = None,
     ) -> Consumer:
+        """A consumer of the queue. `accept`, when given, is asked about each copy about to be delivered
+        to it (it must not call the engine): a copy it refuses is dropped from the queue, neither
+        delivered nor kept (NSQ's sample_rate: a channel client sees a sample, the rest is lost)."""
         queue = self.queues[queue_name]
         consumer = Consumer(queue, deliver, credit=credit, mode=mode, auto_ack=auto_ack,
                             msg_timeout=msg_timeout, max_msg_timeout=max_msg_timeout,
-                            sample_rate=sample_rate, on_close=on_close, tag=tag, retry_first=retry_first,
-                            pool=pool, priority=priority)
+                            on_close=on_close, tag=tag, retry_first=retry_first,
+                            pool=pool, priority=priority, accept=accept)
         queue._attach(consumer)
         return consumer
 
@@ -1188,7 +1221,10 @@ class Engine:
         for stored in snapshot.queues:
             options = dict(stored.options)
             auto_delete = options.pop("auto_delete", None)
-            queue = Queue(self, stored.name, ephemeral=False, auto_delete=auto_delete, options=options)
+            recorded = OWNER_RECORD_KEY in options
+            queue = Queue(self, stored.name, ephemeral=False, auto_delete=auto_delete,
+                          owner_topic=options.pop(OWNER_RECORD_KEY, None), options=options)
+            queue.owner_topic_recorded = recorded
             queue.paused = stored.paused
             queue.log = stored.log
             queue.log.on_readable = queue._on_readable

@@ -13,11 +13,23 @@ from typing import Any
 
 import pytest
 
+from polymq.adapters.nsq.tcp import ensure_channel, sampler
 from polymq.core import records
 from polymq.core.clock import ManualClock
 from polymq.core.disk_io import FileWriter
 from polymq.core.disk_storage import DiskStorage
-from polymq.core.engine import AUTO_DELETE_EMPTY_OPTION, Consumer, CreditMode, CreditPool, Engine, Message, Outcome
+from polymq.core.engine import (
+    AUTO_DELETE_EMPTY_OPTION,
+    DEAD_LETTER_TOPIC_OPTION,
+    Consumer,
+    CreditMode,
+    CreditPool,
+    Engine,
+    Message,
+    Outcome,
+)
+
+from support.sync_store import Store
 
 
 class Recorder:
@@ -58,11 +70,10 @@ def advance(engine: Engine, clock: ManualClock, seconds: float) -> int:
 
 
 def sub(engine: Engine, topic: str, channel: str, **options: Any) -> tuple[Consumer, Recorder]:
-    """NSQ-style: queue `topic/channel` bound to `topic`, one consumer attached."""
-    name = f"{topic}/{channel}"
-    engine.ensure_queue(name, ephemeral=channel.endswith("#ephemeral"))
-    engine.bind(name, topic, ephemeral_topic=topic.endswith("#ephemeral"))
-    return attach(engine, name, **options)
+    """NSQ's way (adapters/nsq.py): queue `topic/channel`, owned by `topic` and bound to it, one consumer attached."""
+    engine.ensure_topic(topic, ephemeral=topic.endswith("#ephemeral"))
+    queue = ensure_channel(engine, topic, channel)
+    return attach(engine, queue.name, **options)
 
 
 def attach(engine: Engine, queue: str, **options: Any) -> tuple[Consumer, Recorder]:
@@ -965,6 +976,21 @@ def test_topology_observers_see_every_topic_and_binding_made_and_removed() -> No
                     ("topic deleted", "e#ephemeral")]
 
 
+def test_delete_topic_deletes_the_queues_it_owns_and_only_those_whatever_their_names() -> None:
+    engine, _ = make()
+    engine.ensure_queue("jobs", owner_topic="t")
+    engine.ensure_queue("t/stranger")  # named like a channel of "t", but nobody said "t" owns it
+    engine.set_bindings("jobs", ["t", "u"])
+    engine.bind("t/stranger", "t")
+    engine.ensure_queue("u-owned", owner_topic="u")
+    engine.bind("u-owned", "t")  # owned by another topic: only unbound from this one
+    assert engine.delete_topic("t") is True
+    assert engine.queue("jobs") is None
+    stranger, u_owned = engine.queue("t/stranger"), engine.queue("u-owned")
+    assert stranger is not None and stranger.topics == [] and stranger.owner_topic is None
+    assert u_owned is not None and u_owned.topics == [] and u_owned.owner_topic == "u"
+
+
 def test_delete_topic_keeps_a_channel_of_another_topic_with_a_similar_name() -> None:
     engine, _ = make()
     sub(engine, "t", "c")
@@ -1167,13 +1193,51 @@ def test_empty_publish_many_does_not_hand_out_an_id_that_is_used_later() -> None
     assert second != first
 
 
-# -- sample_rate --------------------------------------------------------------------------------
+# -- a consumer's accept filter, and NSQ's sample_rate through it ------------------------------------
+
+
+def test_a_copy_the_consumer_refuses_leaves_the_queue_undelivered_and_uncounted(tmp_path: Path) -> None:
+    clock = ManualClock()
+    store = Store(tmp_path, clock, mem_queue_size=10_000)
+    engine = store.engine
+    engine.ensure_queue("q")
+    engine.bind("q", "q")
+    asked: list[bytes] = []
+
+    def odd_only(message: Message) -> bool:
+        asked.append(message.body)
+        return int(message.body) % 2 == 1
+
+    consumer, got = attach(engine, "q", credit=10, accept=odd_only)
+    pub(engine, "q", *(str(n).encode() for n in range(6)))
+    assert asked == [b"0", b"1", b"2", b"3", b"4", b"5"]
+    assert got.log == [(b"1", 1), (b"3", 1), (b"5", 1)]
+    queue = engine.queue("q")
+    assert queue is not None and queue.depth == 0 and queue.in_flight.keys() == consumer.in_flight.keys()
+    assert consumer.message_count == 3
+    for message in got.messages:
+        consumer.finish(message.id)
+    other, got_other = attach(engine, "q", credit=10)  # no filter: nothing refused was kept for it
+    assert got_other.log == [] and other.message_count == 0
+    store.close()
+    store = Store(tmp_path, clock, mem_queue_size=10_000)  # nor written as still there
+    assert store.queue("q").depth == 0
+    store.close()
+
+
+def test_without_a_filter_every_copy_is_delivered() -> None:
+    engine, _ = make()
+    consumer, got = sub(engine, "t", "c", credit=100)
+    assert not consumer.filtered
+    pub(engine, "t", *bodies("m", 50))
+    assert got.bodies == bodies("m", 50)
 
 
 def test_sample_rate_zero_delivers_all_and_99_delivers_all() -> None:
     engine, _ = make()
-    _off, got_off = sub(engine, "t", "c0", credit=1000, sample_rate=0)
-    _high, got_high = sub(engine, "t", "c99", credit=1000, sample_rate=99)
+    assert sampler(0) is None
+    _off, got_off = sub(engine, "t", "c0", credit=1000, accept=sampler(0))
+    _high, got_high = sub(engine, "t", "c99", credit=1000, accept=sampler(99))
     pub(engine, "t", *bodies("m", 500))
     assert got_off.bodies == bodies("m", 500)
     assert got_high.bodies == bodies("m", 500)
@@ -1182,7 +1246,7 @@ def test_sample_rate_zero_delivers_all_and_99_delivers_all() -> None:
 def test_sample_rate_one_keeps_a_small_sample_and_counts_only_deliveries() -> None:
     random.seed(1234)
     engine, _ = make()
-    consumer, got = sub(engine, "t", "c", credit=10_000, sample_rate=1)
+    consumer, got = sub(engine, "t", "c", credit=10_000, accept=sampler(1))
     pub(engine, "t", *bodies("m", 2000))
     assert 0 < len(got.log) < 100  # about 2 %
     assert all(attempts == 1 for _, attempts in got.log)
@@ -1613,6 +1677,23 @@ def test_max_attempts_dead_letters_a_message_that_keeps_coming_back(how: str) ->
     _, letters = attach(engine, "Foo.dead", credit=5)
     assert letters.bodies == [b"flaky"]
     assert letters.messages[0].headers == {"dead_letter_queue": "Foo", "dead_letter_reason": "max attempts"}
+
+
+def test_dead_letters_go_to_the_queue_name_dot_dead_unless_the_queue_names_their_topic() -> None:
+    engine, _ = make()
+    engine.ensure_queue("a/b")
+    engine.ensure_queue("c", options={DEAD_LETTER_TOPIC_OPTION: "graveyard"})
+    keys = {}
+    for name in ("a/b", "c"):
+        engine.bind(name, name)
+        attach(engine, name, credit=1)
+        [keys[name]] = pub(engine, name, b"x")
+    a_b, c = engine.queue("a/b"), engine.queue("c")
+    assert a_b is not None and c is not None
+    assert a_b.dead_letter_topic == "a/b.dead" and c.dead_letter_topic == "graveyard"
+    assert a_b.dead_letter(keys["a/b"]) is Outcome.OK and c.dead_letter(keys["c"]) is Outcome.OK
+    assert {name: topic.depth for name, topic in engine.topics.items()} == {"a/b": 0, "c": 0, "a/b.dead": 1,
+                                                                            "graveyard": 1}
 
 
 def test_an_nsq_channel_dead_letters_to_a_topic_nsq_can_subscribe_to() -> None:

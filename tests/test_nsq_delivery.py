@@ -16,7 +16,9 @@ import urllib.request
 
 import pytest
 
+from polymq.adapters.nsq.tcp import ACK_FAILED_TEXT
 from polymq.codecs import nsq_client as nc
+from polymq.core.engine import Outcome
 
 from support.gateway import GatewayProcess
 from support.nsq_wire import Closed, RawClient, consumer, publish
@@ -241,6 +243,10 @@ def test_cls_stops_deliveries_and_keeps_the_socket(module_gateway: GatewayProces
 
 
 # -- FIN / REQ / TOUCH ----------------------------------------------------------------------------
+
+
+def test_every_failed_outcome_of_the_engine_has_its_nsqd_text() -> None:
+    assert set(ACK_FAILED_TEXT) == set(Outcome) - {Outcome.OK}
 
 
 def test_fin_req_touch_from_another_connection_fail_non_fatally(module_gateway: GatewayProcess) -> None:

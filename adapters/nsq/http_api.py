@@ -34,6 +34,7 @@ from polymq.adapters.http import (
     parse_query,
 )
 from polymq.adapters.nsq.tcp import ORIGIN as NSQ_ORIGIN
+from polymq.adapters.nsq.tcp import ensure_channel
 from polymq.codecs.nsq import ProtocolError, ServerLimits, is_ephemeral, is_valid_name, parse_mpub_body
 from polymq.core.engine import Engine, Queue, Topic
 
@@ -605,9 +606,7 @@ class NsqHttpApi:
             return found
         topic, channel = found
         if find_channel(topic, channel) is None:
-            name = channel_queue_name(topic.name, channel)
-            self.engine.ensure_queue(name, ephemeral=is_ephemeral(channel), origin=NSQ_ORIGIN)
-            self.engine.bind(name, topic.name)
+            ensure_channel(self.engine, topic.name, channel)
         return OK_EMPTY
 
     def _channel_delete(self, request: Request, _: str) -> Response:
@@ -615,7 +614,7 @@ class NsqHttpApi:
         if isinstance(found, Response):
             return found
         topic, queue = found
-        if queue.name.startswith(topic.name + "/"):
+        if queue.owner_topic == topic.name:
             self.engine.delete_queue(queue.name)
         else:
             # A queue of another protocol bound to this topic: leave it, just stop the copies.
@@ -891,11 +890,6 @@ class NsqHttpApi:
 
 # ---------------------------------------------------------------------------------------------
 # Helpers shared with the server module and the tests
-
-
-def channel_queue_name(topic: str, channel: str) -> str:
-    """An NSQ channel `c` of topic `t` is the engine queue `t/c` (docs/architecture.md)."""
-    return f"{topic}/{channel}"
 
 
 def channel_name(topic: Topic, queue: Queue) -> str:

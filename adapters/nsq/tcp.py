@@ -7,16 +7,17 @@ output buffering (docs/protocols/nsq.md): they are flushed when the buffer fills
 client's in-flight count reaches its RDY, or when `output_buffer_timeout` passes. Heartbeats are
 sent every `heartbeat_interval`, and a client that says nothing for two intervals is closed.
 
-Topic `t` is engine topic `t`; channel `c` of topic `t` is engine queue `t/c` bound to `t`
-(docs/architecture.md). Unlike nsqd, a disconnected consumer's in-flight messages return to the
-channel at once instead of after their timeout: nobody can FIN them any more, and the
-redelivery is sooner.
+Topic `t` is engine topic `t`; channel `c` of topic `t` is engine queue `t/c`, bound to `t` and
+owned by it, whose dead letters go to topic `t.c.dead` (docs/architecture.md). Unlike nsqd, a
+disconnected consumer's in-flight messages return to the channel at once instead of after their
+timeout: nobody can FIN them any more, and the redelivery is sooner.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import socket
 import ssl
@@ -40,7 +41,7 @@ from polymq.codecs.compression import (
     SnappyCompressor,
     SnappyDecompressor,
 )
-from polymq.core.engine import Consumer, Engine, Message, Outcome
+from polymq.core.engine import DEAD_LETTER_SUFFIX, DEAD_LETTER_TOPIC_OPTION, Consumer, Engine, Message, Outcome, Queue
 from polymq.core.timers import Timer
 
 ORIGIN = "nsq"  # the protocol the engine keeps with what comes in here
@@ -58,10 +59,59 @@ TICK_TOLERANCE_S = 0.005
 READ_TIMEOUT_REASON = "client timed out: no data for two heartbeat intervals"
 # A TLS handshake gets at least this long (or one heartbeat interval, if longer).
 TLS_HANDSHAKE_TIMEOUT_S = 5.0
+# What a failed FIN, REQ or TOUCH says after `<id> failed ` (nsqd's channel.go errors).
+ACK_FAILED_TEXT: dict[Outcome, bytes] = {
+    Outcome.NOT_IN_FLIGHT: b"ID not in flight",
+    Outcome.NOT_OWNED: b"client does not own message",
+}
 
 
 def queue_name(topic: str, channel: str) -> str:
     return f"{topic}/{channel}"
+
+
+def dead_letter_topic(queue: str) -> str:
+    """Where channel `t/c`'s dead letters go: `t.c.dead`, a topic NSQ clients can SUB to (no `/` in NSQ names)."""
+    return queue.replace("/", ".") + DEAD_LETTER_SUFFIX
+
+
+def ensure_channel(engine: Engine, topic: str, channel: str) -> Queue:
+    """Channel `c` of topic `t`: the queue `t/c`, owned by `t` (deleting `t` deletes it) and bound to it,
+    made if missing. The topic is the caller's to make first (it may be ephemeral)."""
+    name = queue_name(topic, channel)
+    queue = engine.ensure_queue(name, ephemeral=nsq.is_ephemeral(channel), owner_topic=topic, origin=ORIGIN,
+                                options={DEAD_LETTER_TOPIC_OPTION: dead_letter_topic(name)})
+    engine.bind(name, topic)
+    return queue
+
+
+def claim_channels(engine: Engine) -> int:
+    """Stores written before queue records kept an owner hold NSQ channels without one: a restored
+    queue named `t/…` and bound to `t` is one (deleting `t` deleted such queues then), so `t` becomes
+    its owner and its dead letters keep going to `t.c.dead`. A queue whose record has an owner, or
+    none on purpose, is left alone. Returns how many were claimed."""
+    claimed = 0
+    for queue in list(engine.queues.values()):
+        if queue.owner_topic_recorded:
+            continue
+        topic = next((name for name in queue.topics if queue.name.startswith(name + "/")), None)
+        if topic is None:
+            continue
+        if DEAD_LETTER_TOPIC_OPTION not in queue.options:
+            engine.configure_queue(queue, auto_delete=queue.auto_delete,
+                                   options={DEAD_LETTER_TOPIC_OPTION: dead_letter_topic(queue.name)})
+        engine.set_owner_topic(queue, topic)
+        claimed += 1
+    return claimed
+
+
+def sampler(sample_rate: int) -> Callable[[Message], bool] | None:
+    """IDENTIFY's sample_rate (1 to 99) as the consumer's filter; 0 is none. nsqd's messagePump skips a
+    message when `rand.Int31n(100) > sampleRate`: that client never gets it, and the channel loses it."""
+    if not sample_rate:
+        return None
+    draw = random.randrange
+    return lambda message: draw(100) <= sample_rate
 
 
 @attrs.define(slots=True)
@@ -116,6 +166,10 @@ class NSQServer(Listener):
         self.broadcast_address = self.hostname
         self.broadcast_tcp_port = 0
         self.broadcast_http_port = 0
+        # Made right after the engine's restore, before any client or other protocol acts on it.
+        claimed = claim_channels(engine)
+        if claimed:
+            log.info("%d channels of a store written before queues kept their topic: now owned by it", claimed)
 
     @property
     def auth_enabled(self) -> bool:
@@ -495,17 +549,15 @@ class NSQSession(StreamSession):
     def _subscribe(self, command: nsq.Sub) -> None:
         engine = self.engine
         engine.ensure_topic(command.topic, ephemeral=nsq.is_ephemeral(command.topic), origin=ORIGIN)
-        name = queue_name(command.topic, command.channel)
-        engine.ensure_queue(name, ephemeral=nsq.is_ephemeral(command.channel), origin=ORIGIN)
-        engine.bind(name, command.topic)
+        queue = ensure_channel(engine, command.topic, command.channel)
         self.topic, self.channel = command.topic, command.channel
         self.consumer = engine.attach(
-            name,
+            queue.name,
             self._deliver,
             credit=0,
             msg_timeout=self.msg_timeout,
             max_msg_timeout=self.limits.max_msg_timeout_ms / 1000,
-            sample_rate=self.sample_rate,
+            accept=sampler(self.sample_rate),
             on_close=self.close,
             tag=self,
         )
@@ -530,7 +582,7 @@ class NSQSession(StreamSession):
 
     def _ack_failed(self, name: bytes, code: str, raw_id: bytes, outcome: Outcome) -> None:
         # nsqd: `E_FIN_FAILED FIN <id> failed ID not in flight` (non-fatal, docs/protocols/nsq.md).
-        self._send_error(nsq.non_fatal(code, name + b" " + raw_id + b" failed " + outcome.value.encode()))
+        self._send_error(nsq.non_fatal(code, name + b" " + raw_id + b" failed " + ACK_FAILED_TEXT[outcome]))
 
     def _fin(self, command: nsq.Fin) -> None:
         self._finish([command.msg_id])
