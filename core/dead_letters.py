@@ -1,4 +1,4 @@
-"""Requeueing a queue's dead letters: what its dead-letter topic (`dead_letter_topic`) and the queues
+"""Requeueing a queue's dead letters: what its dead-letter topic (`Queue.dead_letter_topic`) and the queues
 bound to that hold goes back into the queue, for its consumers to try again.
 
 Each message goes back once, however many dead-letter queues hold a copy of it: as a new copy with
@@ -21,7 +21,6 @@ from polymq.core.engine import (
     DEAD_LETTER_REASON_HEADER,
     Engine,
     Queue,
-    dead_letter_topic,
 )
 from polymq.core.message import Message
 from polymq.core.storage import OwnerLog
@@ -37,7 +36,7 @@ class Requeued:
 
 
 def requeue_dead_letters(engine: Engine, queue: Queue) -> Requeued:
-    topic = engine.topics.get(dead_letter_topic(queue.name))
+    topic = engine.topics.get(queue.dead_letter_topic)
     if topic is None:
         return Requeued(0, 0)
     engine.storage.write_now()  # spilled copies are read back from the disk: what is pending goes there first

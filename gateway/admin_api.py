@@ -17,7 +17,7 @@ from typing import Any
 from polymq.adapters.http import JSON_TYPE, QueryError, Request, Response, go_json, parse_query
 from polymq.adapters.protocol import Service
 from polymq.core.dead_letters import requeue_dead_letters
-from polymq.core.engine import MADE_BY_OPTION, Engine, Queue, Topic, dead_letter_topic
+from polymq.core.engine import MADE_BY_OPTION, Engine, Queue, Topic
 from polymq.gateway.admin_access import AdminAccess
 from polymq.gateway.admin_page import AdminPage
 from polymq.gateway.metrics import MAX_LABELLED
@@ -84,7 +84,7 @@ class AdminApi:
         engine = self.engine
         topics, topics_omitted = _deepest(engine.topics.values(), lambda topic: topic.depth)
         queues, queues_omitted = _deepest(engine.queues.values(), lambda queue: queue.depth)
-        dead_letters_of = {dead_letter_topic(queue.name): queue.name for queue in engine.queues.values()}
+        dead_letters_of = {queue.dead_letter_topic: queue.name for queue in engine.queues.values()}
         return _answer(200, {
             "topics": [self._topic(topic, dead_letters_of.get(topic.name)) for topic in topics],
             "queues": [self._queue(queue) for queue in queues],
@@ -107,7 +107,7 @@ class AdminApi:
         }
 
     def _queue(self, queue: Queue) -> dict[str, Any]:
-        dead_topic = dead_letter_topic(queue.name)
+        dead_topic = queue.dead_letter_topic
         return {
             "name": queue.name,
             "made_by": queue.options.get(MADE_BY_OPTION),
@@ -188,8 +188,8 @@ class AdminApi:
         return {"depth": item.depth}
 
     def _delete_topic(self, topic: Topic) -> dict[str, Any]:
-        # The engine's rule: queues named `<topic>/…` go with it, other queues are unbound.
-        owned = [queue.name for queue in topic.queues if queue.name.startswith(topic.name + "/")]
+        # The engine's rule: the queues the topic owns go with it, the others are unbound.
+        owned = [queue.name for queue in topic.queues if queue.owner_topic == topic.name]
         unbound = [queue.name for queue in topic.queues if queue.name not in owned]
         self.engine.delete_topic(topic.name)
         return {"deleted": True, "queues_deleted": owned, "queues_unbound": unbound}

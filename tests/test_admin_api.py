@@ -81,7 +81,7 @@ def _engine() -> Engine:
     engine.publish("orders", b"one", origin="phpmq")
     engine.ensure_queue("orders", origin="phpmq")
     engine.bind("orders", "orders")
-    engine.ensure_queue("orders/billing", origin="nsq")
+    engine.ensure_queue("orders/billing", origin="nsq", owner_topic="orders")  # an NSQ channel
     engine.bind("orders/billing", "orders")
     engine.publish("orders", b"two", origin="nsq")
     engine.ensure_queue("jobs", origin="emqp")

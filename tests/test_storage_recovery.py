@@ -28,7 +28,7 @@ from polymq.codecs import nsq_client as client
 from polymq.codecs.nsq import ServerLimits
 from polymq.core import disk_storage, records
 from polymq.core.clock import ManualClock
-from polymq.core.engine import DEAD_LETTER_TOPIC_OPTION, OWNER_RECORD_KEY, Consumer, Engine, Outcome
+from polymq.core.engine import DEAD_LETTER_TOPIC_OPTION, MADE_BY_OPTION, OWNER_RECORD_KEY, Consumer, Engine, Outcome
 from polymq.core.message import Message
 
 from support import storage_files as files
@@ -560,7 +560,7 @@ def test_a_queue_owner_and_dead_letter_topic_come_back(open_store: Callable[...,
     assert [(q.owner_topic, q.owner_topic_recorded, q.dead_letter_topic) for q in (channel, jobs, other)] == [
         ("t", True, "t.c.dead"), ("t", True, "jobs.dead"), (None, True, "t/other.dead")]
     assert (channel.options, jobs.options, other.options) == (
-        {DEAD_LETTER_TOPIC_OPTION: "t.c.dead"}, {"max_attempts": 2}, {})
+        {DEAD_LETTER_TOPIC_OPTION: "t.c.dead", MADE_BY_OPTION: "nsq"}, {"max_attempts": 2}, {})
     assert engine.delete_topic("t")
     assert other.topics == [] and set(engine.queues) == {"t/other"}
     store.close()
