@@ -70,6 +70,21 @@ class ServiceError(Exception):
     """A protocol cannot start as configured (`check`, `start`): the message says what to fix."""
 
 
+# A connection's unsent output past which, held for the grace, its client is disconnected: 4 times the
+# 8 MiB at which the session stops reading it (adapters/session.py), and 10 s, a third of nsqd's default
+# heartbeat interval (its write deadline): long enough for a client that reads, only slowly.
+DEFAULT_MAX_CLIENT_OUTPUT = 32 * 1024 * 1024
+DEFAULT_SLOW_CLIENT_GRACE_S = 10.0
+
+
+@attrs.frozen
+class OutputLimit:
+    """The bound on each TCP connection's unsent output (0 bytes: none), the gateway's --max-client-output."""
+
+    max_bytes: int = DEFAULT_MAX_CLIENT_OUTPUT
+    grace_s: float = DEFAULT_SLOW_CLIENT_GRACE_S
+
+
 @attrs.frozen
 class GatewayInfo:
     """What a protocol may need to know of the process around it."""
@@ -77,6 +92,7 @@ class GatewayInfo:
     bind: str  # the address listeners bind to by default
     http_address: str | None  # host:port of the gateway's own HTTP listener (None: off)
     stop: Callable[[], None]  # stop the whole gateway cleanly (as a SIGTERM would)
+    output_limit: OutputLimit = OutputLimit()
 
 
 @attrs.frozen
@@ -100,9 +116,13 @@ class Traffic:
     bytes_out: int = 0
     messages_in: int = 0  # protocols that see message boundaries for free (ZeroMQ) count them
     messages_out: int = 0
+    connections_refused: int = 0  # past the listener's --…-max-connections
+    slow_disconnected: int = 0  # clients that left their output unread past --max-client-output
 
     def add(self, other: Traffic) -> None:
         self.connections_opened += other.connections_opened
+        self.connections_refused += other.connections_refused
+        self.slow_disconnected += other.slow_disconnected
         self.bytes_in += other.bytes_in
         self.bytes_out += other.bytes_out
         self.messages_in += other.messages_in

@@ -16,7 +16,13 @@ their deadline). A protocol may encode what goes out (compression) with `output_
 The store barrier: a delivery of a durable queue that waits for an acknowledgement leaves only
 once the record of its attempts is written (`unstored`), so a process crash never brings it back
 with fewer attempts than a client saw. Output is bounded: past `MAX_PENDING_OUTPUT` the reader
-stops reading until a slow client has taken it.
+stops reading until a slow client has taken it, and a client whose unsent output stays past
+`OutputLimit.max_bytes` for `OutputLimit.grace_s` (deliveries it does not read) is disconnected by
+its service's watch, which looks at every session once per `WATCH_INTERVAL_S`, never per message.
+
+Limits of the listener: past `max_connections` a new client gets the protocol's refusal
+(`Listener.refusal`) and is closed. Each connection opened and closed is logged with its peer and
+why it closed; refusals are summed up (`RateLimitedLog`) so that a flood writes a few lines.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from polymq.adapters.protocol import Traffic
+from polymq.adapters.log_limit import RateLimitedLog
+from polymq.adapters.protocol import OutputLimit, Traffic
 from polymq.adapters.transport import SocketTransport, Transport, serve_tcp, stop_listening
 from polymq.core.engine import Engine
 
@@ -39,6 +46,12 @@ READ_SIZE = 256 * 1024
 MAX_PENDING_OUTPUT = 8 * 1024 * 1024
 # At the end, output still queued gets this long to go out (`drain_timeout`).
 DRAIN_TIMEOUT_S = 1.0
+# How often a service looks at its sessions' unsent output: a fraction of the shortest sane grace.
+WATCH_INTERVAL_S = 0.25
+# A refused client gets this long, and this many bytes, to read its refusal and close (its first
+# request read and dropped): a second, as `DRAIN_TIMEOUT_S`; a request line or two.
+REFUSAL_LINGER_S = 1.0
+REFUSAL_READ_LIMIT = 64 * 1024
 
 
 class StreamSession:
@@ -53,6 +66,8 @@ class StreamSession:
         self.out: list[bytes] = []
         self.output_encoder: Callable[[bytes], bytes] | None = None
         self._out_bytes = 0
+        self._in_send = 0  # bytes of the write under way (`_flush`), not yet known to be sent
+        self._over_since: float | None = None  # trio time the watch first saw too much unsent output
         self._urgent = False  # queued output to send at the end of the read, or at once
         self._flush_at = math.inf  # trio time by which buffered output must go
         self._wake = trio.Event()
@@ -92,6 +107,28 @@ class StreamSession:
     def drain_timeout(self) -> float:
         return DRAIN_TIMEOUT_S
 
+    def slow_error(self, unsent: int) -> tuple[str, bytes]:
+        """The error code a client that does not read its output is disconnected with, and its bytes
+        (b"": the protocol has none). Sent only when no write is half done (it would cut a frame)."""
+        return "slow client", b""
+
+    # -- the output's bound --------------------------------------------------------------------
+
+    def unsent(self) -> int:
+        """Output queued or in a write that has not finished."""
+        return self._out_bytes + self._in_send
+
+    def disconnect_slow(self, unsent: int, held_s: float) -> str:
+        """Disconnect a client whose output waited too long: what is queued is dropped (what it held goes
+        back to its queues in `closed`), its protocol's error goes out if a frame can. Returns the code."""
+        code, error = self.slow_error(unsent)
+        if error and self._in_send == 0 and not self._sending:
+            self.transport.try_send(error)
+        self.out = []
+        self._out_bytes = 0
+        self.close(f"{code}: {unsent} bytes unsent for {held_s:.1f} s")
+        return code
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -108,7 +145,8 @@ class StreamSession:
             self.log.debug("%s: connection ended: %r", self.peer, group.exceptions)
         finally:
             self._closed = True
-            self.log.debug("%s: closed: %s", self.peer, self.closing_reason or self._stopping or "client went away")
+            self.log.info("%s: connection closed: %s", self.peer,
+                          self.closing_reason or self._stopping or "client went away")
             self.closed()
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await self.transport.aclose()
@@ -258,11 +296,14 @@ class StreamSession:
                 self._flush_at = math.inf
                 if self.output_encoder is not None:
                     data = self.output_encoder(data)
+                self._in_send = len(data)
                 await self.transport.send_all(data)
+                self._in_send = 0
                 self.traffic.bytes_out += len(data)
                 self.after_send(token)
         finally:
             self._sending = False
+            self._in_send = 0
             self.send_started = None
         self._drained.set()
         if self._stopping is not None:
@@ -286,6 +327,8 @@ class StreamSession:
         data = b"".join(self.out)
         self.out = []
         self._out_bytes = 0
+        self._in_send = 0  # bytes of the write under way (`_flush`), not yet known to be sent
+        self._over_since: float | None = None  # trio time the watch first saw too much unsent output
         self._urgent = False
         return data
 
@@ -303,11 +346,23 @@ class Listener:
     def __init__(self) -> None:
         self.sessions: set[StreamSession] = set()
         self.traffic = Traffic()
+        self.max_connections = 0  # 0: no limit; the unit sets it from its setting
+        self.address = ""  # host:port it listens on, for the log lines (`TcpService` sets it)
+        self.refusals = RateLimitedLog(self.log)
 
     def new_session(self, transport: Transport) -> StreamSession:
         raise NotImplementedError
 
+    def refusal(self) -> tuple[str, bytes]:
+        """What a client past `max_connections` is told before it is closed: the protocol's error code
+        and its bytes (b"": the protocol has no such answer, the connection is only closed)."""
+        return "too many connections", b""
+
     async def handle_connection(self, transport: SocketTransport) -> None:
+        if self.max_connections and len(self.sessions) >= self.max_connections:
+            await self._refuse(transport)
+            return
+        self.log.info("%s: connection opened on %s", transport.peer, self.address)
         session = self.new_session(transport)
         session.traffic = self.traffic
         self.traffic.connections_opened += 1
@@ -320,6 +375,45 @@ class Listener:
         finally:
             self.sessions.discard(session)
 
+    async def _refuse(self, transport: SocketTransport) -> None:
+        self.traffic.connections_refused += 1
+        code, answer = self.refusal()
+        self.refusals.note(code, f"{transport.peer}: connection refused on {self.address} with {code}: "
+                                 f"{self.max_connections} connections are open (the limit)")
+        try:
+            if answer:
+                transport.try_send(answer)  # a new socket's buffer takes a short answer whole
+                # Closing with the client's first bytes unread would reset the connection and could
+                # lose the answer: say we are done, then read what it sends until it closes too.
+                transport.sock.shutdown(socket.SHUT_WR)
+                with trio.move_on_after(REFUSAL_LINGER_S):
+                    read = 0
+                    while read < REFUSAL_READ_LIMIT:
+                        data = await transport.receive_some(READ_SIZE)
+                        if not data:
+                            break
+                        read += len(data)
+        except OSError:
+            pass
+        finally:
+            await transport.aclose()
+
+    def watch_output(self, limit: OutputLimit, now: float) -> None:
+        """Disconnect the sessions whose unsent output has stayed past the limit for its grace."""
+        for session in list(self.sessions):
+            unsent = session.unsent()
+            if unsent <= limit.max_bytes:
+                session._over_since = None
+            elif session._over_since is None:
+                session._over_since = now
+            elif now - session._over_since >= limit.grace_s:
+                held = now - session._over_since
+                code = session.disconnect_slow(unsent, held)
+                self.traffic.slow_disconnected += 1
+                self.refusals.note(f"slow {code}", f"{session.peer}: disconnected with {code}: {unsent} bytes "
+                                                   f"unsent for {held:.1f} s (the limit: {limit.max_bytes} bytes "
+                                                   f"for {limit.grace_s:g} s)")
+
     async def shutdown(self) -> None:
         for session in list(self.sessions):
             session.close("server shutting down")
@@ -329,14 +423,27 @@ class TcpService:
     """The service of a protocol that serves session listeners on TCP sockets the gateway bound:
     run accepts on each, stop refuses new clients and then ends every session."""
 
-    def __init__(self, served: list[tuple[socket.socket, Listener]]) -> None:
+    def __init__(self, served: list[tuple[socket.socket, Listener]], output_limit: OutputLimit | None = None) -> None:
         self.served = served
+        self.output_limit = output_limit or OutputLimit()
+        for sock, listener in served:
+            listener.address = _address(sock)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             for sock, listener in self.served:
                 await nursery.start(serve_tcp, listener.handle_connection, sock)
+            if self.served and self.output_limit.max_bytes:
+                nursery.start_soon(self._watch_output)
             task_status.started()
+
+    async def _watch_output(self) -> None:
+        interval = min(WATCH_INTERVAL_S, self.output_limit.grace_s / 4 or WATCH_INTERVAL_S)
+        while True:
+            await trio.sleep(interval)
+            now = trio.current_time()
+            for _, listener in self.served:
+                listener.watch_output(self.output_limit, now)
 
     async def stop(self) -> None:
         for sock, _ in self.served:
@@ -350,10 +457,8 @@ class TcpService:
     def peers(self) -> list[tuple[str, str]]:
         """(the listener's address, the client's) for each client connected now."""
         found = []
-        for sock, listener in self.served:
-            host, port = sock.getsockname()[:2]
-            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            found += sorted((address, session.peer) for session in listener.sessions)
+        for _, listener in self.served:
+            found += sorted((listener.address, session.peer) for session in listener.sessions)
         return found
 
     def traffic(self) -> Traffic:
@@ -361,3 +466,8 @@ class TcpService:
         for _, listener in self.served:
             total.add(listener.traffic)
         return total
+
+
+def _address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

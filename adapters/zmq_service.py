@@ -22,11 +22,13 @@ calls; `run` and `shutdown` are the gateway's.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import trio
 import zmq
 
+from polymq.adapters.log_limit import RateLimitedLog
 from polymq.adapters.zmq_pump import Frames, ZmqPump
 from polymq.core.engine import Engine
 from polymq.core.storage import SyncCallback
@@ -39,9 +41,11 @@ Refusal = Callable[[Frames, OSError], Frames]
 class ZmqService:
     # What a socket still tries to send for a peer after `shutdown` closed it, in ms.
     linger_ms = 0
+    log = logging.getLogger("polymq.zmq")  # a protocol's service names its own
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.refusals = RateLimitedLog(self.log)  # refused requests, summed up when they repeat
         self.pumps: dict[str, ZmqPump] = {}  # by socket name, in the order they were made
         # The store callbacks a burst asked for, registered once its deliveries are out (`_held`).
         self._when_stored: list[SyncCallback] | None = None

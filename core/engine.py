@@ -78,6 +78,12 @@ AUTO_DELETE_EMPTY_OPTION = "auto_delete_empty"
 MADE_BY_OPTION = "made_by"
 
 
+# What a queue past the engine's `max_queue_depth` does with a publish (`Engine.overflow`): refuse it
+# (`Engine.publish_refusal` says why; the adapter answers with its protocol's error), or take it and
+# drop the queue's oldest ready copies down to the maximum.
+OVERFLOW_REJECT = "reject"
+OVERFLOW_DROP_OLDEST = "drop-oldest"
+
 # Spilled copies read back from disk at a time when a queue's memory runs dry.
 REFILL_BATCH = 1024
 # Spilled backlog copies passed on to the bound queues per timer turn (the rest wait a turn, so
@@ -273,6 +279,8 @@ class Queue:
         self.timeout_count = 0
         self.expired_count = 0  # copies whose TTL ran out before a delivery
         self.dead_letter_count = 0  # copies moved to `dead_letter_topic`
+        self.rejected_count = 0  # publishes refused while it was full (OVERFLOW_REJECT)
+        self.overflow_dropped_count = 0  # its oldest copies dropped to make room (OVERFLOW_DROP_OLDEST)
 
     @property
     def durable(self) -> bool:
@@ -329,6 +337,18 @@ class Queue:
         self.ready.extend(messages)
         if self.ring and not self.paused:
             self._dispatch()
+
+    def _drop_oldest(self, count: int) -> None:
+        """Drop up to `count` of the oldest ready copies (the depth policy's drop-oldest)."""
+        ready = self.ready
+        log = self.log
+        dropped = 0
+        while dropped < count and (ready or (log is not None and log.spilled and self._refill(count - dropped))):
+            message = ready.popleft()
+            if log is not None:
+                log.removed(message)
+            dropped += 1
+        self.overflow_dropped_count += dropped
 
     def _refill(self, count: int = 0) -> bool:
         """Read spilled copies back into memory (`count` of them, else as many as the memory limit
@@ -881,6 +901,10 @@ class Engine:
         self.queues: dict[str, Queue] = {}
         self.expired_count = 0
         self.dropped_count = 0  # publishes dropped because no queue was bound (MQKS rule)
+        # The depth policy, off by default: past this many ready copies a queue refuses publishes or
+        # drops its oldest (`overflow`); checked once per publish or batch, never per message.
+        self.max_queue_depth = 0
+        self.overflow = OVERFLOW_REJECT
         # Observers of topology changes (the gateway's lookupd registration, MQKS --update).
         self.on_topic_created: list[Callable[[Topic], None]] = []
         self.on_topic_deleted: list[Callable[[str], None]] = []
@@ -1119,6 +1143,22 @@ class Engine:
 
     # -- publishing --------------------------------------------------------------------------
 
+    def publish_refusal(self, topic_name: str, count: int = 1) -> str | None:
+        """Why a publish of `count` messages to `topic_name` must be refused now, or None: a queue bound
+        to it that the depth policy keeps full (counted in its `rejected_count`). Adapters ask before
+        publishing, beside the store's `failure`, and answer with their protocol's error."""
+        limit = self.max_queue_depth
+        if not limit or self.overflow != OVERFLOW_REJECT:
+            return None
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            return None
+        for queue in topic.queues:
+            if queue.depth + count > limit:
+                queue.rejected_count += count
+                return f"queue {queue.name} is full ({queue.depth} messages, the limit is {limit})"
+        return None
+
     def publish(
         self,
         topic_name: str,
@@ -1186,6 +1226,11 @@ class Engine:
             topic._keep(messages)
         else:
             self._distribute(topic, messages)
+            if self.max_queue_depth and self.overflow == OVERFLOW_DROP_OLDEST:
+                for queue in topic.queues:
+                    excess = queue.depth - self.max_queue_depth
+                    if excess > 0:
+                        queue._drop_oldest(excess)
 
     def _distribute(self, topic: Topic, messages: list[Message]) -> None:
         queues = topic.queues

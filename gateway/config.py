@@ -24,10 +24,17 @@ import click
 import tomli_w
 from click.core import ParameterSource
 
-from polymq.adapters.protocol import PORT, Setting, options_class
+from polymq.adapters.protocol import (
+    DEFAULT_MAX_CLIENT_OUTPUT,
+    DEFAULT_SLOW_CLIENT_GRACE_S,
+    PORT,
+    Setting,
+    options_class,
+)
 from polymq.adapters.registry import protocols
 from polymq.core.dedup import DEFAULT_WINDOW_S as DEFAULT_DEDUP_WINDOW_S
 from polymq.core.disk_storage import MEM_QUEUE_SIZE, FsyncPolicy
+from polymq.core.engine import OVERFLOW_DROP_OLDEST, OVERFLOW_REJECT
 from polymq.gateway.admin_access import MIN_TOKEN_LENGTH
 from polymq.gateway.stream_http_api import DEFAULT_MAX_BATCH, DEFAULT_MAX_ROW, DEFAULT_SNAPSHOT_MEMORY
 
@@ -73,6 +80,20 @@ GATEWAY_SECTIONS: dict[str, tuple[Setting, ...]] = {
                 "from disk; a snapshot past it is refused (HTTP 413)."),
         Setting("in_memory", "--in-memory", click.BOOL, False,
                 "Keep nothing on disk (benchmarks, throwaway tests): a restart starts empty."),
+    ),
+    "limits": (
+        Setting("max_client_output", "--max-client-output", click.IntRange(min=0), DEFAULT_MAX_CLIENT_OUTPUT,
+                "Bytes of output a TCP client may leave unread; past it for --slow-client-grace the client is "
+                "disconnected with its protocol's error and what it held goes back to its queues (0 = no limit)."),
+        Setting("slow_client_grace_ms", "--slow-client-grace", click.IntRange(min=1),
+                int(DEFAULT_SLOW_CLIENT_GRACE_S * 1000),
+                "How long a TCP client's unread output may stay past --max-client-output, in ms."),
+        Setting("max_queue_depth", "--max-queue-depth", click.IntRange(min=0), 0,
+                "Ready messages a queue may hold; past it --queue-overflow applies (0 = no limit)."),
+        Setting("queue_overflow", "--queue-overflow", click.Choice([OVERFLOW_REJECT, OVERFLOW_DROP_OLDEST]),
+                OVERFLOW_REJECT,
+                "reject: a publish to a full queue is refused with its protocol's error; drop-oldest: it is "
+                "taken and the queue's oldest ready messages are dropped."),
     ),
     "http": (
         Setting("port", "--admin-port", PORT, DEFAULT_HTTP_PORT,
@@ -202,6 +223,10 @@ class Config:
     @property
     def http(self) -> Any:
         return self.sections["http"]
+
+    @property
+    def limits(self) -> Any:
+        return self.sections["limits"]
 
     @property
     def log(self) -> Any:

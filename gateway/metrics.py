@@ -59,6 +59,8 @@ class EngineCollector(Collector):
                                         labels=["protocol"])
         counters = {
             "connections_opened": "Connections accepted (TCP protocols).",
+            "connections_refused": "Connections refused past the protocol's maximum (TCP protocols).",
+            "slow_clients_disconnected": "Clients disconnected for leaving their output unread (TCP protocols).",
             "bytes_received": "Bytes read from clients (TCP protocols).",
             "bytes_sent": "Bytes written to clients (TCP protocols).",
             "messages_received": "ZeroMQ messages received (ZeroMQ protocols).",
@@ -70,6 +72,8 @@ class EngineCollector(Collector):
             connections.add_metric([protocol], service.connections())
             traffic = service.traffic()
             for name, value in (("connections_opened", traffic.connections_opened),
+                                ("connections_refused", traffic.connections_refused),
+                                ("slow_clients_disconnected", traffic.slow_disconnected),
                                 ("bytes_received", traffic.bytes_in), ("bytes_sent", traffic.bytes_out),
                                 ("messages_received", traffic.messages_in), ("messages_sent", traffic.messages_out)):
                 families[name].add_metric([protocol], value)
@@ -105,6 +109,10 @@ class EngineCollector(Collector):
             "expired": ("Copies whose TTL ran out before a delivery.", lambda queue: queue.expired_count),
             "dead_lettered": ("Copies moved to the queue's dead-letter topic.",
                               lambda queue: queue.dead_letter_count),
+            "rejected": ("Publishes refused because the queue was full (--max-queue-depth, reject).",
+                         lambda queue: queue.rejected_count),
+            "overflow_dropped": ("Oldest copies dropped because the queue was full (--max-queue-depth, drop-oldest).",
+                                 lambda queue: queue.overflow_dropped_count),
         }
         shown, rest = _limited(self.engine.queues.values(), lambda queue: queue.depth)
         families: list[tuple[Metric, Callable[[Any], int]]] = []

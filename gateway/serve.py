@@ -29,7 +29,7 @@ import trio
 import zmq
 
 import polymq
-from polymq.adapters.protocol import Context, Endpoint, GatewayInfo, Protocol, Service, ServiceError
+from polymq.adapters.protocol import Context, Endpoint, GatewayInfo, OutputLimit, Protocol, Service, ServiceError
 from polymq.adapters.registry import protocols
 from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
 from polymq.core.clock import SystemClock
@@ -284,6 +284,8 @@ async def run_gateway(
     clock = SystemClock()
     engine = Engine(clock=clock, storage=storage)
     engine.dedup.window_s = config.storage.dedup_window_s  # before the restore, which forgets the expired
+    engine.max_queue_depth = config.limits.max_queue_depth
+    engine.overflow = config.limits.queue_overflow
     log.info("polymq %s, hot modules %s", polymq.__version__,
              "compiled (mypyc)" if polymq.COMPILED else "pure Python")
     started = clock.now()
@@ -297,7 +299,8 @@ async def run_gateway(
     timer_task = TimerTask(engine)
     http = prepared.http
     http_address = _address(http) if http is not None else None
-    gateway = GatewayInfo(bind=config.bind, http_address=http_address, stop=_stop_self)
+    output_limit = OutputLimit(config.limits.max_client_output, config.limits.slow_client_grace_ms / 1000)
+    gateway = GatewayInfo(bind=config.bind, http_address=http_address, stop=_stop_self, output_limit=output_limit)
     by_protocol: dict[str, Service] = {
         bound.protocol.name: bound.protocol.start(
             Context(engine, bound.options, bound.listeners, bound.zmq, bound.checked, gateway))

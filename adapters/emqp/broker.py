@@ -137,6 +137,8 @@ class Counters:
 
 
 class EMQPBroker(ZmqService):
+    log = log
+
     # At shutdown the KBYEs get this long to reach the peers, in ms.
     linger_ms = 200
 
@@ -402,7 +404,9 @@ class EMQPBroker(ZmqService):
 
     def _refuse(self, message: emqp.Message, reason: str, replies: list[list[bytes]]) -> None:
         self.counters.refused += 1
-        log.info("frontend: request %r from %s refused: %s", message.msgid[:60], _text(message.identity), reason)
+        # Summed up when they repeat: a flood of requests to a full queue writes a few lines.
+        self.refusals.note(reason.split(":")[0][:60], f"frontend: request {message.msgid[:60]!r} from "
+                                                      f"{_text(message.identity)} refused: {reason}")
         replies.append(emqp.refusal(message.identity, _msgid(), message.msgid, reason))
 
     def _request(self, message: emqp.Message, replies: list[list[bytes]]) -> None:
@@ -423,6 +427,10 @@ class EMQPBroker(ZmqService):
         queue = self._queue(name)
         if engine.storage.failure is not None:
             self._refuse(message, f"the store failed: {engine.storage.failure}", replies)
+            return
+        refusal = engine.publish_refusal(name)
+        if refusal is not None:
+            self._refuse(message, refusal, replies)
             return
         if self.limits.max_depth and queue.depth >= self.limits.max_depth:
             self._refuse(message, f"queue {name} holds {queue.depth} requests (the limit)", replies)

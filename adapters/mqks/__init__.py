@@ -18,6 +18,9 @@ DEFAULT_MQKS_PORT = 25000
 
 SETTINGS = (
     Setting("port", "--mqks-port", PORT, DEFAULT_MQKS_PORT, "MQKS TCP port (0 = any free, -1 = off)."),
+    Setting("max_connections", "--mqks-max-connections", click.IntRange(min=0), 0,
+           "MQKS clients connected at once; one more gets an error line (`None error …`) and is closed "
+           "(0 = no limit)."),
     Setting("max_line", "--mqks-max-line", click.IntRange(min=64), MQKS_MAX_LINE_LENGTH,
            "Longest MQKS request line in bytes; a longer one is answered with an error and skipped."),
     Setting("consumer_window", "--mqks-consumer-window", click.IntRange(min=1), MQKSLimits().consumer_window,
@@ -37,7 +40,8 @@ def start(context: Context) -> TcpService:
     if sock is None:
         return TcpService([])
     server.host, server.port = sock.getsockname()[:2]
-    return TcpService([(sock, server)])
+    server.max_connections = options.max_connections
+    return TcpService([(sock, server)], context.gateway.output_limit)
 
 
 PROTOCOL = Protocol(

@@ -137,6 +137,10 @@ class MQKSServer(Listener):
     def new_error_id(self) -> str:
         return mqks.error_id(datetime.datetime.now(datetime.UTC), self.rng)
 
+    def refusal(self) -> tuple[str, bytes]:
+        # No request to answer yet: the id of a line without one (docs/protocols/mqks.md), `None`.
+        return "error (too many connections)", mqks.error_line(NO_REQUEST_ID, self.new_error_id())
+
     # -- stats for `_eval` ------------------------------------------------------------------------
 
     def queues_in_use(self) -> int:
@@ -235,6 +239,10 @@ def _msg_id_and_event(message: Message, queue: Queue) -> tuple[bytes, bytes]:
     return shown, str(event).encode()
 
 
+# The request id of an error line that answers no request (the original's, for a line with no id).
+NO_REQUEST_ID = "None"
+
+
 class MQKSSession(StreamSession):
     log = log
 
@@ -258,6 +266,9 @@ class MQKSSession(StreamSession):
             mqks.Eval: self._eval,
             mqks.BadRequest: self._bad_request,
         }
+
+    def slow_error(self, unsent: int) -> tuple[str, bytes]:
+        return "error (slow client)", mqks.error_line(NO_REQUEST_ID, self.server.new_error_id())
 
     def closed(self) -> None:
         # Disconnect = delete_consumer for each consumer (docs/protocols/mqks.md).
@@ -351,11 +362,15 @@ class MQKSSession(StreamSession):
         """Publishes to one event, in order."""
         engine = self.engine
         storage = engine.storage
-        if storage.failure is not None:
-            for request in requests:
-                self._error(request.request_id, f"storage failing: {storage.failure}")
-            return
         event = requests[0].event
+        refusal = storage.failure or engine.publish_refusal(event, len(requests))
+        if refusal is not None:
+            # One line for the batch, and few for a flood: the error ids a client saw are not logged each.
+            self.server.refusals.note("publish refused", f"{self.peer}: publish to {event} refused with "
+                                                         f"`error` ({len(requests)} requests): {refusal}")
+            for request in requests:
+                self.send(mqks.error_line(request.request_id, self.server.new_error_id()))
+            return
         topic = engine.topics.get(event)
         bound = len(topic.queues) if topic is not None else 0
         if len(requests) == 1:  # publishers that alternate events: no batch to build

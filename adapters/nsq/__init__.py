@@ -41,6 +41,9 @@ SETTINGS = (
     Setting("tcp_port", "--nsq-tcp-port", PORT, DEFAULT_NSQ_TCP_PORT, "NSQ V2 TCP port (0 = any free, -1 = off)."),
     Setting("http_port", "--nsq-http-port", PORT, DEFAULT_NSQ_HTTP_PORT,
            "nsqd HTTP API port (0 = any free, -1 = off)."),
+    Setting("max_connections", "--nsq-max-connections", click.IntRange(min=0), 0,
+           "NSQ TCP clients connected at once; one more gets E_TOO_MANY_CONNECTIONS and is closed "
+           "(0 = no limit, as nsqd)."),
     Setting("msg_timeout_ms", "--msg-timeout", click.IntRange(min=1), NSQ_DEFAULTS.msg_timeout_ms,
            "Default time a consumer has to FIN a message, in ms (nsqd's --msg-timeout)."),
     Setting("max_msg_timeout_ms", "--max-msg-timeout", click.IntRange(min=1), NSQ_DEFAULTS.max_msg_timeout_ms,
@@ -159,7 +162,8 @@ class NSQService(TcpService):
                                 self.server.broadcast_http_port, self.server.limits.version, self.server.hostname)
         self.lookupd = LookupdRegistrar(self.engine, identity, options.lookupd_tcp_addresses,
                                         max_response=options.max_body_size)
-        super().__init__([(self.tcp, self.server)] if self.tcp is not None else [])
+        self.server.max_connections = options.max_connections
+        super().__init__([(self.tcp, self.server)] if self.tcp is not None else [], context.gateway.output_limit)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

@@ -466,8 +466,8 @@ class NsqHttpApi:
                 delay_ms = int(text)
                 if delay_ms < 0 or delay_ms > self.limits.max_req_timeout_ms:
                     return error(400, "INVALID_DEFER")
-            if self.engine.storage.failure is not None:
-                return STORAGE_FAILED
+            if self.engine.storage.failure is not None or self.engine.publish_refusal(topic) is not None:
+                return STORAGE_FAILED  # nsqd answers any failed PutMessage so
             self._ensure_topic(topic)
             self.engine.publish(topic, body, delay=delay_ms / 1000, origin=NSQ_ORIGIN)
             return PUBLISHED
@@ -505,7 +505,7 @@ class NsqHttpApi:
                 bodies = _split_text_mpub(body, read_max, limits.max_msg_size)
                 if isinstance(bodies, Response):
                     return bodies
-            if self.engine.storage.failure is not None:
+            if self.engine.storage.failure is not None or self.engine.publish_refusal(topic, len(bodies)) is not None:
                 return STORAGE_FAILED
             # The topic is created only for a valid batch (nsqd creates it first).
             self._ensure_topic(topic)

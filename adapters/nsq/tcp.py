@@ -59,6 +59,10 @@ TICK_TOLERANCE_S = 0.005
 READ_TIMEOUT_REASON = "client timed out: no data for two heartbeat intervals"
 # A TLS handshake gets at least this long (or one heartbeat interval, if longer).
 TLS_HANDSHAKE_TIMEOUT_S = 5.0
+# The fatal errors of polymq's own limits (nsqd has neither): a client past --nsq-max-connections, and
+# one that leaves its output unread past --max-client-output.
+TOO_MANY_CONNECTIONS = "E_TOO_MANY_CONNECTIONS"
+SLOW_CLIENT = "E_SLOW_CLIENT"
 # What a failed FIN, REQ or TOUCH says after `<id> failed ` (nsqd's channel.go errors).
 ACK_FAILED_TEXT: dict[Outcome, bytes] = {
     Outcome.NOT_IN_FLIGHT: b"ID not in flight",
@@ -177,6 +181,10 @@ class NSQServer(Listener):
 
     def new_session(self, transport: Transport) -> NSQSession:
         return NSQSession(self, transport)
+
+    def refusal(self) -> tuple[str, bytes]:
+        # nsqd has no connection limit; its fatal error frame is what any client handles before a close.
+        return TOO_MANY_CONNECTIONS, nsq.frame_error(nsq.fatal(TOO_MANY_CONNECTIONS, "too many connections"))
 
     def client_stats(self) -> list[dict[str, Any]]:
         return [session.stats() for session in list(self.sessions)]  # type: ignore[attr-defined]
@@ -299,6 +307,9 @@ class NSQSession(StreamSession):
 
     def drain_timeout(self) -> float:
         return max(self.heartbeat_interval, 1.0)
+
+    def slow_error(self, unsent: int) -> tuple[str, bytes]:
+        return SLOW_CLIENT, nsq.frame_error(nsq.fatal(SLOW_CLIENT, f"{unsent} bytes of output not read"))
 
     def _end(self, reason: str) -> None:
         """A fatal error or a corrupt stream: what is queued goes out, then the connection closes."""
@@ -629,11 +640,13 @@ class NSQSession(StreamSession):
         if topic not in self.engine.topics:
             self.engine.ensure_topic(topic, ephemeral=nsq.is_ephemeral(topic), origin=ORIGIN)
 
-    def _storage_failed(self, name: str) -> bool:
-        """While the storage cannot write, a publish is refused (in its turn, after earlier answers)."""
-        failure = self.engine.storage.failure
+    def _refused(self, name: str, topic: str, count: int) -> bool:
+        """While the storage cannot write, or a queue of the topic is full (the engine's depth policy),
+        a publish is refused (in its turn, after earlier answers)."""
+        failure = self.engine.storage.failure or self.engine.publish_refusal(topic, count)
         if failure is None:
             return False
+        self.server.refusals.note(f"E_{name}_FAILED", f"{self.peer}: E_{name}_FAILED {name} failed {failure}")
         self._pending_publishes.append((name, failure))
         self.engine.storage.sync(self._ack_publish)
         return True
@@ -661,7 +674,7 @@ class NSQSession(StreamSession):
         pending = self._check_auth("PUB", command.topic)
         if pending is not None:
             return self._after(pending, lambda: self._pub(command))
-        if self._storage_failed("PUB"):
+        if self._refused("PUB", command.topic, 1):
             return None
         self._ensure_topic(command.topic)
         self.engine.publish(command.topic, command.body, origin=ORIGIN)
@@ -672,7 +685,7 @@ class NSQSession(StreamSession):
         pending = self._check_auth("MPUB", command.topic)
         if pending is not None:
             return self._after(pending, lambda: self._mpub(command))
-        if self._storage_failed("MPUB"):
+        if self._refused("MPUB", command.topic, len(command.bodies)):
             return None
         self._ensure_topic(command.topic)
         self.engine.publish_many(command.topic, command.bodies, origin=ORIGIN)
@@ -683,7 +696,7 @@ class NSQSession(StreamSession):
         pending = self._check_auth("DPUB", command.topic)
         if pending is not None:
             return self._after(pending, lambda: self._dpub(command))
-        if self._storage_failed("DPUB"):
+        if self._refused("DPUB", command.topic, 1):
             return None
         self._ensure_topic(command.topic)
         self.engine.publish(command.topic, command.body, delay=command.defer_ms / 1000, origin=ORIGIN)

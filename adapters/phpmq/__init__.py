@@ -21,6 +21,8 @@ DEFAULT_CONSOLE_BIND = "127.0.0.1"
 
 SETTINGS = (
     Setting("port", "--phpmq-port", PORT, DEFAULT_PHPMQ_PORT, "PHPMQ TCP port (0 = any free, -1 = off)."),
+    Setting("max_connections", "--phpmq-max-connections", click.IntRange(min=0), 0,
+           "PHPMQ clients connected at once; one more is closed (PHPMQ has no error packet; 0 = no limit)."),
     Setting("max_content", "--phpmq-max-content", click.IntRange(min=1), PHPMQ_MAX_CONTENT,
            "Largest packet content in bytes (a message's body, its queue name); a larger one closes the "
            "connection before anything is allocated for it."),
@@ -54,16 +56,18 @@ def start(context: Context) -> TcpService:
     served = []
     sock = context.listeners.get("phpmq")
     if sock is not None:
-        served.append((sock, PHPMQServer(engine, PHPMQLimits(
+        server = PHPMQServer(engine, PHPMQLimits(
             max_content=options.max_content, max_window=options.max_window,
             current_generation=options.generation == "current",
             ack_timeout=options.ack_timeout_ms / 1000 if options.ack_timeout_ms else None,
             max_attempts=options.max_attempts,
-            forget_empty_after=None if options.forget_empty_after_s < 0 else options.forget_empty_after_s))))
+            forget_empty_after=None if options.forget_empty_after_s < 0 else options.forget_empty_after_s))
+        server.max_connections = options.max_connections
+        served.append((sock, server))
     console = context.listeners.get("phpmq-console")
     if console is not None:
         served.append((console, ConsoleServer(engine, destructive=options.console_destructive)))
-    return TcpService(served)
+    return TcpService(served, context.gateway.output_limit)
 
 
 PROTOCOL = Protocol(

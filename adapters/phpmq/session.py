@@ -144,11 +144,12 @@ class PHPMQSession(StreamSession):
                 return
 
     def _send(self, request: phpmq.Send) -> None:
-        storage = self.engine.storage
-        if storage.failure is not None:
+        refusal = self.engine.storage.failure or self.engine.publish_refusal(request.queue)
+        if refusal is not None:
             # No reply exists to refuse it with: the producer sees its connection end instead.
-            log.warning("%s: closing the connection: the store is failing (%s)", self.peer, storage.failure)
-            self.stop(f"storage failing: {storage.failure}")
+            self.server.refusals.note("send refused", f"{self.peer}: send to {request.queue} refused, "
+                                                      f"closing the connection: {refusal}")
+            self.stop(f"send refused: {refusal}")
             return
         self.server.queue(request.queue)
         self.engine.publish(request.queue, request.content, ttl=request.ttl, origin=ORIGIN)

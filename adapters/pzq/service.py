@@ -60,6 +60,8 @@ class PZQLimits:
 
 
 class PZQServer(ZmqService):
+    log = log
+
     def __init__(self, engine: Engine, sockets: ZmqSockets, limits: PZQLimits | None = None) -> None:
         super().__init__(engine)
         self.limits = limits or PZQLimits()
@@ -120,8 +122,10 @@ class PZQServer(ZmqService):
             if isinstance(parsed, pzq.ProduceRefused):
                 replies.append([peer, *pzq.producer_refusal(parsed.producer_id, parsed.reason)])
                 continue
-            if storage.failure is not None:
-                replies.append([peer, *pzq.producer_refusal(parsed.producer_id, storage.failure.encode())])
+            refusal = storage.failure or engine.publish_refusal(topic)
+            if refusal is not None:
+                self.refusals.note("refused", f"producer message refused with 0: {refusal}")
+                replies.append([peer, *pzq.producer_refusal(parsed.producer_id, refusal.encode())])
                 continue
             engine.publish(topic, pzq.join_frames(parsed.bodies), origin=ORIGIN)
             replies.append([peer, *pzq.producer_ack(parsed.producer_id)])
