@@ -710,6 +710,9 @@ class DiskStorage:
         self._last_fsync = clock.now()
         self._unsynced = False
         self.failure: str | None = None  # the last commit's error, None once a commit succeeds
+        # The failure the log last told of: a retry clears `failure` before it tries, so this is what
+        # keeps a full disk to one line, not one per retry, and says when writes work again.
+        self._reported: str | None = None
         self.on_work: Callable[[], None] | None = None  # the committer's wake-up
         self._held = 0  # `hold_work` calls not yet released
         self.syncs = 0  # fdatasync jobs that ended (a merged job counts once)
@@ -897,11 +900,8 @@ class DiskStorage:
 
     def retry_writes(self) -> bool:
         """The committer's attempt after a failure (`write_now` skips while failing); True if it worked."""
-        previous = self.failure
         self._clear_failure()  # a call, not `self.failure = None`: a checker would narrow the attribute to None
         self.write_now()
-        if self.failure is None and previous is not None:
-            log.warning("storage writes work again")
         return self.failure is None
 
     def _clear_failure(self) -> None:
@@ -935,8 +935,9 @@ class DiskStorage:
         if job.error is not None:
             self._unsynced = True
             message = f"fdatasync: {job.error.strerror or job.error}"
-            if self.failure != message:
+            if self._reported != message:
                 log.error("storage sync failed: %s; publishes fail until it works again", message)
+                self._reported = message
             self.failure = message
         awaiting = self._awaiting_sync
         released = 0
@@ -1018,13 +1019,15 @@ class DiskStorage:
                 self._last_fsync = self.clock.now()
             elif job.appends:
                 self._unsynced = True
-            if self.failure is not None:
+            if self._reported is not None:
                 log.warning("storage writes work again")
+                self._reported = None
             self.failure = None
         else:
             message = f"{job.error.strerror or job.error}"
-            if self.failure != message:
+            if self._reported != message:
                 log.error("storage write failed: %s; publishes fail until it works again", message)
+                self._reported = message
             self.failure = message
             self._retry = CommitJob(appends=job.appends[job.appended:], unlinks=job.unlinks,
                                     removed_dirs=job.removed_dirs)
