@@ -96,15 +96,19 @@ def read_announcements(stream: Iterable[str], lines: list[str], ready: threading
 
 
 @contextmanager
-def running_gateway(*extra_args: str, data_dir: Path | None = None) -> Iterator[GatewayProcess]:
+def running_gateway(*extra_args: str, data_dir: Path | None = None,
+                    prefix: tuple[str, ...] = ()) -> Iterator[GatewayProcess]:
     """Run `python -m polymq serve` on loopback with OS-chosen ports until the block ends.
 
-    Without `data_dir` the gateway stores in a fresh temporary folder, removed afterwards.
+    Without `data_dir` the gateway stores in a fresh temporary folder, removed afterwards. `prefix`
+    is a command the gateway's command line is given to, which must exec it (the PID stays the
+    gateway's): a private mount namespace, say.
     """
     own_dir = None
     if data_dir is None:
         own_dir = data_dir = Path(tempfile.mkdtemp(prefix="polymq-test-"))
     args = [
+        *prefix,
         sys.executable, "-m", "polymq", "serve",
         "--bind", "127.0.0.1",
         "--nsq-tcp-port", "0",
