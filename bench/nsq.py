@@ -36,6 +36,7 @@ import attrs
 import click
 
 from polymq.bench import common
+from polymq.clients import nsq, tcp
 from polymq.codecs import nsq_client
 from polymq.codecs.nsq import (
     FRAME_TYPE_ERROR,
@@ -83,9 +84,8 @@ FRAME_OK = struct.pack(">ii", 4 + len(OK), FRAME_TYPE_RESPONSE) + OK
 # blocked writing messages to us.
 CONSUMER_RECV_BYTES = 256 * 1024
 PUBLISHER_RECV_BYTES = 64 * 1024
-# Blocking reads give up after this long (SO_RCVTIMEO) so idle workers notice stop signals and
-# deadlines; a kernel timeout avoids the extra poll() Python adds to every call on a socket
-# with settimeout().
+# Blocking reads give up after this long (`tcp.set_read_timeout`) so idle workers notice stop signals
+# and deadlines.
 IDLE_POLL_S = 0.2
 CONNECT_TIMEOUT_S = 10.0
 # The parent stops a scenario whose counters have not moved for this long.
@@ -140,12 +140,6 @@ def _body(size: int) -> bytes:
     return STAMP_MARKER + FILLER * (size - MIN_SIZE)
 
 
-def _set_read_timeout(sock: socket.socket, seconds: float) -> None:
-    whole = int(seconds)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                    struct.pack("ll", whole, int((seconds - whole) * 1_000_000)))
-
-
 class _Conn:
     """One connection to the server; subclasses do the publishing or the consuming."""
 
@@ -166,32 +160,30 @@ class _Conn:
         self.deadline = float("inf")
         self.finished = False
 
-    def open(self) -> None:
-        sock = socket.create_connection((self.plan.host, self.plan.port), timeout=CONNECT_TIMEOUT_S)
-        sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
-        sock.sendall(nsq_client.magic() + nsq_client.identify(self.plan.identify))
-        self._expect_ok("IDENTIFY")
+    def handshake(self) -> list[tuple[bytes, str]]:
+        """The commands that open the connection, each answered by a plain OK."""
+        return [(nsq_client.identify(self.plan.identify), "IDENTIFY")]
 
-    def _expect_ok(self, what: str) -> None:
-        """Handshake only (not hot): read frames until a plain OK."""
-        assert self.sock is not None
-        reader = nsq_client.FrameReader()
-        while True:
-            data = self.sock.recv(PUBLISHER_RECV_BYTES)
-            if not data:
-                raise ServerError(f"connection closed after {what}")
-            reader.receive_data(data)
-            for frame in reader.frames():
-                if frame.is_error:
-                    raise ServerError(f"{what}: {frame.data.decode(errors='replace')}")
-                if frame.is_response and frame.data == OK:
-                    return
-                if frame.is_response and frame.data == HEARTBEAT:
-                    self.sock.sendall(nsq_client.nop())
-                    continue
-                raise ServerError(f"{what}: unexpected frame {frame!r}")
+    def open(self) -> None:
+        """Connect and shake hands through the client (not hot), then read on the bare socket."""
+        conn = nsq.Connection((self.plan.host, self.plan.port), CONNECT_TIMEOUT_S)
+        try:
+            for command, what in self.handshake():
+                conn.send(command)
+                try:
+                    conn.wait_for_ok(what)
+                except tcp.Closed:
+                    raise ServerError(f"connection closed after {what}") from None
+                except (nsq.ErrorFrame, nsq_client.FrameError, TimeoutError) as error:
+                    raise ServerError(str(error)) from None
+        except BaseException:
+            conn.close()
+            raise
+        sock, rest = conn.detach()
+        self.sock = sock  # type: ignore[assignment]
+        self.buf[: len(rest)] = rest
+        self.end = len(rest)
+        tcp.set_read_timeout(self.sock, IDLE_POLL_S)
 
     def begin(self, start_mono: float) -> None:
         if self.spec.deadline_s is not None:
@@ -334,10 +326,8 @@ class _Consumer(_Conn):
         self.fin_failed = 0
         self.consumer_slots = plan.consumer_slots
 
-    def open(self) -> None:
-        super().open()
-        self.sock.sendall(nsq_client.sub(self.spec.topic, CHANNEL))  # type: ignore[union-attr]
-        self._expect_ok("SUB")
+    def handshake(self) -> list[tuple[bytes, str]]:
+        return [*super().handshake(), (nsq_client.sub(self.spec.topic, CHANNEL), "SUB")]
 
     def begin(self, start_mono: float) -> None:
         super().begin(start_mono)
@@ -418,7 +408,6 @@ def _worker_main(plan: WorkerPlan, shared: common.SharedState, index: int) -> li
     try:
         for conn in conns:
             conn.open()
-            _set_read_timeout(conn.sock, IDLE_POLL_S)  # type: ignore[arg-type]
         common.report_ready(shared, index)
         shared.start.wait()
         if shared.stop.value:

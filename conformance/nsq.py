@@ -27,29 +27,23 @@ from typing import Any
 import attrs
 import click
 
+from polymq.clients import nsq
+from polymq.clients.tcp import Closed
 from polymq.codecs import nsq_client as nc
-from polymq.codecs.compression import (
-    SNAPPY_STREAM_IDENTIFIER,
-    DecompressionError,
-    DeflateCompressor,
-    DeflateDecompressor,
-    SnappyCompressor,
-    SnappyDecompressor,
-)
+from polymq.codecs.compression import SNAPPY_STREAM_IDENTIFIER, DecompressionError
 from polymq.codecs.nsq import (
     CLOSE_WAIT,
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
     FRAME_TYPE_RESPONSE,
     HEARTBEAT,
-    MAGIC_V2,
     MAX_LINE_LENGTH,
     MAX_NAME_LENGTH,
     MESSAGE_OVERHEAD,
     MSG_ID_LENGTH,
     OK,
 )
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, recv_before, run_checks
+from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
 
 # ---------------------------------------------------------------------------------------------
 # What nsqd v1.3.0 does with default options (docs/protocols/nsq.md)
@@ -149,126 +143,36 @@ def describe(frame: nc.Frame | None) -> str:
     return f"frame type {frame.frame_type} {frame.data[:60]!r}"
 
 
-class Closed(Exception):
-    """The server closed (or reset) the connection."""
-
-
 # ---------------------------------------------------------------------------------------------
 # One TCP connection
 
 
-class Conn:
-    """A client connection with blocking reads bounded by deadlines."""
+class Conn(nsq.Connection):
+    """The NSQ client, its failures told as CheckFailed."""
 
-    def __init__(self, address: tuple[str, int], timeout: float) -> None:
-        self.timeout = timeout
+    def __init__(self, address: tuple[str, int], timeout: float, *, magic: bool = True) -> None:
         try:
-            self.sock = socket.create_connection(address, timeout=timeout)
+            super().__init__(address, timeout, magic=magic)
         except OSError as exc:
             raise CheckFailed(f"cannot connect to {address[0]}:{address[1]}", got=str(exc)) from exc
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._raw = bytearray()  # received, not yet decompressed / framed
-        self._reader = nc.FrameReader()
-        self._frames: list[nc.Frame] = []
-        self._inflate: DeflateDecompressor | SnappyDecompressor | None = None
-        self._deflate: DeflateCompressor | SnappyCompressor | None = None
-        self.compressed_in = bytearray()  # raw bytes received since compression started
-
-    def close(self) -> None:
-        self.sock.close()
-
-    # -- output --------------------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        if self._deflate is not None:
-            data = self._deflate.compress(data)
         try:
-            self.sock.sendall(data)
+            super().send(data)
         except OSError as exc:
             # The server may close while we write (it errors early on a size). Reading tells
             # what it said before closing, so a send failure is not itself a verdict.
             if isinstance(exc, TimeoutError):
                 raise CheckFailed("server stopped reading", got=str(exc)) from exc
 
-    # -- input ---------------------------------------------------------------------------------
-
-    def _recv(self, deadline: float) -> bool:
-        """One read into the raw buffer; False when the deadline passed first."""
-        try:
-            data = recv_before(self.sock, deadline)
-        except OSError as exc:  # a reset after the server closed with our bytes unread
-            raise Closed(str(exc)) from exc
-        if data is None:
-            return False
-        if not data:
-            raise Closed("connection closed")
-        self._raw += data
-        return True
-
-    def _feed(self) -> None:
-        if not self._raw:
-            return
-        data = bytes(self._raw)
-        self._raw.clear()
-        if self._inflate is not None:
-            self.compressed_in += data
-            try:
-                data = self._inflate.decompress(data)
-            except DecompressionError as exc:
-                raise CheckFailed("server's compressed stream does not decode", got=str(exc)) from exc
-        self._reader.receive_data(data)
-        try:
-            self._frames.extend(self._reader.frames())
-        except nc.FrameError as exc:
-            raise CheckFailed("server sent bytes that are not NSQ frames", got=str(exc)) from exc
-
     def poll(self, seconds: float, *, heartbeats: bool = False) -> nc.Frame | None:
         """The next frame within `seconds`, or None. Raises Closed. Heartbeats are skipped unless asked."""
-        deadline = time.monotonic() + seconds
-        while True:
-            self._feed()
-            while self._frames:
-                frame = self._frames.pop(0)
-                if heartbeats or not (frame.frame_type == FRAME_TYPE_RESPONSE and frame.data == HEARTBEAT):
-                    return frame
-            if not self._recv(deadline):
-                return None
-
-    def read_raw_frame(self, what: str) -> nc.Frame:
-        """Read exactly one uncompressed frame and leave later bytes undecoded (before compression starts)."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            if len(self._raw) >= 8:
-                size = _SIZE.unpack_from(self._raw)[0]
-                if size < 4 or size > nc.MAX_FRAME_SIZE:
-                    raise CheckFailed(what, "a frame", f"frame size {size} (bytes {bytes(self._raw[:16])!r})")
-                if len(self._raw) >= 4 + size:
-                    frame = nc.Frame(_SIZE.unpack_from(self._raw, 4)[0], bytes(self._raw[8 : 4 + size]))
-                    del self._raw[: 4 + size]
-                    return frame
-            try:
-                if not self._recv(deadline):
-                    raise CheckFailed(what, "a frame", f"nothing within {self.timeout} s")
-            except Closed as exc:
-                raise CheckFailed(what, "a frame", f"connection closed ({exc})") from exc
-
-    def read_until_closed(self) -> tuple[bytes, bool]:
-        """Every raw byte until the server closes (True) or the timeout passes (False)."""
-        deadline = time.monotonic() + self.timeout
         try:
-            while self._recv(deadline):
-                pass
-        except Closed:
-            return bytes(self._raw), True
-        return bytes(self._raw), False
-
-    def start_compression(self, kind: str) -> None:
-        if kind == "deflate":
-            self._inflate = DeflateDecompressor(nc.MAX_FRAME_SIZE)
-            self._deflate = DeflateCompressor(MAX_DEFLATE_LEVEL)
-        else:
-            self._inflate = SnappyDecompressor()
-            self._deflate = SnappyCompressor()
+            return self.next_frame(seconds, heartbeats=heartbeats)
+        except DecompressionError as exc:
+            raise CheckFailed("server's compressed stream does not decode", got=str(exc)) from exc
+        except nc.FrameError as exc:
+            raise CheckFailed("server sent bytes that are not NSQ frames", got=str(exc)) from exc
 
     # -- expectations --------------------------------------------------------------------------
 
@@ -422,10 +326,8 @@ class Target:
     # -- TCP -----------------------------------------------------------------------------------
 
     def connect(self, *, magic: bool = True) -> Conn:
-        conn = Conn(self.tcp, self.timeout)
+        conn = Conn(self.tcp, self.timeout, magic=magic)
         self.conns.append(conn)
-        if magic:
-            conn.send(MAGIC_V2)
         return conn
 
     def consumer(
@@ -1346,14 +1248,14 @@ def _compressed_round_trip(t: Target, kind: str) -> None:
     if kind == "deflate":
         asked["deflate_level"] = 9
     conn.send(nc.identify(asked))
-    reply = parse_identify_reply(f"IDENTIFY {kind}", conn.read_raw_frame(f"IDENTIFY {kind}"))
+    reply = parse_identify_reply(f"IDENTIFY {kind}", conn.expect_frame(f"IDENTIFY {kind}", "a JSON response frame"))
     expect_equal(f"IDENTIFY {kind}: reply {kind}", True, reply.get(kind))
     if kind == "deflate":
         expect_equal("IDENTIFY deflate_level 9: clamped to max_deflate_level", MAX_DEFLATE_LEVEL,
                      reply.get("deflate_level"))
     conn.start_compression(kind)
     conn.expect_ok(f"the OK after the IDENTIFY reply, {kind}-compressed")
-    raw = bytes(conn.compressed_in)
+    raw = bytes(conn.compressed_received)
     if kind == "snappy" and not raw.startswith(SNAPPY_STREAM_IDENTIFIER):
         raise CheckFailed("snappy stream start", SNAPPY_STREAM_IDENTIFIER, raw[:10])
     if kind == "deflate" and not raw.endswith(b"\x00\x00\xff\xff"):
