@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import struct
 import sys
 import time
 import uuid
@@ -40,6 +38,7 @@ import attrs
 import click
 
 from polymq.bench import common
+from polymq.clients import tcp
 from polymq.codecs import mqks_client as codec
 from polymq.codecs.mqks import ID_LENGTH, MANUAL_ACK_FLAG, WHEN_UNUSED_FLAG
 
@@ -78,7 +77,7 @@ COUNTER_DIGITS = 10
 PREFIX_LENGTH = ID_LENGTH - COUNTER_DIGITS
 CONSUMER_RECV_BYTES = 256 * 1024
 PUBLISHER_RECV_BYTES = 64 * 1024
-# Blocking reads give up after this long (SO_RCVTIMEO) so idle workers notice the stop signal.
+# Blocking reads give up after this long (`tcp.set_read_timeout`) so idle workers notice the stop signal.
 IDLE_POLL_S = 0.2
 CONNECT_TIMEOUT_S = 10.0
 # The parent stops a scenario whose counters have not moved for this long.
@@ -119,19 +118,6 @@ class WorkerPlan:
 # --- worker side --------------------------------------------------------------------------
 
 
-def _set_read_timeout(sock: socket.socket, seconds: float) -> None:
-    # A kernel timeout: Python's settimeout() would add a poll() to every recv.
-    whole = int(seconds)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
-
-
-def _connect(plan: WorkerPlan) -> socket.socket:
-    sock = socket.create_connection((plan.host, plan.port), timeout=CONNECT_TIMEOUT_S)
-    sock.settimeout(None)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
 def _fail_on_error(line: bytes) -> None:
     try:
         response = codec.parse_response(line)
@@ -147,7 +133,8 @@ class _Conn:
         self.plan = plan
         self.shared = shared
         self.slot = spec.slot
-        self.sock = _connect(plan)
+        self.sock = tcp.connect((plan.host, plan.port), CONNECT_TIMEOUT_S)
+        tcp.set_read_timeout(self.sock, IDLE_POLL_S)
         self.rest = b""
         self.count = 0
         self.last_ns = 0
@@ -371,7 +358,6 @@ def _worker_main(plan: WorkerPlan, shared: common.SharedState, index: int) -> li
         # Consumers first, each confirmed: a publish to a queue nobody consumed yet is dropped.
         for spec in sorted(plan.conns, key=lambda s: s.role != "sub"):
             conns.append(_Consumer(spec, plan, shared) if spec.role == "sub" else _Publisher(spec, plan, shared))
-            _set_read_timeout(conns[-1].sock, IDLE_POLL_S)
         common.report_ready(shared, index)
         shared.start.wait()
         if shared.stop.value:

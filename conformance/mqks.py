@@ -18,13 +18,11 @@ with `_eval len(state.queues)` assume no other client creates or deletes queues 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime
 import re
 import secrets
 import select
-import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -33,9 +31,11 @@ from typing import Any
 import attrs
 import click
 
+from polymq.clients import mqks_blocking
+from polymq.clients.tcp import Closed
 from polymq.codecs import mqks_client as mc
 from polymq.codecs.mqks import ALL_FLAG, ID_LENGTH, MANUAL_ACK_FLAG, NO_ID, WHEN_UNUSED_FLAG
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, recv_before, run_checks
+from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
 
 # ---------------------------------------------------------------------------------------------
 # What the original does (docs/protocols/mqks.md)
@@ -67,10 +67,6 @@ CLEANUP_TIMEOUT_S = 2.0
 COMPETING_MESSAGES = 10
 
 
-class Closed(Exception):
-    """The server closed (or reset) the connection."""
-
-
 def show_lines(lines: Iterable[bytes]) -> str:
     shown = [repr(line) for line in lines]
     return ", ".join(shown) if shown else "nothing"
@@ -80,97 +76,45 @@ def show_lines(lines: Iterable[bytes]) -> str:
 # One TCP connection
 
 
-class Conn:
-    """A client connection reading `\\n`-terminated lines with blocking reads bounded by deadlines."""
+class Conn(mqks_blocking.Connection):
+    """The blocking MQKS client, its failures told as CheckFailed."""
 
     def __init__(self, address: tuple[str, int], timeout: float, label: str) -> None:
-        self.timeout = timeout
-        self.label = label
         try:
-            self.sock = socket.create_connection(address, timeout=timeout)
+            super().__init__(address, timeout)
         except OSError as exc:
             raise CheckFailed(f"cannot connect to {address[0]}:{address[1]}", got=str(exc)) from exc
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._reader = mc.LineReader()
-        self._lines: collections.deque[bytes] = collections.deque()
-        self._barriers = 0
-
-    def close(self) -> None:
-        self.sock.close()
+        self.label = label
 
     # -- output --------------------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
         try:
-            self.sock.sendall(data)
+            super().send(data)
         except OSError as exc:
             raise CheckFailed(f"{self.label}: sending {data[:80]!r}", "the server reading", str(exc)) from exc
 
-    def request(self, request_id: str, action: str, data: str, *, confirm: bool = False) -> str:
-        """Send one request line; returns it (without `\\n`) for failure lines."""
-        raw = mc.request(request_id, action, data, confirm=confirm)
-        self.send(raw)
-        return raw[:-1].decode()
-
     # -- input ---------------------------------------------------------------------------------
 
-    def recv_once(self, deadline: float) -> bool:
-        """One read into the line buffer; False when the deadline passed first. Raises Closed."""
+    def read_lines(self, deadline: float) -> bool:
         try:
-            data = recv_before(self.sock, deadline)
-        except OSError as exc:
-            raise Closed(str(exc)) from exc
-        if data is None:
-            return False
-        if not data:
-            raise Closed("connection closed")
-        try:
-            self._lines.extend(self._reader.feed(data))
+            return super().read_lines(deadline)
         except mc.ResponseError as exc:
             raise CheckFailed(f"{self.label}: a response line", "a line ending in \\n", str(exc)) from exc
-        return True
 
-    def buffered(self) -> bytes | None:
-        return self._lines.popleft() if self._lines else None
-
-    def unread(self, lines: list[bytes]) -> None:
-        """Put lines back in front of what is still unread, in their order."""
-        self._lines.extendleft(reversed(lines))
-
-    def read_line(self, seconds: float) -> bytes | None:
-        """The next line within `seconds`, or None. Raises Closed."""
-        deadline = time.monotonic() + seconds
-        while not self._lines:
-            if not self.recv_once(deadline):
-                return None
-        return self._lines.popleft()
-
-    def next_line(self, what: str, expected: Any) -> bytes:
+    def next_line_or_fail(self, what: str, expected: Any) -> bytes:
         try:
-            line = self.read_line(self.timeout)
+            line = self.next_line()
         except Closed as exc:
             raise CheckFailed(what, expected, f"connection closed ({exc})") from exc
         if line is None:
             raise CheckFailed(what, expected, f"nothing within {self.timeout} s")
         return line
 
-    def read_until_closed(self, seconds: float) -> tuple[list[bytes], bool]:
-        """Every line until the server closes (True) or `seconds` pass (False)."""
-        deadline = time.monotonic() + seconds
-        lines: list[bytes] = []
-        try:
-            while True:
-                line = self.read_line(max(0.0, deadline - time.monotonic()))
-                if line is None:
-                    return lines, False
-                lines.append(line)
-        except Closed:
-            return lines, True
-
     # -- expectations --------------------------------------------------------------------------
 
     def expect_line(self, what: str, expected: bytes) -> None:
-        line = self.next_line(what, expected)
+        line = self.next_line_or_fail(what, expected)
         if line != expected:
             raise CheckFailed(what, expected, line)
 
@@ -179,7 +123,7 @@ class Conn:
         got = []
         for _ in expected:
             try:
-                line = self.read_line(self.timeout)
+                line = self.next_line()
             except Closed as exc:
                 raise CheckFailed(what, show_lines(expected), f"{show_lines(got)}, then connection closed") from exc
             if line is None:
@@ -195,38 +139,28 @@ class Conn:
     def expect_error(self, what: str, request_id: str) -> str:
         """`{id} error <24-char error id>`; returns the error id."""
         expected = f"{request_id} error <{ID_LENGTH}-char error id>"
-        line = self.next_line(what, expected)
+        line = self.next_line_or_fail(what, expected)
         prefix = f"{request_id} error ".encode()
         if not line.startswith(prefix) or not _ERROR_ID.fullmatch(line[len(prefix) :].decode(errors="replace")):
             raise CheckFailed(what, expected, line)
         return line[len(prefix) :].decode()
 
-    def barrier(self, what: str) -> list[bytes]:
-        """Send a ping and return every line that came before its answer."""
-        self._barriers += 1
-        request_id = f"barrier{self._barriers}-{secrets.token_hex(3)}"
-        self.request(request_id, "ping", "barrier")
-        pong = f"{request_id} ok barrier".encode()
-        before: list[bytes] = []
-        while True:
-            line = self.next_line(f"{what}: ping barrier", pong)
-            if line == pong:
-                return before
-            try:
-                mc.parse_response(line)
-            except mc.ResponseError as exc:  # not even a response line: no point waiting for the pong
-                raise CheckFailed(f"{what}: ping barrier", pong, line) from exc
-            before.append(line)
-
     def expect_nothing(self, what: str, quiet: float = 0.0) -> None:
         """Nothing arrives for `quiet` seconds, nor before the answer to a ping sent then."""
         try:
-            line = self.read_line(quiet) if quiet > 0 else None
+            line = self.next_line(quiet) if quiet > 0 else None
         except Closed as exc:
             raise CheckFailed(what, "nothing more, connection open", "connection closed") from exc
         if line is not None:
             raise CheckFailed(what, "nothing more", line)
-        before = self.barrier(what)
+        try:
+            before = self.barrier()
+        except Closed as exc:
+            raise CheckFailed(f"{what}: ping barrier", "the answer to a ping", f"connection closed ({exc})") from exc
+        except TimeoutError as exc:
+            raise CheckFailed(f"{what}: ping barrier", "the answer to a ping", str(exc)) from exc
+        except mc.ResponseError as exc:  # not even a response line: no point waiting for the pong
+            raise CheckFailed(f"{what}: ping barrier", "the answer to a ping", str(exc)) from exc
         if before:
             raise CheckFailed(what, "nothing more (only the ping answer)", show_lines(before))
 
@@ -307,7 +241,7 @@ class Target:
         updates: list[bytes] = []
         early: list[bytes] = []
         while True:
-            got = conn.next_line(f"{line!r}", confirm)
+            got = conn.next_line_or_fail(f"{line!r}", confirm)
             if got == confirm:
                 conn.unread(early)
                 return updates
@@ -339,7 +273,7 @@ class Target:
         code = "--worker=0 len(state.queues)" if worker else "len(state.queues)"
         line = self.ctl.request(request_id, "_eval", code)
         expected = f"{request_id} ok <integer>"
-        got = self.ctl.next_line(f"{line!r}", expected)
+        got = self.ctl.next_line_or_fail(f"{line!r}", expected)
         prefix = f"{request_id} ok ".encode()
         if not got.startswith(prefix) or not got[len(prefix) :].isdigit():
             raise CheckFailed(f"{line!r}", expected, got)
@@ -362,7 +296,7 @@ class Target:
             for conn in conns:
                 if conn.sock in ready:
                     try:
-                        conn.recv_once(time.monotonic() + self.timeout)
+                        conn.read_lines(time.monotonic() + self.timeout)
                     except Closed as exc:
                         got_text = f"{show_lines(got)}, then {conn.label} closed"
                         raise CheckFailed(what, f"{count} lines", got_text) from exc
@@ -384,7 +318,7 @@ class Target:
                 request_id = self.ident(f"cleanup{index}")
                 conn.request(request_id, "delete_queue", queue, confirm=True)
                 # Any answer to this id will do: cleanup removes, the checks judge.
-                if not conn.next_line("cleanup", "an answer").startswith(f"{request_id} ".encode()):
+                if not conn.next_line_or_fail("cleanup", "an answer").startswith(f"{request_id} ".encode()):
                     raise CheckFailed("cleanup")
         except (CheckFailed, Closed):
             self.run.cleanup_failed = True
@@ -534,7 +468,7 @@ def _tab(t: Target) -> None:
     line = f"{request_id} ping a\tb".encode()
     conn.send(line + b"\n")
     try:
-        first = conn.read_line(t.timeout)
+        first = conn.next_line()
     except Closed:
         return  # the original's form: closed with no answer
     if first is None:
