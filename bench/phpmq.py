@@ -13,7 +13,6 @@ load). The queue of a run is unique and ends empty. See docs/performance.md.
 from __future__ import annotations
 
 import json
-import socket
 import time
 import uuid
 from typing import Any
@@ -22,6 +21,7 @@ import attrs
 import click
 
 from polymq.bench import common
+from polymq.clients import tcp
 from polymq.codecs import phpmq
 
 DEFAULT_PORT = 9100  # the original's (its config/phpmq.default.xml)
@@ -38,6 +38,7 @@ STAMP_DIGITS = common.STAMP_DIGITS
 SEND_BATCH = 200
 RECV_SIZE = 256 * 1024
 POLL_S = 0.05
+CONNECT_TIMEOUT_S = 10.0
 # A scenario gives up when no message was consumed for this long.
 STALL_S = 10.0
 # What the original does on a 2-core machine (docs/protocols/phpmq.md), and what polymq aims at.
@@ -61,8 +62,8 @@ class Plan:
 
 def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
     queue = plan.queue.encode()
-    with socket.create_connection(plan.address) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with tcp.connect(plan.address, CONNECT_TIMEOUT_S) as sock:
+        sock.settimeout(None)  # a server that stops reading holds the producer back: that is the measure
         common.report_ready(shared, index)
         shared.start.wait()
         sent = 0
@@ -95,8 +96,7 @@ def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
     codec = phpmq.ClientConnection()
     got = 0
     last_ns = 0
-    with socket.create_connection(plan.address) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with tcp.connect(plan.address, CONNECT_TIMEOUT_S) as sock:
         sock.sendall(phpmq.consume(queue, plan.window))
         common.report_ready(shared, index)
         shared.start.wait()

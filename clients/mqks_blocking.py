@@ -54,17 +54,17 @@ class Connection(tcp.Connection):
         """Put lines back in front of what is still unread, in their order."""
         self._lines.extendleft(reversed(lines))
 
-    def next_line(self, seconds: float | None = None) -> bytes | None:
-        """The next line (without `\\n`) within `seconds` (the timeout when not given), or None."""
-        deadline = self.deadline(seconds)
+    def next_line(self, timeout: float | None = None) -> bytes | None:
+        """The next line (without `\\n`) within `timeout` (the connection's when not given), or None."""
+        deadline = self.deadline(timeout)
         while not self._lines:
             if not self.read_lines(deadline):
                 return None
         return self._lines.popleft()
 
-    def read_until_closed(self, seconds: float | None = None) -> tuple[list[bytes], bool]:
-        """Every line until the server closes (True) or `seconds` pass (False)."""
-        deadline = self.deadline(seconds)
+    def read_until_closed(self, timeout: float | None = None) -> tuple[list[bytes], bool]:
+        """Every line until the server closes (True) or `timeout` passes (False)."""
+        deadline = self.deadline(timeout)
         lines: list[bytes] = []
         try:
             while (line := self.next_line(max(0.0, deadline - time.monotonic()))) is not None:

@@ -67,11 +67,11 @@ class Connection(tcp.Connection):
             self._raw += data
         return True
 
-    def next_frame(self, seconds: float | None = None, *, heartbeats: bool = False) -> nsq_client.Frame | None:
-        """The next frame within `seconds` (the timeout when not given), or None. Nothing is taken
+    def next_frame(self, timeout: float | None = None, *, heartbeats: bool = False) -> nsq_client.Frame | None:
+        """The next frame within `timeout` (the connection's when not given), or None. Nothing is taken
         from the buffer until the whole frame is there, so a timeout leaves the stream intact.
         Raises tcp.Closed, nsq_client.FrameError."""
-        deadline = self.deadline(seconds)
+        deadline = self.deadline(timeout)
         while True:
             buffer = self._plain if self._decompressor is not None else self._raw
             found = nsq_client.frame_at(buffer)
@@ -109,9 +109,9 @@ class Connection(tcp.Connection):
         self._raw.clear()
         return self.sock, rest
 
-    def read_until_closed(self, seconds: float | None = None) -> tuple[bytes, bool]:
-        """The raw bytes not yet framed, read until the server closes (True) or `seconds` pass (False)."""
-        deadline = self.deadline(seconds)
+    def read_until_closed(self, timeout: float | None = None) -> tuple[bytes, bool]:
+        """The raw bytes not yet framed, read until the server closes (True) or `timeout` passes (False)."""
+        deadline = self.deadline(timeout)
         try:
             while self._read(deadline):
                 pass

@@ -70,7 +70,8 @@ class Connection:
     """One blocking TCP connection whose reads have deadlines."""
 
     def __init__(self, address: tuple[str, int] | str, timeout: float) -> None:
-        self.sock = connect(address, timeout)
+        self.address = split_address(address) if isinstance(address, str) else address
+        self.sock = connect(self.address, timeout)
         self.timeout = timeout
 
     def send(self, data: bytes) -> None:
@@ -81,9 +82,9 @@ class Connection:
         """One read (see `receive_before`)."""
         return receive_before(self.sock, deadline)
 
-    def deadline(self, seconds: float | None = None) -> float:
-        """The monotonic time `seconds` from now (the connection's timeout when not given)."""
-        return time.monotonic() + (self.timeout if seconds is None else seconds)
+    def deadline(self, timeout: float | None = None) -> float:
+        """The monotonic time `timeout` from now (the connection's timeout when not given)."""
+        return time.monotonic() + (self.timeout if timeout is None else timeout)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):  # closing anyway

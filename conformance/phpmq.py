@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 import click
 
+from polymq.clients import phpmq as phpmq_client
+from polymq.clients.tcp import Closed
 from polymq.codecs import phpmq
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, recv_before, run_checks
+from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
 
 # The original's message-queue port (its config/phpmq.default.xml).
 DEFAULT_ADDRESS = "127.0.0.1:9100"
@@ -40,78 +41,42 @@ DEFAULT_QUIET_S = 0.8
 LARGE_CONTENT = 1024 * 1024
 
 
-class Conn:
-    """One PHPMQ connection with blocking reads bounded by deadlines."""
+class Conn(phpmq_client.Connection):
+    """The blocking PHPMQ client, its failures told as CheckFailed."""
 
     def __init__(self, address: tuple[str, int], timeout: float, label: str) -> None:
-        self.address = address
-        self.timeout = timeout
-        self.label = label
         try:
-            self.sock = socket.create_connection(address, timeout=timeout)
+            super().__init__(address, timeout)
         except OSError as exc:
             raise CheckFailed(f"cannot connect to {address[0]}:{address[1]}", got=str(exc)) from exc
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.codec = phpmq.ClientConnection()
-        self.received: list[phpmq.Delivery] = []
-        self.raw = bytearray()
-
-    def close(self) -> None:
-        self.sock.close()
+        self.label = label
 
     def send(self, data: bytes) -> None:
         try:
-            self.sock.sendall(data)
+            super().send(data)
         except OSError as exc:
             raise CheckFailed(f"{self.label}: sending", "the server reading", str(exc)) from exc
 
-    def _read(self, deadline: float) -> bool:
-        """One read; False when the deadline passed first. Raises CheckFailed if the server closed."""
+    def read_deliveries(self, deadline: float) -> bool:
         try:
-            data = recv_before(self.sock, deadline)
+            return super().read_deliveries(deadline)
+        except Closed as exc:
+            raise CheckFailed(f"{self.label}: the server closed the connection") from exc
         except OSError as exc:
             raise CheckFailed(f"{self.label}: the connection failed", got=str(exc)) from exc
-        if data is None:
-            return False
-        if not data:
-            raise CheckFailed(f"{self.label}: the server closed the connection")
-        self.raw += data
-        self.codec.receive_data(data)
-        while True:
-            event = self.codec.next_event()
-            if event is phpmq.NEED_DATA:
-                return True
-            if isinstance(event, phpmq.ProtocolError):
-                raise CheckFailed(f"{self.label}: a delivery that is not PHPMQ", got=event.reason)
-            assert isinstance(event, phpmq.Delivery)
-            self.received.append(event)
+        except phpmq_client.BadDelivery as exc:
+            raise CheckFailed(f"{self.label}: a delivery that is not PHPMQ", got=str(exc)) from exc
 
-    def deliveries(self, count: int, what: str) -> list[phpmq.Delivery]:
-        deadline = time.monotonic() + self.timeout
-        while len(self.received) < count:
-            if not self._read(deadline):
-                raise CheckFailed(f"{what}: deliveries", f"{count}", f"{len(self.received)}")
-        taken, self.received = self.received[:count], self.received[count:]
-        return taken
+    def expect_deliveries(self, count: int, what: str) -> list[phpmq.Delivery]:
+        try:
+            return self.deliveries(count)
+        except TimeoutError:
+            raise CheckFailed(f"{what}: deliveries", f"{count}", f"{len(self.received)}") from None
 
-    def quiet(self, seconds: float, what: str) -> None:
+    def expect_quiet(self, seconds: float, what: str) -> None:
         """Nothing arrives within `seconds`."""
-        deadline = time.monotonic() + seconds
-        while self._read(deadline):
-            if self.received:
-                raise CheckFailed(f"{what}: nothing more", "no delivery", self.received[0].content[:60])
-
-    def closed_by_server(self) -> bool:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                data = recv_before(self.sock, deadline)
-            except OSError:
-                return True  # reset
-            if data is None:
-                return False
-            if not data:
-                return True
+        if not self.quiet(seconds):
+            raise CheckFailed(f"{what}: nothing more", "no delivery", self.received[0].content[:60])
 
 
 class Target:
@@ -136,14 +101,14 @@ class Target:
 
     def barrier(self, conn: Conn) -> None:
         """Returns once the server has handled everything `conn` sent so far."""
-        queue = self.queue("barrier")
-        watcher = self.conn("barrier watcher")
-        watcher.send(phpmq.consume(queue.encode(), 1))
-        conn.send(phpmq.send(queue.encode(), b"barrier"))
-        [marker] = watcher.deliveries(1, "barrier")
-        # Read in order: the server handles this ack before it sees the connection close.
-        watcher.send(phpmq.ack(queue.encode(), marker.message_id))
-        watcher.close()
+        try:
+            conn.barrier(self.queue("barrier"))
+        except OSError as exc:
+            raise CheckFailed("barrier watcher: cannot connect", got=str(exc)) from exc
+        except Closed as exc:
+            raise CheckFailed("barrier watcher: the server closed the connection") from exc
+        except TimeoutError:
+            raise CheckFailed("barrier: deliveries", "1", "0") from None
 
     def close(self) -> None:
         for conn in self._conns:
@@ -168,7 +133,7 @@ def _send_consume(t: Target) -> None:
     producer, consumer = t.conn("producer"), t.conn("consumer")
     producer.send(phpmq.send(queue, b"Hello World"))
     consumer.send(phpmq.consume(queue, 5))
-    [delivery] = consumer.deliveries(1, "003")
+    [delivery] = consumer.expect_deliveries(1, "003")
     expect("003 header", b"H0100303", bytes(consumer.raw[:8]))
     expect("queue and content", (queue.decode(), b"Hello World"), (delivery.queue, delivery.content))
     expect("id is 32 lowercase hex", True, phpmq.parse_message_id(delivery.message_id) is not None)
@@ -185,11 +150,11 @@ def _window(t: Target) -> None:
         producer.send(phpmq.send(queue, body))
     t.barrier(producer)
     consumer.send(phpmq.consume(queue, 2))
-    first, second = consumer.deliveries(2, "window of 2")
+    first, second = consumer.expect_deliveries(2, "window of 2")
     expect("oldest first", [b"1", b"2"], [first.content, second.content])
-    consumer.quiet(t.quiet_s, "window of 2, 2 unacknowledged")
+    consumer.expect_quiet(t.quiet_s, "window of 2, 2 unacknowledged")
     consumer.send(phpmq.ack(queue, first.message_id))
-    [third] = consumer.deliveries(1, "after one ack")
+    [third] = consumer.expect_deliveries(1, "after one ack")
     expect("after one ack", b"3", third.content)
     for delivery in (second, third):
         consumer.send(phpmq.ack(queue, delivery.message_id))
@@ -204,7 +169,7 @@ def _binary(t: Target) -> None:
     for content in contents:
         producer.send(phpmq.send(queue, content))
     consumer.send(phpmq.consume(queue, len(contents)))
-    got = consumer.deliveries(len(contents), "binary contents")
+    got = consumer.expect_deliveries(len(contents), "binary contents")
     expect("contents byte for byte", [len(c) for c in contents], [len(d.content) for d in got])
     expect("contents byte for byte", True, [d.content for d in got] == contents)
     for delivery in got:
@@ -218,11 +183,11 @@ def _disconnect(t: Target) -> None:
     producer, leaving = t.conn("producer"), t.conn("leaving consumer")
     producer.send(phpmq.send(queue, b"held"))
     leaving.send(phpmq.consume(queue, 1))
-    [held] = leaving.deliveries(1, "before the disconnect")
+    [held] = leaving.expect_deliveries(1, "before the disconnect")
     leaving.close()
     next_one = t.conn("next consumer")
     next_one.send(phpmq.consume(queue, 1))
-    [again] = next_one.deliveries(1, "after the disconnect")
+    [again] = next_one.expect_deliveries(1, "after the disconnect")
     expect("same id and content", (held.message_id, b"held"), (again.message_id, again.content))
     next_one.send(phpmq.ack(queue, again.message_id))
     t.barrier(next_one)
@@ -234,12 +199,12 @@ def _replace(t: Target) -> None:
     producer, consumer = t.conn("producer"), t.conn("consumer")
     producer.send(phpmq.send(queue, b"released"))
     consumer.send(phpmq.consume(queue, 1))
-    [held] = consumer.deliveries(1, "first window")
+    [held] = consumer.expect_deliveries(1, "first window")
     consumer.send(phpmq.consume(other, 1))
     t.barrier(consumer)
     rival = t.conn("rival")
     rival.send(phpmq.consume(queue, 1))
-    [again] = rival.deliveries(1, "released by the new window")
+    [again] = rival.expect_deliveries(1, "released by the new window")
     expect("same message", held.message_id, again.message_id)
     rival.send(phpmq.ack(queue, again.message_id))
     t.barrier(rival)
@@ -251,13 +216,13 @@ def _ack_elsewhere(t: Target) -> None:
     producer, holder = t.conn("producer"), t.conn("holder")
     producer.send(phpmq.send(queue, b"x"))
     holder.send(phpmq.consume(queue, 1))
-    [delivery] = holder.deliveries(1, "delivery")
+    [delivery] = holder.expect_deliveries(1, "delivery")
     producer.send(phpmq.ack(queue, delivery.message_id))
     t.barrier(producer)
     holder.close()  # it is finished: nobody gets it again
     watcher = t.conn("watcher")
     watcher.send(phpmq.consume(queue, 1))
-    watcher.quiet(t.quiet_s, "an acknowledged message after its holder left")
+    watcher.expect_quiet(t.quiet_s, "an acknowledged message after its holder left")
 
 
 @checks.check("core consumers of one queue compete: each message goes to one")
@@ -275,7 +240,7 @@ def _compete(t: Target) -> None:
     deadline = time.monotonic() + t.timeout
     while len(got) < len(bodies) and time.monotonic() < deadline:
         for conn in (a, b):
-            conn._read(time.monotonic() + 0.05)
+            conn.read_deliveries(time.monotonic() + 0.05)
             got += conn.received
             for delivery in conn.received:
                 conn.send(phpmq.ack(queue, delivery.message_id))
@@ -294,7 +259,7 @@ def _ttl_packet(t: Target) -> None:
     client = t.conn("current client")
     client.send(phpmq.send(queue, b"with ttl", 3600))
     client.send(phpmq.consume(queue, 1))
-    [delivery] = client.deliveries(1, "003 with TTL")
+    [delivery] = client.expect_deliveries(1, "003 with TTL")
     expect("003 header", b"H0100304", bytes(client.raw[:8]))
     expect("TTL left", True, delivery.ttl is not None and 3590 <= delivery.ttl <= 3600)
     client.send(phpmq.ack(queue, delivery.message_id))
@@ -309,7 +274,7 @@ def _ttl_expiry(t: Target) -> None:
     t.barrier(client)
     time.sleep(1.1)  # TTLs are whole seconds
     client.send(phpmq.consume(queue, 1))
-    client.quiet(t.quiet_s, "an expired message")
+    client.expect_quiet(t.quiet_s, "an expired message")
 
 
 @checks.check("current-generation 005 puts the message at the tail with its new TTL")
@@ -318,12 +283,12 @@ def _requeue(t: Target) -> None:
     client = t.conn("current client")
     client.send(phpmq.send(queue, b"a", 60) + phpmq.send(queue, b"b", 60))
     client.send(phpmq.consume(queue, 1))
-    [a] = client.deliveries(1, "first")
+    [a] = client.expect_deliveries(1, "first")
     client.send(phpmq.requeue(queue, a.message_id, 900))
-    [b] = client.deliveries(1, "behind it")
+    [b] = client.expect_deliveries(1, "behind it")
     expect("next", b"b", b.content)
     client.send(phpmq.ack(queue, b.message_id))
-    [again] = client.deliveries(1, "requeued")
+    [again] = client.expect_deliveries(1, "requeued")
     expect("requeued at the tail with its new TTL", (b"a", a.message_id, 900),
            (again.content, again.message_id, again.ttl))
     client.send(phpmq.ack(queue, again.message_id))
@@ -336,12 +301,12 @@ def _dead_letter(t: Target) -> None:
     client = t.conn("current client")
     client.send(phpmq.send(queue, b"poison", 60))
     client.send(phpmq.consume(queue, 1))
-    [poison] = client.deliveries(1, "delivery")
+    [poison] = client.expect_deliveries(1, "delivery")
     client.send(phpmq.dead_letter(queue, poison.message_id))
     t.barrier(client)
     reader = t.conn("dead-letter reader")
     reader.send(phpmq.consume(queue + b".dead", 1))
-    [letter] = reader.deliveries(1, "dead letter")
+    [letter] = reader.expect_deliveries(1, "dead letter")
     expect("the same message", (b"poison", poison.message_id), (letter.content, letter.message_id))
     reader.send(phpmq.ack(queue + b".dead", letter.message_id))
     t.barrier(reader)
@@ -353,9 +318,9 @@ def _slot_freed(t: Target) -> None:
     producer, holder = t.conn("producer"), t.conn("holder")
     producer.send(phpmq.send(queue, b"1") + phpmq.send(queue, b"2"))
     holder.send(phpmq.consume(queue, 1))
-    [first] = holder.deliveries(1, "first")
+    [first] = holder.expect_deliveries(1, "first")
     producer.send(phpmq.ack(queue, first.message_id))
-    [second] = holder.deliveries(1, "the slot freed by another connection's ack")
+    [second] = holder.expect_deliveries(1, "the slot freed by another connection's ack")
     expect("next", b"2", second.content)
     holder.send(phpmq.ack(queue, second.message_id))
     t.barrier(holder)
@@ -382,7 +347,7 @@ def _robustness(description: str, data: bytes) -> Callable[[Target], None]:
         if not culprit.closed_by_server():
             raise CheckFailed(f"after {description}", "the connection closed", "still open")
         bystander.send(phpmq.consume(queue, 1))
-        [kept] = bystander.deliveries(1, "another client's message after the bad input")
+        [kept] = bystander.expect_deliveries(1, "another client's message after the bad input")
         expect("kept", b"kept", kept.content)
         bystander.send(phpmq.ack(queue, kept.message_id))
         t.barrier(bystander)
