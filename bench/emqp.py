@@ -25,7 +25,8 @@ import click
 import zmq
 
 from polymq.bench import common
-from polymq.bench import zmq_common as bench_zmq
+from polymq.clients import emqp as emqp_client
+from polymq.clients import zmq_socket
 from polymq.codecs import emqp
 
 SCENARIOS = ("requests", "replies", "latency")
@@ -43,6 +44,8 @@ POLL_MS = 50
 STALL_S = 15.0
 # A worker that gets no ACK for its INFORM in this long has no broker to talk to.
 NO_ANSWER_S = 5.0
+# What a peer's socket still holds at its close gets this long to go out (the worker's KBYE).
+LINGER_MS = 1000
 # Requests a client sends before it lets the broker catch up (reads what came back to it).
 CLIENT_BATCH = 256
 # EventMQ 0.3.13's router on a 2-core machine (docs/protocols/emqp.md), and what polymq aims at.
@@ -54,7 +57,7 @@ TARGET_P99_US = 2_000
 @attrs.frozen
 class Plan:
     role: str  # "client" or "worker"
-    endpoint: str
+    address: str  # HOST:PORT
     slot: int
     queue: bytes
     messages: int
@@ -66,17 +69,15 @@ class Plan:
 
 def client_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
     context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 1000)
     # A text identity, as EventMQ's client library sets one: the original router dies on the binary
     # ones ZeroMQ makes up.
-    sock.setsockopt(zmq.IDENTITY, b"bench-client-%d-%s" % (plan.slot, secrets.token_hex(4).encode()))
-    sock.connect(plan.endpoint)
+    sock = zmq_socket.open_socket(context, zmq.DEALER, plan.address, linger_ms=LINGER_MS,
+                                  identity=b"bench-client-%d-%s" % (plan.slot, secrets.token_hex(4).encode()))
     common.report_ready(shared, index)
     shared.start.wait()
     headers = emqp.REPLY_REQUESTED.encode() if plan.reply else b""
     sent = dispatched = 0
-    send = bench_zmq.send
+    send = zmq_socket.send
     started = time.monotonic()
     next_at = started
     while sent < plan.messages and not shared.stop.value:
@@ -91,7 +92,7 @@ def client_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str,
                                            common.stamped_body(plan.size)))
             sent += 1
         while sock.poll(0):  # the "dispatched" REPLYs
-            bench_zmq.receive(sock)
+            zmq_socket.receive(sock)
             dispatched += 1
         shared.counters[plan.slot] = sent
     seconds = time.monotonic() - started
@@ -105,18 +106,16 @@ def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str,
     if plan.role == "client":
         return client_main(plan, shared, index)
     context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 1000)
-    sock.setsockopt(zmq.IDENTITY, b"bench-worker-%d-%s" % (plan.slot, secrets.token_hex(4).encode()))
-    sock.connect(plan.endpoint)
-    sock.send_multipart(emqp.client_message(emqp.INFORM, b"inform", json.dumps([[10, plan.queue.decode()]]).encode(),
-                                            emqp.WORKER))
-    if not sock.poll(int(NO_ANSWER_S * 1000)):
-        raise common.WorkerFailed(f"no ACK for the INFORM from {plan.endpoint} in {NO_ANSWER_S:.0f} s: "
-                                  "is an eMQP broker there?")
-    sock.recv_multipart()
-    for _ in range(plan.slots):
-        sock.send_multipart(emqp.client_message(emqp.READY, b"r"))
+    identity = b"bench-worker-%d-%s" % (plan.slot, secrets.token_hex(4).encode())
+    worker = emqp_client.Worker(context, plan.address, identity, NO_ANSWER_S, linger_ms=LINGER_MS)
+    try:
+        worker.inform([(10, plan.queue.decode())])
+    except (TimeoutError, emqp_client.Unexpected) as error:
+        raise common.WorkerFailed(f"no ACK for the INFORM from tcp://{plan.address} in {NO_ANSWER_S:.0f} s: "
+                                  "is an eMQP broker there?") from error
+    worker.ready(plan.slots)
+    sock = worker.sock
+    sock.setsockopt(zmq.SNDTIMEO, -1)  # from here a full queue holds the worker back, as it would a jobmanager
     histogram = common.new_histogram()
     bucket_of = common.bucket_of
     common.report_ready(shared, index)
@@ -125,7 +124,7 @@ def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str,
     last_ns = 0
     reply = emqp.REPLY
     ready = emqp.client_message(emqp.READY, b"r")
-    send, receive, noblock = bench_zmq.send, bench_zmq.receive, bench_zmq.NOBLOCK
+    send, receive, noblock = zmq_socket.send, zmq_socket.receive, zmq_socket.NOBLOCK
     while not shared.stop.value:  # the parent stops everyone once every request was done
         if not sock.poll(POLL_MS):
             continue
@@ -145,8 +144,8 @@ def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str,
         last_ns = now
         shared.counters[plan.slot] = got
     shared.done[plan.slot] = 1
-    sock.send_multipart(emqp.client_message(emqp.KBYE, b"bye"))
-    sock.close()
+    worker.send(emqp.KBYE, message_id=b"bye")
+    worker.close()
     context.term()
     return {"received": got, "last_ns": last_ns, "histogram": common.sparse(histogram)}
 
@@ -172,9 +171,9 @@ def run_scenario(name: str, opts: Options) -> common.FlowResult:
     per_client = opts.latency_messages if latency else opts.messages
     queue = f"bench-{name}-{secrets.token_hex(4)}".encode()
     interval = opts.interval_s if latency else 0.0
-    plans = [Plan("worker", f"tcp://{opts.backend}", slot, queue, 0, opts.size, 0.0, opts.slots, name == "replies")
+    plans = [Plan("worker", opts.backend, slot, queue, 0, opts.size, 0.0, opts.slots, name == "replies")
              for slot in range(opts.workers)]
-    plans += [Plan("client", f"tcp://{opts.frontend}", opts.workers + number, queue, per_client, opts.size, interval,
+    plans += [Plan("client", opts.frontend, opts.workers + number, queue, per_client, opts.size, interval,
                    0, name == "replies") for number in range(opts.clients)]
     total = opts.clients * per_client
     progress = common.Progress(opts.progress)

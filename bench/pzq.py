@@ -21,7 +21,7 @@ import click
 import zmq
 
 from polymq.bench import common
-from polymq.bench import zmq_common as bench_zmq
+from polymq.clients import zmq_socket
 from polymq.codecs import pzq
 
 SCENARIOS = ("produce", "consume", "both", "latency")
@@ -48,7 +48,7 @@ TARGET_P99_US = 2_000
 @attrs.frozen
 class Plan:
     role: str
-    endpoint: str
+    address: str  # HOST:PORT
     slot: int
     messages: int
     size: int
@@ -58,9 +58,7 @@ class Plan:
 
 def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
     context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(plan.endpoint)
+    sock = zmq_socket.open_socket(context, zmq.DEALER, plan.address)
     common.report_ready(shared, index)
     shared.start.wait()
     sent = acked = refused = 0
@@ -73,12 +71,12 @@ def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
                 if delay > 0:
                     break
                 next_at += plan.interval_s
-            bench_zmq.send(sock, [b"%d" % sent, pzq.DELIMITER, common.stamped_body(plan.size)])
+            zmq_socket.send(sock, [b"%d" % sent, pzq.DELIMITER, common.stamped_body(plan.size)])
             sent += 1
         if sock.poll(POLL_MS if not plan.interval_s else 1):
             while True:
                 try:
-                    answer = bench_zmq.receive(sock, bench_zmq.NOBLOCK)
+                    answer = zmq_socket.receive(sock, zmq_socket.NOBLOCK)
                 except zmq.Again:
                     break
                 if answer[1] == pzq.ACK_OK:
@@ -95,9 +93,7 @@ def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
 
 def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
     context = zmq.Context()
-    sock = context.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(plan.endpoint)
+    sock = zmq_socket.open_socket(context, zmq.ROUTER, plan.address)
     histogram = common.new_histogram()
     bucket_of = common.bucket_of
     common.report_ready(shared, index)
@@ -110,11 +106,11 @@ def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
         now = time.time_ns()
         while True:
             try:
-                frames = bench_zmq.receive(sock, bench_zmq.NOBLOCK)
+                frames = zmq_socket.receive(sock, zmq_socket.NOBLOCK)
             except zmq.Again:
                 break
             histogram[bucket_of((now - int(frames[5][:STAMP_DIGITS])) // 1000)] += 1
-            bench_zmq.send(sock, [frames[0], frames[1], pzq.ACK_OK])
+            zmq_socket.send(sock, [frames[0], frames[1], pzq.ACK_OK])
             got += 1
         last_ns = now
         shared.counters[plan.slot] = got
@@ -146,8 +142,8 @@ class Options:
 
 def _run(name: str, opts: Options, producers: int, consumers: int, per_producer: int, interval: float,
          expect_consumed: int) -> tuple[list[Any], list[Any], int, common.RunWatch]:
-    plans = [Plan("consumer", f"tcp://{opts.send}", slot, 0, opts.size, 0, 0.0) for slot in range(consumers)]
-    plans += [Plan("producer", f"tcp://{opts.receive}", consumers + number, per_producer, opts.size,
+    plans = [Plan("consumer", opts.send, slot, 0, opts.size, 0, 0.0) for slot in range(consumers)]
+    plans += [Plan("producer", opts.receive, consumers + number, per_producer, opts.size,
                    1 if interval else opts.in_flight, interval) for number in range(producers)]
     progress = common.Progress(opts.progress)
     watch = common.RunWatch(opts.server_pid)
