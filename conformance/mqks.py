@@ -18,14 +18,13 @@ with `_eval len(state.queues)` assume no other client creates or deletes queues 
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import re
 import secrets
 import select
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
@@ -35,7 +34,19 @@ from polymq.clients import mqks_blocking
 from polymq.clients.tcp import Closed
 from polymq.codecs import mqks_client as mc
 from polymq.codecs.mqks import ALL_FLAG, ID_LENGTH, MANUAL_ACK_FLAG, NO_ID, WHEN_UNUSED_FLAG
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
+from polymq.conformance.runner import (
+    CheckedConnection,
+    CheckFailed,
+    Registry,
+    RunState,
+    contexts,
+    expect_equal,
+    name_stem,
+    only_option,
+    parse_address,
+    run_command,
+    timeout_option,
+)
 
 # ---------------------------------------------------------------------------------------------
 # What the original does (docs/protocols/mqks.md)
@@ -51,7 +62,6 @@ UPDATE_PREFIX = "--update"  # the data of a `--update` line starts with it (docs
 # ---------------------------------------------------------------------------------------------
 # Timing
 
-DEFAULT_TIMEOUT_S = 5.0
 # How long a check watches for "nothing arrives" from another connection before its ping
 # barrier. Well above loopback latency; the original delivers from a greenlet at once.
 QUIET_S = 0.25
@@ -76,23 +86,12 @@ def show_lines(lines: Iterable[bytes]) -> str:
 # One TCP connection
 
 
-class Conn(mqks_blocking.Connection):
+class Conn(CheckedConnection, mqks_blocking.Connection):
     """The blocking MQKS client, its failures told as CheckFailed."""
 
     def __init__(self, address: tuple[str, int], timeout: float, label: str) -> None:
-        try:
-            super().__init__(address, timeout)
-        except OSError as exc:
-            raise CheckFailed(f"cannot connect to {address[0]}:{address[1]}", got=str(exc)) from exc
         self.label = label
-
-    # -- output --------------------------------------------------------------------------------
-
-    def send(self, data: bytes) -> None:
-        try:
-            super().send(data)
-        except OSError as exc:
-            raise CheckFailed(f"{self.label}: sending {data[:80]!r}", "the server reading", str(exc)) from exc
+        super().__init__(address, timeout)
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -178,15 +177,6 @@ def _is_delivery(data: bytes) -> bool:
 
 
 @attrs.define(slots=True)
-class RunState:
-    """Shared by the checks of one run."""
-
-    # Set when a cleanup failed: later checks skip cleanup instead of waiting on a broken server
-    # again (their own checks still report it).
-    cleanup_failed: bool = False
-
-
-@attrs.define(slots=True)
 class Target:
     """What a check gets: the server's address, the timeout, unique names, connections and cleanup."""
 
@@ -203,7 +193,7 @@ class Target:
 
     def queue(self, label: str = "q") -> str:
         """A queue name no other check or run uses; it is deleted when the check ends."""
-        stem = re.sub(r"[^a-z0-9-]", "", self.check_name)[:24]
+        stem = name_stem(self.check_name, 24)
         name = f"cf-{stem}-{self.token}-{label}"
         self.queues.append(name)
         return name
@@ -328,11 +318,6 @@ class Target:
 
 checks: Registry[Target] = Registry()
 check = checks.check
-
-
-def expect_equal(what: str, expected: Any, got: Any) -> None:
-    if expected != got:
-        raise CheckFailed(what, expected, got)
 
 
 def delivery(consumer_id: str, msg_id: str, event: str, data: str, retry: int = 0) -> bytes:
@@ -1085,32 +1070,17 @@ def _eval_events_of_queue(t: Target) -> None:
 
 def make_context_factory(address: tuple[str, int], timeout: float) -> Callable[[str], AbstractContextManager[Target]]:
     run = RunState()
-
-    @contextmanager
-    def make(name: str) -> Iterator[Target]:
-        target = Target(address, timeout, name, run)
-        try:
-            yield target
-        finally:
-            with contextlib.suppress(OSError):
-                target.cleanup()
-
-    return make
+    return contexts(lambda name: Target(address, timeout, name, run), Target.cleanup, (OSError,))
 
 
 @click.command()
 @click.option("--addr", "address", default=DEFAULT_ADDRESS, show_default=True, help="MQKS server address HOST:PORT")
-@click.option("--only", default=None, help="run only checks whose name contains this substring")
-@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=float,
-              help="seconds to wait for any one expected reply")
+@only_option()
+@timeout_option("reply")
 def command(address: str, only: str | None, timeout: float) -> None:
     """Check that an MQKS server behaves like MQKS v0.4.3 (one worker).
 
     Prints `PASS name` or `FAIL name: reason` per check, then `N passed, M failed`;
     exits 0 only if every check passed.
     """
-    selected = checks.select(only)
-    if not selected:
-        raise click.UsageError(f"no check name contains {only!r}")
-    summary = run_checks(selected, make_context_factory(parse_address(address), timeout), lambda line: click.echo(line))
-    raise SystemExit(0 if summary.failed == 0 else 1)
+    run_command(checks, only, make_context_factory(parse_address(address), timeout))

@@ -20,8 +20,8 @@ import socket
 import struct
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
@@ -43,7 +43,19 @@ from polymq.codecs.nsq import (
     MSG_ID_LENGTH,
     OK,
 )
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
+from polymq.conformance.runner import (
+    CheckedConnection,
+    CheckFailed,
+    Registry,
+    RunState,
+    contexts,
+    expect_equal,
+    name_stem,
+    only_option,
+    parse_address,
+    run_command,
+    timeout_option,
+)
 
 # ---------------------------------------------------------------------------------------------
 # What nsqd v1.3.0 does with default options (docs/protocols/nsq.md)
@@ -113,7 +125,6 @@ SILENT_CLOSE_SLACK_S = 1.5
 DEFER_MS = 1000
 # Accepted difference between the message timestamp and this machine's clock.
 CLOCK_SKEW_S = 60.0
-DEFAULT_TIMEOUT_S = 5.0
 # Cleanup must not make a run slow when the HTTP side is broken.
 CLEANUP_TIMEOUT_S = 2.0
 
@@ -147,18 +158,12 @@ def describe(frame: nc.Frame | None) -> str:
 # One TCP connection
 
 
-class Conn(nsq.Connection):
+class Conn(CheckedConnection, nsq.Connection):
     """The NSQ client, its failures told as CheckFailed."""
-
-    def __init__(self, address: tuple[str, int], timeout: float, *, magic: bool = True) -> None:
-        try:
-            super().__init__(address, timeout, magic=magic)
-        except OSError as exc:
-            raise CheckFailed(f"cannot connect to {address[0]}:{address[1]}", got=str(exc)) from exc
 
     def send(self, data: bytes) -> None:
         try:
-            super().send(data)
+            nsq.Connection.send(self, data)
         except OSError as exc:
             # The server may close while we write (it errors early on a size). Reading tells
             # what it said before closing, so a send failure is not itself a verdict.
@@ -290,15 +295,6 @@ class HTTPReply:
 
 
 @attrs.define(slots=True)
-class RunState:
-    """Shared by the checks of one run."""
-
-    # Set when a cleanup request failed: later checks skip cleanup instead of waiting on a
-    # broken HTTP side again (their own HTTP checks still report it).
-    http_cleanup_failed: bool = False
-
-
-@attrs.define(slots=True)
 class Target:
     """What a check gets: the server's addresses, the timeout, unique names and cleanup."""
 
@@ -314,7 +310,7 @@ class Target:
 
     def topic(self, suffix: str = "") -> str:
         """A topic name no other check or run uses; it is deleted when the check ends."""
-        stem = re.sub(r"[^a-z0-9-]", "", self.check_name)[:30]
+        stem = name_stem(self.check_name, 30)
         name = f"cf-{stem}-{secrets.token_hex(4)}{suffix}"
         self.topics.append(name)
         return name
@@ -441,21 +437,16 @@ class Target:
         for conn in self.conns:
             conn.close()
         for topic in self.topics:
-            if self.run.http_cleanup_failed:
+            if self.run.cleanup_failed:
                 return
             try:
                 self.request("POST", "/topic/delete", {"topic": topic}, timeout=CLEANUP_TIMEOUT_S)
             except CheckFailed:
-                self.run.http_cleanup_failed = True
+                self.run.cleanup_failed = True
 
 
 checks: Registry[Target] = Registry()
 check = checks.check
-
-
-def expect_equal(what: str, expected: Any, got: Any) -> None:
-    if expected != got:
-        raise CheckFailed(what, expected, got)
 
 
 def expect_keys(what: str, obj: Any, keys: tuple[str, ...]) -> None:
@@ -1553,34 +1544,19 @@ def make_context_factory(
     tcp: tuple[str, int], http_address: tuple[str, int], timeout: float
 ) -> Callable[[str], AbstractContextManager[Target]]:
     run = RunState()
-
-    @contextmanager
-    def make(name: str) -> Iterator[Target]:
-        target = Target(tcp, http_address, timeout, name, run)
-        try:
-            yield target
-        finally:
-            target.cleanup()
-
-    return make
+    return contexts(lambda name: Target(tcp, http_address, timeout, name, run), Target.cleanup)
 
 
 @click.command()
 @click.option("--tcp", "tcp", default="127.0.0.1:4150", show_default=True, help="nsqd TCP address HOST:PORT")
 @click.option("--http", "http_address", default="127.0.0.1:4151", show_default=True,
               help="nsqd HTTP API address HOST:PORT")
-@click.option("--only", default=None, help="run only checks whose name contains this substring")
-@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=float,
-              help="seconds to wait for any one expected reply")
+@only_option()
+@timeout_option("reply")
 def command(tcp: str, http_address: str, only: str | None, timeout: float) -> None:
     """Check that an nsqd-compatible server behaves like nsqd v1.3.0 (TCP V2 and HTTP API).
 
     Prints `PASS name` or `FAIL name: reason` per check, then `N passed, M failed`;
     exits 0 only if every check passed.
     """
-    selected = checks.select(only)
-    if not selected:
-        raise click.UsageError(f"no check name contains {only!r}")
-    summary = run_checks(selected, make_context_factory(parse_address(tcp), parse_address(http_address), timeout),
-                         lambda line: click.echo(line))
-    raise SystemExit(0 if summary.failed == 0 else 1)
+    run_command(checks, only, make_context_factory(parse_address(tcp), parse_address(http_address), timeout))

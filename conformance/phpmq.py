@@ -22,40 +22,40 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import click
 
 from polymq.clients import phpmq as phpmq_client
 from polymq.clients.tcp import Closed
 from polymq.codecs import phpmq
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, run_checks
+from polymq.conformance.runner import (
+    CheckedConnection,
+    CheckFailed,
+    Registry,
+    contexts,
+    expect_equal,
+    only_option,
+    parse_address,
+    run_command,
+    timeout_option,
+)
 
 # The original's message-queue port (its config/phpmq.default.xml).
 DEFAULT_ADDRESS = "127.0.0.1:9100"
-DEFAULT_TIMEOUT_S = 5.0
 # Watching for "nothing arrives": the original adds up to ~0.4 s per loop turn (docs/protocols/phpmq.md).
 DEFAULT_QUIET_S = 0.8
 # A large content, to check that contents of any length pass whole.
 LARGE_CONTENT = 1024 * 1024
 
 
-class Conn(phpmq_client.Connection):
+class Conn(CheckedConnection, phpmq_client.Connection):
     """The blocking PHPMQ client, its failures told as CheckFailed."""
 
     def __init__(self, address: tuple[str, int], timeout: float, label: str) -> None:
-        try:
-            super().__init__(address, timeout)
-        except OSError as exc:
-            raise CheckFailed(f"cannot connect to {address[0]}:{address[1]}", got=str(exc)) from exc
         self.label = label
-
-    def send(self, data: bytes) -> None:
-        try:
-            super().send(data)
-        except OSError as exc:
-            raise CheckFailed(f"{self.label}: sending", "the server reading", str(exc)) from exc
+        super().__init__(address, timeout)
 
     def read_deliveries(self, deadline: float) -> bool:
         try:
@@ -119,11 +119,6 @@ class Target:
 checks: Registry[Target] = Registry()
 
 
-def expect(what: str, expected: object, got: object) -> None:
-    if expected != got:
-        raise CheckFailed(what, expected, got)
-
-
 # -- core: the original's behaviour -------------------------------------------------------------
 
 
@@ -134,10 +129,10 @@ def _send_consume(t: Target) -> None:
     producer.send(phpmq.send(queue, b"Hello World"))
     consumer.send(phpmq.consume(queue, 5))
     [delivery] = consumer.expect_deliveries(1, "003")
-    expect("003 header", b"H0100303", bytes(consumer.raw[:8]))
-    expect("queue and content", (queue.decode(), b"Hello World"), (delivery.queue, delivery.content))
-    expect("id is 32 lowercase hex", True, phpmq.parse_message_id(delivery.message_id) is not None)
-    expect("the whole 003", phpmq.delivery(queue, b"Hello World", delivery.message_id, None), bytes(consumer.raw))
+    expect_equal("003 header", b"H0100303", bytes(consumer.raw[:8]))
+    expect_equal("queue and content", (queue.decode(), b"Hello World"), (delivery.queue, delivery.content))
+    expect_equal("id is 32 lowercase hex", True, phpmq.parse_message_id(delivery.message_id) is not None)
+    expect_equal("the whole 003", phpmq.delivery(queue, b"Hello World", delivery.message_id, None), bytes(consumer.raw))
     consumer.send(phpmq.ack(queue, delivery.message_id))
     t.barrier(consumer)
 
@@ -151,11 +146,11 @@ def _window(t: Target) -> None:
     t.barrier(producer)
     consumer.send(phpmq.consume(queue, 2))
     first, second = consumer.expect_deliveries(2, "window of 2")
-    expect("oldest first", [b"1", b"2"], [first.content, second.content])
+    expect_equal("oldest first", [b"1", b"2"], [first.content, second.content])
     consumer.expect_quiet(t.quiet_s, "window of 2, 2 unacknowledged")
     consumer.send(phpmq.ack(queue, first.message_id))
     [third] = consumer.expect_deliveries(1, "after one ack")
-    expect("after one ack", b"3", third.content)
+    expect_equal("after one ack", b"3", third.content)
     for delivery in (second, third):
         consumer.send(phpmq.ack(queue, delivery.message_id))
     t.barrier(consumer)
@@ -170,8 +165,8 @@ def _binary(t: Target) -> None:
         producer.send(phpmq.send(queue, content))
     consumer.send(phpmq.consume(queue, len(contents)))
     got = consumer.expect_deliveries(len(contents), "binary contents")
-    expect("contents byte for byte", [len(c) for c in contents], [len(d.content) for d in got])
-    expect("contents byte for byte", True, [d.content for d in got] == contents)
+    expect_equal("contents byte for byte", [len(c) for c in contents], [len(d.content) for d in got])
+    expect_equal("contents byte for byte", True, [d.content for d in got] == contents)
     for delivery in got:
         consumer.send(phpmq.ack(queue, delivery.message_id))
     t.barrier(consumer)
@@ -188,7 +183,7 @@ def _disconnect(t: Target) -> None:
     next_one = t.conn("next consumer")
     next_one.send(phpmq.consume(queue, 1))
     [again] = next_one.expect_deliveries(1, "after the disconnect")
-    expect("same id and content", (held.message_id, b"held"), (again.message_id, again.content))
+    expect_equal("same id and content", (held.message_id, b"held"), (again.message_id, again.content))
     next_one.send(phpmq.ack(queue, again.message_id))
     t.barrier(next_one)
 
@@ -205,7 +200,7 @@ def _replace(t: Target) -> None:
     rival = t.conn("rival")
     rival.send(phpmq.consume(queue, 1))
     [again] = rival.expect_deliveries(1, "released by the new window")
-    expect("same message", held.message_id, again.message_id)
+    expect_equal("same message", held.message_id, again.message_id)
     rival.send(phpmq.ack(queue, again.message_id))
     t.barrier(rival)
 
@@ -245,7 +240,7 @@ def _compete(t: Target) -> None:
             for delivery in conn.received:
                 conn.send(phpmq.ack(queue, delivery.message_id))
             conn.received = []
-    expect("every message once", sorted(bodies), sorted(d.content for d in got))
+    expect_equal("every message once", sorted(bodies), sorted(d.content for d in got))
     t.barrier(a)
     t.barrier(b)
 
@@ -260,8 +255,8 @@ def _ttl_packet(t: Target) -> None:
     client.send(phpmq.send(queue, b"with ttl", 3600))
     client.send(phpmq.consume(queue, 1))
     [delivery] = client.expect_deliveries(1, "003 with TTL")
-    expect("003 header", b"H0100304", bytes(client.raw[:8]))
-    expect("TTL left", True, delivery.ttl is not None and 3590 <= delivery.ttl <= 3600)
+    expect_equal("003 header", b"H0100304", bytes(client.raw[:8]))
+    expect_equal("TTL left", True, delivery.ttl is not None and 3590 <= delivery.ttl <= 3600)
     client.send(phpmq.ack(queue, delivery.message_id))
     t.barrier(client)
 
@@ -286,10 +281,10 @@ def _requeue(t: Target) -> None:
     [a] = client.expect_deliveries(1, "first")
     client.send(phpmq.requeue(queue, a.message_id, 900))
     [b] = client.expect_deliveries(1, "behind it")
-    expect("next", b"b", b.content)
+    expect_equal("next", b"b", b.content)
     client.send(phpmq.ack(queue, b.message_id))
     [again] = client.expect_deliveries(1, "requeued")
-    expect("requeued at the tail with its new TTL", (b"a", a.message_id, 900),
+    expect_equal("requeued at the tail with its new TTL", (b"a", a.message_id, 900),
            (again.content, again.message_id, again.ttl))
     client.send(phpmq.ack(queue, again.message_id))
     t.barrier(client)
@@ -307,7 +302,7 @@ def _dead_letter(t: Target) -> None:
     reader = t.conn("dead-letter reader")
     reader.send(phpmq.consume(queue + b".dead", 1))
     [letter] = reader.expect_deliveries(1, "dead letter")
-    expect("the same message", (b"poison", poison.message_id), (letter.content, letter.message_id))
+    expect_equal("the same message", (b"poison", poison.message_id), (letter.content, letter.message_id))
     reader.send(phpmq.ack(queue + b".dead", letter.message_id))
     t.barrier(reader)
 
@@ -321,7 +316,7 @@ def _slot_freed(t: Target) -> None:
     [first] = holder.expect_deliveries(1, "first")
     producer.send(phpmq.ack(queue, first.message_id))
     [second] = holder.expect_deliveries(1, "the slot freed by another connection's ack")
-    expect("next", b"2", second.content)
+    expect_equal("next", b"2", second.content)
     holder.send(phpmq.ack(queue, second.message_id))
     t.barrier(holder)
 
@@ -348,7 +343,7 @@ def _robustness(description: str, data: bytes) -> Callable[[Target], None]:
             raise CheckFailed(f"after {description}", "the connection closed", "still open")
         bystander.send(phpmq.consume(queue, 1))
         [kept] = bystander.expect_deliveries(1, "another client's message after the bad input")
-        expect("kept", b"kept", kept.content)
+        expect_equal("kept", b"kept", kept.content)
         bystander.send(phpmq.ack(queue, kept.message_id))
         t.barrier(bystander)
 
@@ -365,23 +360,13 @@ for _description, _data in BAD_INPUT.items():
 def make_context_factory(address: tuple[str, int], timeout: float,
                          quiet: float) -> Callable[[str], AbstractContextManager[Target]]:
     run_id = secrets.token_hex(4)
-
-    @contextmanager
-    def make(name: str) -> Iterator[Target]:
-        target = Target(address, timeout, quiet, run_id)
-        try:
-            yield target
-        finally:
-            target.close()
-
-    return make
+    return contexts(lambda _: Target(address, timeout, quiet, run_id), Target.close)
 
 
 @click.command()
 @click.option("--addr", "address", default=DEFAULT_ADDRESS, show_default=True, help="PHPMQ server address HOST:PORT")
-@click.option("--only", default=None, help="run only checks whose name contains this substring (e.g. core)")
-@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=float,
-              help="seconds to wait for any one expected delivery")
+@only_option("core")
+@timeout_option("delivery")
 @click.option("--quiet", default=DEFAULT_QUIET_S, show_default=True, type=float,
               help="seconds to watch for a delivery that must not come")
 def command(address: str, only: str | None, timeout: float, quiet: float) -> None:
@@ -391,9 +376,4 @@ def command(address: str, only: str | None, timeout: float, quiet: float) -> Non
     `robustness` (bad input closes one connection), which the original fails. Prints `PASS name`
     or `FAIL name: reason` per check, then `N passed, M failed`; exits 0 only if every check passed.
     """
-    selected = checks.select(only)
-    if not selected:
-        raise click.UsageError(f"no check name contains {only!r}")
-    summary = run_checks(selected, make_context_factory(parse_address(address), timeout, quiet),
-                         lambda line: click.echo(line))
-    raise SystemExit(0 if summary.failed == 0 else 1)
+    run_command(checks, only, make_context_factory(parse_address(address), timeout, quiet))

@@ -17,13 +17,12 @@ monitor's `messages`. Only `polymq.codecs` and the shared runner are imported (d
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TypeVar
 
 import click
@@ -31,12 +30,20 @@ import zmq
 
 from polymq.clients import pzq_blocking
 from polymq.codecs import pzq
-from polymq.conformance.runner import CheckFailed, Registry, address_option, run_checks
+from polymq.conformance.runner import (
+    CheckFailed,
+    Registry,
+    address_options,
+    contexts,
+    expect_equal,
+    only_option,
+    run_command,
+    timeout_option,
+)
 
 DEFAULT_RECEIVE = "127.0.0.1:11131"
 DEFAULT_SEND = "127.0.0.1:11132"
 DEFAULT_MONITOR = "127.0.0.1:11133"
-DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_ACK_TIMEOUT_S = 5.0  # the original's --ack-timeout
 # The original's reaper notices a missed ACK up to this long after the timeout (its --reaper-frequency).
 REAPER_S = 2.5
@@ -148,11 +155,6 @@ class Target:
 checks: Registry[Target] = Registry()
 
 
-def expect(what: str, expected: object, got: object) -> None:
-    if expected != got:
-        raise CheckFailed(what, expected, got)
-
-
 # -- core -----------------------------------------------------------------------------------------
 
 
@@ -162,11 +164,11 @@ def _produce_consume(t: Target) -> None:
     producer, consumer = t.producer(), t.consumer()
     body = [t.body("first"), b"", t.body("third frame")]
     answer = t.produce(producer, *body)
-    expect("producer ACK", [answer[0], b"1", b""], answer)
+    expect_equal("producer ACK", [answer[0], b"1", b""], answer)
     delivery = t.delivery(consumer, "delivery")
-    expect("body frames", body, delivery[5:])
-    expect("sent_us and ack timeout are decimal", True, delivery[2].isdigit() and delivery[3].isdigit())
-    expect("sent_us is about now", True, abs(int(delivery[2]) - time.time_ns() // 1000) < 60_000_000)
+    expect_equal("body frames", body, delivery[5:])
+    expect_equal("sent_us and ack timeout are decimal", True, delivery[2].isdigit() and delivery[3].isdigit())
+    expect_equal("sent_us is about now", True, abs(int(delivery[2]) - time.time_ns() // 1000) < 60_000_000)
     consumer.ack(delivery)
     t.wait_messages(0, "after the ACK")
 
@@ -176,9 +178,9 @@ def _headers(t: Target) -> None:
     t.empty_queue()
     producer, consumer = t.producer(), t.consumer()
     producer.send([t.producer_id(), b"header", pzq.DELIMITER, t.body("body")])
-    expect("producer ACK status", pzq.ACK_OK, t.recv(producer, "producer ACK")[1])
+    expect_equal("producer ACK status", pzq.ACK_OK, t.recv(producer, "producer ACK")[1])
     delivery = t.delivery(consumer, "delivery")
-    expect("delivered", [t.body("body")], delivery[5:])
+    expect_equal("delivered", [t.body("body")], delivery[5:])
     consumer.ack(delivery)
     t.wait_messages(0, "after the ACK")
 
@@ -188,7 +190,7 @@ def _refused(t: Target) -> None:
     producer = t.producer()
     for frames, reason in (([b"x", b"no delimiter"], pzq.MALFORMED), ([b"y", pzq.DELIMITER], pzq.EMPTY)):
         producer.send(frames)
-        expect(f"answer to {frames!r}", [frames[0], pzq.ACK_FAILED, pzq.DELIMITER, reason],
+        expect_equal(f"answer to {frames!r}", [frames[0], pzq.ACK_FAILED, pzq.DELIMITER, reason],
                t.recv(producer, "refusal"))
 
 
@@ -204,7 +206,7 @@ def _order(t: Target) -> None:
         delivery = t.delivery(consumer, "delivery")
         got.append(delivery[5])
         consumer.ack(delivery)
-    expect("order", bodies, got)
+    expect_equal("order", bodies, got)
     t.wait_messages(0, "after the ACKs")
 
 
@@ -213,7 +215,7 @@ def _nack(t: Target) -> None:
     consumer, first = t.one_delivered("nack")
     consumer.ack(first, pzq.ACK_FAILED)
     again = t.delivery(consumer, "sent again", timeout=1.0)
-    expect("the same body", first[5:], again[5:])
+    expect_equal("the same body", first[5:], again[5:])
     consumer.ack(again)
     t.wait_messages(0, "after the ACK")
 
@@ -224,8 +226,8 @@ def _no_ack(t: Target) -> None:
     started = time.monotonic()
     again = t.delivery(consumer, "sent again", timeout=t.ack_timeout + REAPER_S + t.timeout)
     waited = time.monotonic() - started
-    expect("the same body", first[5:], again[5:])
-    expect("not before the ACK timeout", True, waited >= t.ack_timeout * 0.9)
+    expect_equal("the same body", first[5:], again[5:])
+    expect_equal("not before the ACK timeout", True, waited >= t.ack_timeout * 0.9)
     consumer.ack(again)
     t.wait_messages(0, "after the ACK")
 
@@ -236,7 +238,7 @@ def _monitor(t: Target) -> None:
     monitor.send([pzq.MONITOR])
     text = t.recv(monitor, "MONITOR")[-1]
     keys = [line.split(": ", 1)[0] for line in text.decode(errors="replace").splitlines()]
-    expect("keys", list(pzq.MONITOR_KEYS), keys)
+    expect_equal("keys", list(pzq.MONITOR_KEYS), keys)
     t.empty_queue()
     producer = t.producer()
     t.produce(producer, t.body("counted"))
@@ -269,7 +271,7 @@ def _restart(t: Target) -> None:
         delivery = t.delivery(after, "after the restart")
         got.append(delivery[5])
         after.ack(delivery)
-    expect("sent again", sorted(bodies[1:]), sorted(got))
+    expect_equal("sent again", sorted(bodies[1:]), sorted(got))
     t.wait_messages(0, "after the ACKs")
 
 
@@ -280,7 +282,7 @@ def _restart(t: Target) -> None:
 def _one_frame(t: Target) -> None:
     producer = t.producer()
     producer.send([b"alone"])
-    expect("answer", [b"alone", pzq.ACK_FAILED, pzq.DELIMITER, pzq.MALFORMED], t.recv(producer, "answer"))
+    expect_equal("answer", [b"alone", pzq.ACK_FAILED, pzq.DELIMITER, pzq.MALFORMED], t.recv(producer, "answer"))
 
 
 @checks.check("robustness every ACK of a pipelined producer comes")
@@ -294,7 +296,7 @@ def _pipelined(t: Target) -> None:
             sent += 1
         frames = t.recv(producer, f"ACK {len(answered) + 1} of {PIPELINED}")
         answered.add(frames[0])
-    expect("answered", PIPELINED, len(answered))
+    expect_equal("answered", PIPELINED, len(answered))
     t.empty_queue()
 
 
@@ -303,7 +305,7 @@ def _unknown_monitor_request(t: Target) -> None:
     monitor = t.monitor()
     monitor.send([b"STATUS"])
     answer = t.recv(monitor, "an answer", timeout=1.0)
-    expect("an answer that is not the stats", False, answer[-1].startswith(b"messages: "))
+    expect_equal("an answer that is not the stats", False, answer[-1].startswith(b"messages: "))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,29 +314,16 @@ def _unknown_monitor_request(t: Target) -> None:
 def make_context_factory(receive: str, send: str, monitor: str, timeout: float, ack_timeout: float,
                          restart: str | None) -> Callable[[str], AbstractContextManager[Target]]:
     run_id = secrets.token_hex(4)
-
-    @contextmanager
-    def make(name: str) -> Iterator[Target]:
-        target = Target(receive, send, monitor, timeout, ack_timeout, restart, run_id)
-        try:
-            yield target
-        finally:
-            with contextlib.suppress(zmq.ZMQError):
-                target.close()
-
-    return make
+    return contexts(lambda _: Target(receive, send, monitor, timeout, ack_timeout, restart, run_id), Target.close,
+                    (zmq.ZMQError,))
 
 
 @click.command()
-@click.option("--receive", default=DEFAULT_RECEIVE, show_default=True, callback=address_option,
-              help="The receive socket (producers), HOST:PORT.")
-@click.option("--send", default=DEFAULT_SEND, show_default=True, callback=address_option,
-              help="The send socket (consumers), HOST:PORT.")
-@click.option("--monitor", default=DEFAULT_MONITOR, show_default=True, callback=address_option,
-              help="The monitor socket, HOST:PORT.")
-@click.option("--only", default=None, help="run only checks whose name contains this substring (e.g. core)")
-@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=float,
-              help="seconds to wait for any one expected answer")
+@address_options(("--receive", DEFAULT_RECEIVE, "The receive socket (producers), HOST:PORT."),
+                 ("--send", DEFAULT_SEND, "The send socket (consumers), HOST:PORT."),
+                 ("--monitor", DEFAULT_MONITOR, "The monitor socket, HOST:PORT."))
+@only_option("core")
+@timeout_option("answer")
 @click.option("--ack-timeout", default=DEFAULT_ACK_TIMEOUT_S, show_default=True, type=float,
               help="the server's ACK timeout in seconds (the no-ack check waits it out)")
 @click.option("--restart-command", default=None,
@@ -347,10 +336,5 @@ def command(receive: str, send: str, monitor: str, only: str | None, timeout: fl
     (what the original gets wrong). It needs the server to itself. Prints `PASS name` or
     `FAIL name: reason` per check, then `N passed, M failed`; exits 0 only if every check passed.
     """
-    selected = [check for check in checks.select(only)
-                if restart_command or not check.name.startswith("restart ")]
-    if not selected:
-        raise click.UsageError(f"no check name contains {only!r}" if only else "no check to run")
-    summary = run_checks(selected, make_context_factory(receive, send, monitor, timeout, ack_timeout, restart_command),
-                         lambda line: click.echo(line))
-    raise SystemExit(0 if summary.failed == 0 else 1)
+    run_command(checks, only, make_context_factory(receive, send, monitor, timeout, ack_timeout, restart_command),
+                lambda check: bool(restart_command) or not check.name.startswith("restart "))
