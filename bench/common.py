@@ -275,6 +275,12 @@ def report_ready(shared: SharedState, index: int) -> None:
     shared.results.put((index, READY, os.getpid()))
 
 
+def ready_and_wait(shared: SharedState, index: int) -> None:
+    """A worker that has connected: say so, and wait until every worker has and the run starts."""
+    report_ready(shared, index)
+    shared.start.wait()
+
+
 @attrs.define(slots=True)
 class WorkerGroup:
     """Spawn one process per plan, wait until all are connected, start them together, and
@@ -415,43 +421,6 @@ def cpu_text(cpu: tuple[float, float, float] | None) -> str:
         return "-"
     user, system, wait = cpu
     return f"{(user + system) * 100:.0f}% ({user * 100:.0f}+{system * 100:.0f}) +{wait * 100:.0f}% wait"
-
-
-@attrs.define
-class FlowResult:
-    """One scenario of producers and consumers: how many, how fast each side, latency, the server's CPU."""
-
-    name: str
-    producers: int
-    consumers: int
-    produced: int
-    consumed: int
-    produce_seconds: float
-    consume_seconds: float
-    latency: LatencySummary | None
-    server_cpu: tuple[float, float, float] | None = None
-
-    def produce_rate(self) -> float:
-        return self.produced / self.produce_seconds if self.produce_seconds else 0.0
-
-    def consume_rate(self) -> float:
-        return self.consumed / self.consume_seconds if self.consume_seconds else 0.0
-
-    def row(self, with_cpu: bool) -> list[str]:
-        cells = [self.name, f"{self.producers} prod + {self.consumers} cons", format_count(self.produced),
-                 format_count(self.produce_rate()), format_count(self.consumed), format_count(self.consume_rate()),
-                 format_latency(self.latency)]
-        return [*cells, cpu_text(self.server_cpu)] if with_cpu else cells
-
-
-FLOW_HEADERS = ("scenario", "conns", "produced", "produce msgs/s", "consumed", "consume msgs/s",
-                "latency p50 / p99 / max")
-CPU_HEADER = "server CPU (usr+sys) + run-queue wait"
-
-
-def render_flows(results: Sequence[FlowResult], with_cpu: bool, notes: Sequence[str]) -> str:
-    headers = [*FLOW_HEADERS, CPU_HEADER] if with_cpu else list(FLOW_HEADERS)
-    return "\n".join([render_table(headers, [r.row(with_cpu) for r in results]), "", *notes])
 
 
 # -- the options every protocol's bench has --------------------------------------------------------

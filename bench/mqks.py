@@ -358,8 +358,7 @@ def _worker_main(plan: WorkerPlan, shared: common.SharedState, index: int) -> li
         # Consumers first, each confirmed: a publish to a queue nobody consumed yet is dropped.
         for spec in sorted(plan.conns, key=lambda s: s.role != "sub"):
             conns.append(_Consumer(spec, plan, shared) if spec.role == "sub" else _Publisher(spec, plan, shared))
-        common.report_ready(shared, index)
-        shared.start.wait()
+        common.ready_and_wait(shared, index)
         if shared.stop.value:
             return []
         # Schedules count from the parent's start time, whenever this process woke up.

@@ -408,8 +408,7 @@ def _worker_main(plan: WorkerPlan, shared: common.SharedState, index: int) -> li
     try:
         for conn in conns:
             conn.open()
-        common.report_ready(shared, index)
-        shared.start.wait()
+        common.ready_and_wait(shared, index)
         if shared.stop.value:
             return []
         # Deadlines count from the parent's start time, whenever this process woke up.

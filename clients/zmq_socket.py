@@ -8,8 +8,10 @@ int flags and `Frame.more`, as the gateway's pump does.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import zmq
 
@@ -32,6 +34,18 @@ def open_socket(context: zmq.Context, kind: int, address: str, *, timeout: float
     return sock
 
 
+@contextlib.contextmanager
+def own_socket(kind: int, address: str, **options: Any) -> Iterator[zmq.Socket]:
+    """A socket (`open_socket`'s options) in a context of its own, for a process that has no other
+    ZeroMQ use; on leaving, the socket is closed (it gets its linger) and the context ended."""
+    with zmq.Context() as context:
+        sock = open_socket(context, kind, address, **options)
+        try:
+            yield sock
+        finally:
+            sock.close()
+
+
 def send(sock: zmq.Socket, frames: Sequence[bytes]) -> None:
     """Send a multipart message (blocking, as send_multipart)."""
     last = len(frames) - 1
@@ -47,6 +61,15 @@ def receive(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
         frame = sock.recv(0, copy=False)
         frames.append(frame.bytes)
     return frames
+
+
+def waiting(sock: zmq.Socket) -> Iterator[list[bytes]]:
+    """The messages waiting on the socket, one at a time, until it has none (no wait)."""
+    while True:
+        try:
+            yield receive(sock, NOBLOCK)
+        except zmq.Again:
+            return
 
 
 def receive_before(sock: zmq.Socket, deadline: float) -> list[bytes] | None:

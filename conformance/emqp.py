@@ -28,16 +28,8 @@ import zmq
 
 from polymq.clients import emqp as emqp_client
 from polymq.codecs import emqp
-from polymq.conformance.runner import (
-    CheckFailed,
-    Registry,
-    address_options,
-    contexts,
-    expect_equal,
-    only_option,
-    run_command,
-    timeout_option,
-)
+from polymq.conformance import runner
+from polymq.conformance.runner import CheckFailed, Registry, expect_equal
 
 DEFAULT_FRONTEND = "127.0.0.1:47291"
 DEFAULT_BACKEND = "127.0.0.1:47290"
@@ -438,19 +430,19 @@ def make_context_factory(frontend: str, backend: str, admin: str | None, pubsub:
                          timeout: float, heartbeat_interval: float) -> Callable[[str], AbstractContextManager[Target]]:
     run_id = secrets.token_hex(4)
     numbers = iter(range(1, 1_000_000))
-    return contexts(lambda _: Target(frontend, backend, admin, pubsub, timeout, heartbeat_interval, run_id,
-                                     next(numbers)), Target.close, (zmq.ZMQError,))
+    return runner.contexts(lambda _: Target(frontend, backend, admin, pubsub, timeout, heartbeat_interval, run_id,
+                                            next(numbers)), Target.close, (zmq.ZMQError,))
 
 
 @click.command()
-@address_options(("--frontend", DEFAULT_FRONTEND, "The frontend socket (clients, schedulers), HOST:PORT."),
+@runner.address_options(("--frontend", DEFAULT_FRONTEND, "The frontend socket (clients, schedulers), HOST:PORT."),
                  ("--backend", DEFAULT_BACKEND, "The backend socket (jobmanagers), HOST:PORT."),
                  ("--admin", DEFAULT_ADMIN, "The admin socket (emq-cli), HOST:PORT."),
                  ("--pubsub-in", None,
                   "The pub/sub device's input (PUBLISH), HOST:PORT: runs the pubsub checks with --pubsub-out."),
                  ("--pubsub-out", None, "The pub/sub device's PUB socket, HOST:PORT."))
-@only_option("core")
-@timeout_option("answer")
+@runner.only_option("core")
+@runner.timeout_option("answer")
 @click.option("--heartbeat-interval", default=HEARTBEAT_INTERVAL_S, show_default=True, type=float,
               help="the broker's heartbeat interval in seconds (the heartbeat check waits for one)")
 def command(frontend: str, backend: str, admin: str, pubsub_in: str | None, pubsub_out: str | None,
@@ -462,5 +454,5 @@ def command(frontend: str, backend: str, admin: str, pubsub_in: str | None, pubs
     check, then `N passed, M failed`; exits 0 only if every check passed.
     """
     pubsub = (pubsub_in, pubsub_out) if pubsub_in and pubsub_out else None
-    run_command(checks, only, make_context_factory(frontend, backend, admin, pubsub, timeout, heartbeat_interval),
-                lambda check: pubsub is not None or not check.name.startswith("pubsub "))
+    contexts = make_context_factory(frontend, backend, admin, pubsub, timeout, heartbeat_interval)
+    runner.run_command(checks, only, contexts, lambda check: pubsub is not None or not check.name.startswith("pubsub "))

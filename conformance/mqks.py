@@ -34,19 +34,8 @@ from polymq.clients import mqks_blocking
 from polymq.clients.tcp import Closed
 from polymq.codecs import mqks_client as mc
 from polymq.codecs.mqks import ALL_FLAG, ID_LENGTH, MANUAL_ACK_FLAG, NO_ID, WHEN_UNUSED_FLAG
-from polymq.conformance.runner import (
-    CheckedConnection,
-    CheckFailed,
-    Registry,
-    RunState,
-    contexts,
-    expect_equal,
-    name_stem,
-    only_option,
-    parse_address,
-    run_command,
-    timeout_option,
-)
+from polymq.conformance import runner
+from polymq.conformance.runner import CheckFailed, Registry, expect_equal
 
 # ---------------------------------------------------------------------------------------------
 # What the original does (docs/protocols/mqks.md)
@@ -86,7 +75,7 @@ def show_lines(lines: Iterable[bytes]) -> str:
 # One TCP connection
 
 
-class Conn(CheckedConnection, mqks_blocking.Connection):
+class Conn(runner.CheckedConnection, mqks_blocking.Connection):
     """The blocking MQKS client, its failures told as CheckFailed."""
 
     def __init__(self, address: tuple[str, int], timeout: float, label: str) -> None:
@@ -183,7 +172,7 @@ class Target:
     address: tuple[str, int]
     timeout: float
     check_name: str
-    run: RunState = attrs.Factory(lambda: RunState())
+    run: runner.RunState = attrs.Factory(lambda: runner.RunState())
     token: str = attrs.Factory(lambda: secrets.token_hex(3))
     queues: list[str] = attrs.Factory(list)
     conns: list[Conn] = attrs.Factory(list)
@@ -193,7 +182,7 @@ class Target:
 
     def queue(self, label: str = "q") -> str:
         """A queue name no other check or run uses; it is deleted when the check ends."""
-        stem = name_stem(self.check_name, 24)
+        stem = runner.name_stem(self.check_name, 24)
         name = f"cf-{stem}-{self.token}-{label}"
         self.queues.append(name)
         return name
@@ -1069,18 +1058,18 @@ def _eval_events_of_queue(t: Target) -> None:
 
 
 def make_context_factory(address: tuple[str, int], timeout: float) -> Callable[[str], AbstractContextManager[Target]]:
-    run = RunState()
-    return contexts(lambda name: Target(address, timeout, name, run), Target.cleanup, (OSError,))
+    run = runner.RunState()
+    return runner.contexts(lambda name: Target(address, timeout, name, run), Target.cleanup, (OSError,))
 
 
 @click.command()
 @click.option("--addr", "address", default=DEFAULT_ADDRESS, show_default=True, help="MQKS server address HOST:PORT")
-@only_option()
-@timeout_option("reply")
+@runner.only_option()
+@runner.timeout_option("reply")
 def command(address: str, only: str | None, timeout: float) -> None:
     """Check that an MQKS server behaves like MQKS v0.4.3 (one worker).
 
     Prints `PASS name` or `FAIL name: reason` per check, then `N passed, M failed`;
     exits 0 only if every check passed.
     """
-    run_command(checks, only, make_context_factory(parse_address(address), timeout))
+    runner.run_command(checks, only, make_context_factory(runner.parse_address(address), timeout))

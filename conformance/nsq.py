@@ -43,19 +43,8 @@ from polymq.codecs.nsq import (
     MSG_ID_LENGTH,
     OK,
 )
-from polymq.conformance.runner import (
-    CheckedConnection,
-    CheckFailed,
-    Registry,
-    RunState,
-    contexts,
-    expect_equal,
-    name_stem,
-    only_option,
-    parse_address,
-    run_command,
-    timeout_option,
-)
+from polymq.conformance import runner
+from polymq.conformance.runner import CheckFailed, Registry, expect_equal
 
 # ---------------------------------------------------------------------------------------------
 # What nsqd v1.3.0 does with default options (docs/protocols/nsq.md)
@@ -158,7 +147,7 @@ def describe(frame: nc.Frame | None) -> str:
 # One TCP connection
 
 
-class Conn(CheckedConnection, nsq.Connection):
+class Conn(runner.CheckedConnection, nsq.Connection):
     """The NSQ client, its failures told as CheckFailed."""
 
     def send(self, data: bytes) -> None:
@@ -302,7 +291,7 @@ class Target:
     http: tuple[str, int]
     timeout: float
     check_name: str
-    run: RunState = attrs.Factory(lambda: RunState())
+    run: runner.RunState = attrs.Factory(lambda: runner.RunState())
     topics: list[str] = attrs.Factory(list)
     conns: list[Conn] = attrs.Factory(list)
 
@@ -310,7 +299,7 @@ class Target:
 
     def topic(self, suffix: str = "") -> str:
         """A topic name no other check or run uses; it is deleted when the check ends."""
-        stem = name_stem(self.check_name, 30)
+        stem = runner.name_stem(self.check_name, 30)
         name = f"cf-{stem}-{secrets.token_hex(4)}{suffix}"
         self.topics.append(name)
         return name
@@ -324,6 +313,13 @@ class Target:
     def connect(self, *, magic: bool = True) -> Conn:
         conn = Conn(self.tcp, self.timeout, magic=magic)
         self.conns.append(conn)
+        return conn
+
+    def refused(self, command: bytes, what: str, *texts: str | bytes, fatal: bool = True) -> Conn:
+        """A new connection sends `command` and gets an error frame with one of `texts` (fatal: then it is closed)."""
+        conn = self.connect()
+        conn.send(command)
+        conn.expect_error(what, *texts, fatal=fatal)
         return conn
 
     def consumer(
@@ -490,19 +486,13 @@ def _ok_frame_bytes(t: Target) -> None:
 
 @check("command-case-sensitive")
 def _case_sensitive(t: Target) -> None:
-    conn = t.connect()
-    conn.send(b"nop\n")
-    conn.expect_error("'nop' (lower case)", "E_INVALID invalid command nop")
-    conn = t.connect()
-    conn.send(b"pub " + t.topic().encode() + b"\n")
-    conn.expect_error("'pub t' (lower case)", "E_INVALID invalid command pub")
+    t.refused(b"nop\n", "'nop' (lower case)", "E_INVALID invalid command nop")
+    t.refused(b"pub " + t.topic().encode() + b"\n", "'pub t' (lower case)", "E_INVALID invalid command pub")
 
 
 @check("command-invalid")
 def _command_invalid(t: Target) -> None:
-    conn = t.connect()
-    conn.send(b"FOO bar\n")
-    conn.expect_error("'FOO bar'", "E_INVALID invalid command FOO")
+    t.refused(b"FOO bar\n", "'FOO bar'", "E_INVALID invalid command FOO")
 
 
 @check("crlf-accepted")
@@ -604,16 +594,13 @@ def _identify_echo(t: Target) -> None:
 
 @check("identify-bad-json")
 def _identify_bad_json(t: Target) -> None:
-    conn = t.connect()
-    conn.send(b"IDENTIFY\n" + _SIZE.pack(9) + b"{not json")
-    conn.expect_error("IDENTIFY body '{not json'", "E_BAD_BODY IDENTIFY failed to decode JSON body")
+    t.refused(b"IDENTIFY\n" + _SIZE.pack(9) + b"{not json", "IDENTIFY body '{not json'",
+              "E_BAD_BODY IDENTIFY failed to decode JSON body")
 
 
 @check("identify-body-size")
 def _identify_body_size(t: Target) -> None:
-    conn = t.connect()
-    conn.send(b"IDENTIFY\n" + _SIZE.pack(0))
-    conn.expect_error("IDENTIFY with body size 0", "E_BAD_BODY IDENTIFY invalid body size 0")
+    t.refused(b"IDENTIFY\n" + _SIZE.pack(0), "IDENTIFY with body size 0", "E_BAD_BODY IDENTIFY invalid body size 0")
     conn = t.connect()
     # Only the size: nsqd refuses it before reading any body.
     conn.send(b"IDENTIFY\n" + _SIZE.pack(MAX_BODY_SIZE + 1))
@@ -636,17 +623,14 @@ def _identify_bad_fields(t: Target) -> None:
         ({"output_buffer_timeout": 30001}, "output buffer timeout (30001) is invalid"),
     ]
     for fields, text in cases:
-        conn = t.connect()
-        conn.send(nc.identify({"feature_negotiation": True, **fields}))
-        conn.expect_error(f"IDENTIFY {json.dumps(fields)}", f"E_BAD_BODY IDENTIFY {text}")
+        t.refused(nc.identify({"feature_negotiation": True, **fields}), f"IDENTIFY {json.dumps(fields)}",
+                  f"E_BAD_BODY IDENTIFY {text}")
 
 
 @check("identify-deflate-and-snappy")
 def _identify_both(t: Target) -> None:
-    conn = t.connect()
-    conn.send(nc.identify({"feature_negotiation": True, "deflate": True, "snappy": True}))
-    conn.expect_error("IDENTIFY deflate+snappy",
-                      "E_IDENTIFY_FAILED cannot enable both deflate and snappy compression")
+    t.refused(nc.identify({"feature_negotiation": True, "deflate": True, "snappy": True}), "IDENTIFY deflate+snappy",
+              "E_IDENTIFY_FAILED cannot enable both deflate and snappy compression")
 
 
 @check("identify-after-sub")
@@ -666,9 +650,7 @@ def _sub_no_heartbeats(t: Target) -> None:
 
 @check("auth-disabled")
 def _auth_disabled(t: Target) -> None:
-    conn = t.connect()
-    conn.send(nc.auth(b"secret"))
-    conn.expect_error("AUTH on a server without an auth server", "E_AUTH_DISABLED AUTH disabled")
+    t.refused(nc.auth(b"secret"), "AUTH on a server without an auth server", "E_AUTH_DISABLED AUTH disabled")
 
 
 # =============================================================================================
@@ -767,10 +749,8 @@ def _names_length(t: Target) -> None:
     conn.send(nc.pub(eph65, b"x"))
     conn.expect_error(f"PUB to a {MAX_NAME_LENGTH + 1}-character '#ephemeral' topic",
                       f'E_BAD_TOPIC PUB topic name "{eph65}" is not valid')
-    conn = t.connect()
-    conn.send(nc.sub(base, channel64 + "z"))
-    conn.expect_error(f"SUB with a {MAX_NAME_LENGTH + 1}-character channel",
-                      f'E_BAD_CHANNEL SUB channel name "{channel64}z" is not valid')
+    t.refused(nc.sub(base, channel64 + "z"), f"SUB with a {MAX_NAME_LENGTH + 1}-character channel",
+              f'E_BAD_CHANNEL SUB channel name "{channel64}z" is not valid')
 
 
 @check("names-invalid")
@@ -788,16 +768,13 @@ def _names_invalid(t: Target) -> None:
         (nc.sub(topic, "c#ephemeralx"), ('E_BAD_CHANNEL SUB channel name "c#ephemeralx" is not valid',)),
     ]
     for command, texts in cases:
-        conn = t.connect()
-        conn.send(command)
-        conn.expect_error(repr(command.split(b"\n")[0].decode()), *texts)
+        t.refused(command, repr(command.split(b"\n")[0].decode()), *texts)
 
 
 @check("sub-insufficient-params")
 def _sub_params(t: Target) -> None:
-    conn = t.connect()
-    conn.send(b"SUB " + t.topic().encode() + b"\n")
-    conn.expect_error("'SUB t' (no channel)", "E_INVALID SUB insufficient number of parameters")
+    t.refused(b"SUB " + t.topic().encode() + b"\n", "'SUB t' (no channel)",
+              "E_INVALID SUB insufficient number of parameters")
 
 
 @check("sub-twice")
@@ -813,9 +790,8 @@ def _pub_size(t: Target) -> None:
     topic = t.topic()
     for name in ("PUB", "DPUB"):
         line = f"PUB {topic}\n" if name == "PUB" else f"DPUB {topic} 0\n"
-        conn = t.connect()
-        conn.send(line.encode() + _SIZE.pack(0))
-        conn.expect_error(f"{name} with body size 0", f"E_BAD_MESSAGE {name} invalid message body size 0")
+        t.refused(line.encode() + _SIZE.pack(0), f"{name} with body size 0",
+                  f"E_BAD_MESSAGE {name} invalid message body size 0")
         conn = t.connect()
         # Only the size: nsqd refuses it before reading the body.
         conn.send(line.encode() + _SIZE.pack(MAX_MSG_SIZE + 1))
@@ -848,21 +824,15 @@ def _mpub_errors(t: Target) -> None:
          f"E_BAD_MESSAGE MPUB message too big {MAX_MSG_SIZE + 1} > {MAX_MSG_SIZE}"),
     ]
     for label, data, text in cases:
-        conn = t.connect()
-        conn.send(data)
-        conn.expect_error(f"MPUB with {label}", text)
+        t.refused(data, f"MPUB with {label}", text)
 
 
 @check("dpub-timeout")
 def _dpub_timeout(t: Target) -> None:
     topic = t.topic()
-    conn = t.connect()
-    conn.send(f"DPUB {topic} -1\n".encode())
-    conn.expect_error("'DPUB t -1'", "E_INVALID DPUB could not parse timeout -1")
-    conn = t.connect()
-    conn.send(f"DPUB {topic} {MAX_REQ_TIMEOUT_MS + 1}\n".encode())
-    conn.expect_error(f"'DPUB t {MAX_REQ_TIMEOUT_MS + 1}'",
-                      f"E_INVALID DPUB timeout {MAX_REQ_TIMEOUT_MS + 1} out of range 0-{MAX_REQ_TIMEOUT_MS}")
+    t.refused(f"DPUB {topic} -1\n".encode(), "'DPUB t -1'", "E_INVALID DPUB could not parse timeout -1")
+    t.refused(f"DPUB {topic} {MAX_REQ_TIMEOUT_MS + 1}\n".encode(), f"'DPUB t {MAX_REQ_TIMEOUT_MS + 1}'",
+              f"E_INVALID DPUB timeout {MAX_REQ_TIMEOUT_MS + 1} out of range 0-{MAX_REQ_TIMEOUT_MS}")
     conn = t.connect()
     conn.send(nc.dpub(topic, MAX_REQ_TIMEOUT_MS, b"late"))
     conn.expect_ok(f"'DPUB t {MAX_REQ_TIMEOUT_MS}'")
@@ -872,9 +842,7 @@ def _dpub_timeout(t: Target) -> None:
 
 @check("rdy-state")
 def _rdy_state(t: Target) -> None:
-    conn = t.connect()
-    conn.send(nc.rdy(1))
-    conn.expect_error("RDY before SUB", "E_INVALID cannot RDY in current state")
+    t.refused(nc.rdy(1), "RDY before SUB", "E_INVALID cannot RDY in current state")
 
 
 @check("rdy-range")
@@ -907,9 +875,7 @@ def _rdy_default(t: Target) -> None:
 def _fin_state(t: Target) -> None:
     for command, name in ((nc.fin(_UNKNOWN_ID), "FIN"), (nc.req(_UNKNOWN_ID, 0), "REQ"),
                           (nc.touch(_UNKNOWN_ID), "TOUCH")):
-        conn = t.connect()
-        conn.send(command)
-        conn.expect_error(f"{name} before SUB", f"E_INVALID cannot {name} in current state")
+        t.refused(command, f"{name} before SUB", f"E_INVALID cannot {name} in current state")
 
 
 @check("fin-req-touch-invalid-id")
@@ -987,9 +953,7 @@ def _cls(t: Target) -> None:
     conn.expect_quiet("after CLOSE_WAIT and RDY 5 (ignored): socket open, nothing delivered")
     conn.send(nc.sub(topic, t.channel()))
     conn.expect_error("SUB after CLS", "E_INVALID cannot SUB in current state")
-    conn = t.connect()
-    conn.send(nc.cls())
-    conn.expect_error("CLS before SUB", "E_INVALID cannot CLS in current state")
+    t.refused(nc.cls(), "CLS before SUB", "E_INVALID cannot CLS in current state")
 
 
 # =============================================================================================
@@ -1543,20 +1507,21 @@ def _http_stats_text(t: Target) -> None:
 def make_context_factory(
     tcp: tuple[str, int], http_address: tuple[str, int], timeout: float
 ) -> Callable[[str], AbstractContextManager[Target]]:
-    run = RunState()
-    return contexts(lambda name: Target(tcp, http_address, timeout, name, run), Target.cleanup)
+    run = runner.RunState()
+    return runner.contexts(lambda name: Target(tcp, http_address, timeout, name, run), Target.cleanup)
 
 
 @click.command()
 @click.option("--tcp", "tcp", default="127.0.0.1:4150", show_default=True, help="nsqd TCP address HOST:PORT")
 @click.option("--http", "http_address", default="127.0.0.1:4151", show_default=True,
               help="nsqd HTTP API address HOST:PORT")
-@only_option()
-@timeout_option("reply")
+@runner.only_option()
+@runner.timeout_option("reply")
 def command(tcp: str, http_address: str, only: str | None, timeout: float) -> None:
     """Check that an nsqd-compatible server behaves like nsqd v1.3.0 (TCP V2 and HTTP API).
 
     Prints `PASS name` or `FAIL name: reason` per check, then `N passed, M failed`;
     exits 0 only if every check passed.
     """
-    run_command(checks, only, make_context_factory(parse_address(tcp), parse_address(http_address), timeout))
+    contexts = make_context_factory(runner.parse_address(tcp), runner.parse_address(http_address), timeout)
+    runner.run_command(checks, only, contexts)

@@ -30,17 +30,8 @@ import click
 from polymq.clients import phpmq as phpmq_client
 from polymq.clients.tcp import Closed
 from polymq.codecs import phpmq
-from polymq.conformance.runner import (
-    CheckedConnection,
-    CheckFailed,
-    Registry,
-    contexts,
-    expect_equal,
-    only_option,
-    parse_address,
-    run_command,
-    timeout_option,
-)
+from polymq.conformance import runner
+from polymq.conformance.runner import CheckFailed, Registry, expect_equal
 
 # The original's message-queue port (its config/phpmq.default.xml).
 DEFAULT_ADDRESS = "127.0.0.1:9100"
@@ -50,7 +41,7 @@ DEFAULT_QUIET_S = 0.8
 LARGE_CONTENT = 1024 * 1024
 
 
-class Conn(CheckedConnection, phpmq_client.Connection):
+class Conn(runner.CheckedConnection, phpmq_client.Connection):
     """The blocking PHPMQ client, its failures told as CheckFailed."""
 
     def __init__(self, address: tuple[str, int], timeout: float, label: str) -> None:
@@ -360,13 +351,13 @@ for _description, _data in BAD_INPUT.items():
 def make_context_factory(address: tuple[str, int], timeout: float,
                          quiet: float) -> Callable[[str], AbstractContextManager[Target]]:
     run_id = secrets.token_hex(4)
-    return contexts(lambda _: Target(address, timeout, quiet, run_id), Target.close)
+    return runner.contexts(lambda _: Target(address, timeout, quiet, run_id), Target.close)
 
 
 @click.command()
 @click.option("--addr", "address", default=DEFAULT_ADDRESS, show_default=True, help="PHPMQ server address HOST:PORT")
-@only_option("core")
-@timeout_option("delivery")
+@runner.only_option("core")
+@runner.timeout_option("delivery")
 @click.option("--quiet", default=DEFAULT_QUIET_S, show_default=True, type=float,
               help="seconds to watch for a delivery that must not come")
 def command(address: str, only: str | None, timeout: float, quiet: float) -> None:
@@ -376,4 +367,4 @@ def command(address: str, only: str | None, timeout: float, quiet: float) -> Non
     `robustness` (bad input closes one connection), which the original fails. Prints `PASS name`
     or `FAIL name: reason` per check, then `N passed, M failed`; exits 0 only if every check passed.
     """
-    run_command(checks, only, make_context_factory(parse_address(address), timeout, quiet))
+    runner.run_command(checks, only, make_context_factory(runner.parse_address(address), timeout, quiet))

@@ -30,16 +30,8 @@ import zmq
 
 from polymq.clients import pzq_blocking
 from polymq.codecs import pzq
-from polymq.conformance.runner import (
-    CheckFailed,
-    Registry,
-    address_options,
-    contexts,
-    expect_equal,
-    only_option,
-    run_command,
-    timeout_option,
-)
+from polymq.conformance import runner
+from polymq.conformance.runner import CheckFailed, Registry, expect_equal
 
 DEFAULT_RECEIVE = "127.0.0.1:11131"
 DEFAULT_SEND = "127.0.0.1:11132"
@@ -314,16 +306,16 @@ def _unknown_monitor_request(t: Target) -> None:
 def make_context_factory(receive: str, send: str, monitor: str, timeout: float, ack_timeout: float,
                          restart: str | None) -> Callable[[str], AbstractContextManager[Target]]:
     run_id = secrets.token_hex(4)
-    return contexts(lambda _: Target(receive, send, monitor, timeout, ack_timeout, restart, run_id), Target.close,
-                    (zmq.ZMQError,))
+    return runner.contexts(lambda _: Target(receive, send, monitor, timeout, ack_timeout, restart, run_id),
+                           Target.close, (zmq.ZMQError,))
 
 
 @click.command()
-@address_options(("--receive", DEFAULT_RECEIVE, "The receive socket (producers), HOST:PORT."),
+@runner.address_options(("--receive", DEFAULT_RECEIVE, "The receive socket (producers), HOST:PORT."),
                  ("--send", DEFAULT_SEND, "The send socket (consumers), HOST:PORT."),
                  ("--monitor", DEFAULT_MONITOR, "The monitor socket, HOST:PORT."))
-@only_option("core")
-@timeout_option("answer")
+@runner.only_option("core")
+@runner.timeout_option("answer")
 @click.option("--ack-timeout", default=DEFAULT_ACK_TIMEOUT_S, show_default=True, type=float,
               help="the server's ACK timeout in seconds (the no-ack check waits it out)")
 @click.option("--restart-command", default=None,
@@ -336,5 +328,6 @@ def command(receive: str, send: str, monitor: str, only: str | None, timeout: fl
     (what the original gets wrong). It needs the server to itself. Prints `PASS name` or
     `FAIL name: reason` per check, then `N passed, M failed`; exits 0 only if every check passed.
     """
-    run_command(checks, only, make_context_factory(receive, send, monitor, timeout, ack_timeout, restart_command),
-                lambda check: bool(restart_command) or not check.name.startswith("restart "))
+    contexts = make_context_factory(receive, send, monitor, timeout, ack_timeout, restart_command)
+    runner.run_command(checks, only, contexts,
+                       lambda check: bool(restart_command) or not check.name.startswith("restart "))
