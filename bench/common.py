@@ -73,6 +73,21 @@ def merge(histograms: Iterable[dict[int, int]]) -> dict[int, int]:
     return out
 
 
+def record_latencies(histogram: list[int], now_ns: int, stamps_ns: Iterable[int]) -> int:
+    """Count each `now_ns - stamp` (in µs) into `histogram`; returns their sum. The consumers' hot loops
+    collect a read's stamps and call this once, so the bucket arithmetic (`bucket_of`) is inlined."""
+    total = 0
+    for stamp in stamps_ns:
+        lat = (now_ns - stamp) // 1000
+        total += lat
+        if lat < LINEAR_LIMIT:
+            histogram[lat if lat > 0 else 0] += 1
+        else:
+            shift = lat.bit_length() - SUB_BITS - 1
+            histogram[(shift << SUB_BITS) + (lat >> shift) if shift <= MAX_SHIFT else HIST_BUCKETS - 1] += 1
+    return total
+
+
 @attrs.frozen(slots=True)
 class LatencySummary:
     count: int
@@ -148,15 +163,6 @@ STAMP_DIGITS = 19
 def stamped_body(size: int) -> bytes:
     """A body of `size` bytes (at least the stamp) that starts with the time it is made."""
     return b"%019d" % time.time_ns() + b"x" * max(0, size - STAMP_DIGITS)
-
-
-def parse_address(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
-    """`HOST:PORT`, `:PORT` or `[v6]:PORT`."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {text!r}")
-    host = host.strip("[]") or default_host
-    return host, int(port)
 
 
 class Progress:

@@ -99,9 +99,7 @@ def jobs_main(plan: Plan, shared: common.SharedState, index: int, worker: emqp_c
     worker.ready(plan.slots)
     sock = worker.sock
     sock.setsockopt(zmq.SNDTIMEO, -1)  # from here a full queue holds the worker back, as it would a jobmanager
-    histogram = common.new_histogram()
-    bucket_of = common.bucket_of
-    got = last_ns = 0
+    received = flows.Received(shared, plan.slot)
     common.ready_and_wait(shared, index)
     reply = emqp.REPLY
     ready = emqp.client_message(emqp.READY, b"r")
@@ -110,19 +108,17 @@ def jobs_main(plan: Plan, shared: common.SharedState, index: int, worker: emqp_c
         if not sock.poll(POLL_MS):
             continue
         now = time.time_ns()
+        stamps = []
         for frames in zmq_socket.waiting(sock):
             if frames[2] != emqp.REQUEST:
                 continue  # HEARTBEATs
-            histogram[bucket_of((now - int(frames[6][:STAMP_DIGITS])) // 1000)] += 1
+            stamps.append(int(frames[6][:STAMP_DIGITS]))
             if plan.reply:
                 send(sock, emqp.client_message(reply, b"d", emqp_client.DEFAULT_RESULT, frames[3]))
             send(sock, ready)
-            got += 1
-        last_ns = now
-        shared.counters[plan.slot] = got
-    shared.done[plan.slot] = 1
+        received.add(now, stamps)
     worker.send(emqp.KBYE, message_id=b"bye")
-    return {"received": got, "last_ns": last_ns, "histogram": common.sparse(histogram)}
+    return received.result()
 
 
 def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:

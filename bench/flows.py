@@ -30,6 +30,40 @@ class FlowPlan:
     interval_s: float  # a producer's pace: 0 = as fast as the server takes them
 
 
+WorkerMain = Callable[[Any, common.SharedState, int], dict[str, Any]]
+
+
+def by_role(producer: WorkerMain, consumer: WorkerMain, plan: FlowPlan, shared: common.SharedState,
+            index: int) -> dict[str, Any]:
+    """A worker process of a bench whose plans say "producer" or "consumer": the one its plan says.
+    A bench's `worker_main` is this with its two (`functools.partial`, which a spawned process can load)."""
+    return (producer if plan.role == "producer" else consumer)(plan, shared, index)
+
+
+class Received:
+    """What a consumer process counts: its messages, when the last of them came, their latencies."""
+
+    def __init__(self, shared: common.SharedState, slot: int) -> None:
+        self.shared = shared
+        self.slot = slot
+        self.histogram = common.new_histogram()
+        self.count = 0
+        self.last_ns = 0
+
+    def add(self, now_ns: int, stamps_ns: list[int]) -> None:
+        """The messages of one read, sent at `stamps_ns`, came at `now_ns`."""
+        if stamps_ns:
+            common.record_latencies(self.histogram, now_ns, stamps_ns)
+            self.count += len(stamps_ns)
+            self.last_ns = now_ns
+            self.shared.counters[self.slot] = self.count
+
+    def result(self) -> dict[str, Any]:
+        """The consumer is done: its flag, and what it sends back to the parent."""
+        self.shared.done[self.slot] = 1
+        return {"received": self.count, "last_ns": self.last_ns, "histogram": common.sparse(self.histogram)}
+
+
 @attrs.frozen
 class FlowOptions:
     """What every flow bench (pzq, emqp, phpmq) is told; each adds its server's addresses and knobs."""

@@ -12,6 +12,7 @@ load). The queue of a run is unique and ends empty. See docs/performance.md.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from typing import Any
@@ -83,10 +84,8 @@ def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
 
 def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
     queue = plan.queue.encode()
-    histogram = common.new_histogram()
-    bucket_of = common.bucket_of
     codec = phpmq.ClientConnection()
-    got = last_ns = 0
+    received = flows.Received(shared, plan.slot)
     with tcp.connect(plan.address, CONNECT_TIMEOUT_S) as sock:
         sock.sendall(phpmq.consume(queue, plan.window))
         common.ready_and_wait(shared, index)
@@ -99,24 +98,20 @@ def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
             if not data:
                 break
             codec.receive_data(data)
-            acks = []
             now = time.time_ns()
+            stamps, acks = [], []
             while (event := codec.next_event()) is not phpmq.NEED_DATA:
                 if not isinstance(event, phpmq.Delivery):
                     raise RuntimeError(f"not a delivery: {event}")
-                histogram[bucket_of((now - int(event.content[:STAMP_DIGITS])) // 1000)] += 1
+                stamps.append(int(event.content[:STAMP_DIGITS]))
                 acks.append(phpmq.ack(queue, event.message_id))
             if acks:
                 sock.sendall(b"".join(acks))
-                got += len(acks)
-                last_ns = now
-                shared.counters[plan.slot] = got
-        shared.done[plan.slot] = 1
-    return {"received": got, "last_ns": last_ns, "histogram": common.sparse(histogram)}
+            received.add(now, stamps)
+    return received.result()
 
 
-def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
-    return (producer_main if plan.role == "producer" else consumer_main)(plan, shared, index)
+worker_main = functools.partial(flows.by_role, producer_main, consumer_main)
 
 
 @attrs.frozen
@@ -176,7 +171,7 @@ def command(addr: str, scenarios: tuple[str, ...], producers: int, consumers: in
             progress: bool) -> None:
     """Measure a PHPMQ server: throughput end to end, and latency at light load."""
     opts = Options(common.chosen_scenarios(scenarios, SCENARIOS), producers, consumers, messages, latency_messages,
-                   interval_s, size, server_pid, progress, address=common.parse_address(addr, "127.0.0.1"),
+                   interval_s, size, server_pid, progress, address=tcp.split_address(addr, "127.0.0.1"),
                    window=window)
     flows.flow_command(lambda: [run_scenario(name, opts) for name in opts.scenarios], addr, (OSError,), verdicts,
                         as_json, server_pid)

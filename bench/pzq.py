@@ -12,6 +12,7 @@ per producer). A PZQ server has one queue: run against a server nobody else uses
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -77,27 +78,22 @@ def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
 
 
 def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
-    histogram = common.new_histogram()
-    bucket_of = common.bucket_of
-    got = last_ns = 0
+    received = flows.Received(shared, plan.slot)
     with zmq_socket.own_socket(zmq.ROUTER, plan.address) as sock:
         common.ready_and_wait(shared, index)
         while not shared.stop.value:  # the parent stops everyone once all were consumed
             if not sock.poll(POLL_MS):
                 continue
             now = time.time_ns()
+            stamps = []
             for frames in zmq_socket.waiting(sock):
-                histogram[bucket_of((now - int(frames[5][:STAMP_DIGITS])) // 1000)] += 1
+                stamps.append(int(frames[5][:STAMP_DIGITS]))
                 zmq_socket.send(sock, [frames[0], frames[1], pzq.ACK_OK])
-                got += 1
-            last_ns = now
-            shared.counters[plan.slot] = got
-        shared.done[plan.slot] = 1
-    return {"received": got, "last_ns": last_ns, "histogram": common.sparse(histogram)}
+            received.add(now, stamps)
+    return received.result()
 
 
-def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
-    return (producer_main if plan.role == "producer" else consumer_main)(plan, shared, index)
+worker_main = functools.partial(flows.by_role, producer_main, consumer_main)
 
 
 @attrs.frozen
