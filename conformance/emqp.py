@@ -194,8 +194,8 @@ def _forward(t: Target) -> None:
     payload = job_payload("a")
     msgid = client.send(emqp.REQUEST, name.encode(), b"reply-requested,timeout:30", payload)
     job = worker.expect_job("the forwarded REQUEST")
-    expect_equal("forwarded frames", [b"", b"eMQP/1.0", b"REQUEST", msgid, name.encode(), b"reply-requested,timeout:30",
-                                payload], job)
+    expect_equal("forwarded frames",
+                 [b"", b"eMQP/1.0", b"REQUEST", msgid, name.encode(), b"reply-requested,timeout:30", payload], job)
     reply = client.expect_message("the dispatched REPLY")
     expect_equal("dispatched REPLY", [b"", b"eMQP/1.0", b"REPLY", msgid], [*reply[:3], *reply[4:]])
 
@@ -359,7 +359,7 @@ def _binary(t: Target) -> None:
     client = t.client(identity=b"\x80\x81" + secrets.token_bytes(4))
     client.send(emqp.REQUEST, name.encode(), b"\xfeh", b"\x00\x01\xff", message_id=b"\xff\x00id")
     expect_equal("the forwarded frames", [b"\xff\x00id", name.encode(), b"\xfeh", b"\x00\x01\xff"],
-           worker.expect_job("a binary request")[3:])
+                 worker.expect_job("a binary request")[3:])
 
 
 @checks.check("robustness a worker's or a client's DISCONNECT stops nothing")

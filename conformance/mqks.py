@@ -120,6 +120,17 @@ class Conn(runner.CheckedConnection, mqks_blocking.Connection):
         if (got if ordered else sorted(got)) != (expected if ordered else sorted(expected)):
             raise CheckFailed(what + ("" if ordered else " (any order)"), show_lines(expected), show_lines(got))
 
+    def expect_refused(self, request_id: str, action: str, data: str) -> str:
+        """A request answered `{id} error …`; returns the line sent (for messages)."""
+        line = self.request(request_id, action, data)
+        self.expect_error(f"{line!r}", request_id)
+        return line
+
+    def expect_line_refused(self, line: str, request_id: str) -> None:
+        """A line sent as it is, answered `{request_id} error …`."""
+        self.send(line.encode() + b"\n")
+        self.expect_error(f"{line!r}", request_id)
+
     def expect_confirm(self, what: str, request_id: str) -> None:
         """`{id} ok ` with its trailing space (docs/protocols/mqks.md)."""
         self.expect_line(f"{what}: confirm", f"{request_id} ok ".encode())
@@ -201,6 +212,20 @@ class Target:
         conn = Conn(self.address, self.timeout, label)
         self.conns.append(conn)
         return conn
+
+    def consumers(self, count: int) -> tuple[list[Conn], list[str]]:
+        """`count` connections (`consumer N`) and the ids of their consumers (`cN`), not consuming yet."""
+        numbers = range(1, count + 1)
+        return [self.connect(f"consumer {n}") for n in numbers], [self.ident(f"c{n}") for n in numbers]
+
+    def subscriber(self, flags: str = "") -> tuple[Conn, str, str, str]:
+        """A connection whose consumer of a fresh queue, bound to a fresh event, is confirmed:
+        (connection, consumer id, queue, event)."""
+        queue, event = self.queue(), self.event("e")
+        conn = self.connect("consumer")
+        consumer = self.ident("c")
+        self.consume(conn, consumer, f"{queue} {event} {flags}".rstrip())
+        return conn, consumer, queue, event
 
     @property
     def ctl(self) -> Conn:
@@ -309,6 +334,13 @@ checks: Registry[Target] = Registry()
 check = checks.check
 
 
+def expect_nothing_more(what: str, consumers: Iterable[tuple[Conn, str]], quiet: float = 0.0) -> None:
+    """Nothing more for each consumer (connection, id): `quiet` seconds watched on the first (the
+    others had them meanwhile), then a ping barrier on each."""
+    for index, (conn, consumer) in enumerate(consumers):
+        conn.expect_nothing(f"{consumer}: {what}", quiet if index == 0 else 0.0)
+
+
 def delivery(consumer_id: str, msg_id: str, event: str, data: str, retry: int = 0) -> bytes:
     """`{consumer_id} ok {msg_id} event={event}[,retry={n}] {data}` (docs/protocols/mqks.md)."""
     props = f"event={event}" + (f",retry={retry}" if retry else "")
@@ -391,8 +423,7 @@ def _error_id_shape(t: Target) -> None:
 def _unknown_action(t: Target) -> None:
     conn = t.connect()
     request_id = t.ident("x1")
-    line = conn.request(request_id, "blabla", "123")
-    conn.expect_error(f"{line!r}", request_id)
+    line = conn.expect_refused(request_id, "blabla", "123")
     conn.expect_nothing(f"{line!r}: connection stays open")
 
 
@@ -401,9 +432,7 @@ def _double_space(t: Target) -> None:
     # The split is on single spaces: the action is '' (docs/protocols/mqks.md).
     conn = t.connect()
     request_id = t.ident("x2")
-    line = f"{request_id}  publish {t.event('e1')} d"
-    conn.send(line.encode() + b"\n")
-    conn.expect_error(f"{line!r}", request_id)
+    conn.expect_line_refused(f"{request_id}  publish {t.event('e1')} d", request_id)
 
 
 @check("publish-without-data-error")
@@ -412,9 +441,7 @@ def _publish_without_data(t: Target) -> None:
     event = t.event("e1")
     for suffix in ("", " "):  # the trailing space is stripped first (docs/protocols/mqks.md)
         request_id = t.ident(f"m{len(suffix)}")
-        line = f"{request_id} publish {event}{suffix}"
-        conn.send(line.encode() + b"\n")
-        conn.expect_error(f"{line!r}", request_id)
+        conn.expect_line_refused(f"{request_id} publish {event}{suffix}", request_id)
 
 
 @check("missing-argument-errors")
@@ -428,9 +455,7 @@ def _missing_arguments(t: Target) -> None:
         ("consume", f"{queue} {t.event('e1')} --bogus"),  # any other --flag is an error (docs/protocols/mqks.md)
     ]
     for index, (action, data) in enumerate(requests):
-        request_id = t.ident(f"r{index}")
-        line = conn.request(request_id, action, data)
-        conn.expect_error(f"{line!r}", request_id)
+        conn.expect_refused(t.ident(f"r{index}"), action, data)
     conn.expect_nothing("after the errors: connection still open")
 
 
@@ -543,10 +568,8 @@ def _unknown_consumer(t: Target) -> None:
 
 @check("delivery-line-bytes")
 def _delivery_line(t: Target) -> None:
-    queue, event = t.queue(), t.event("e")
-    conn = t.connect()
-    consumer, msg_id = t.ident("c"), t.ident("m")
-    t.consume(conn, consumer, f"{queue} {event}")
+    conn, consumer, _, event = t.subscriber()
+    msg_id = t.ident("m")
     t.publish(event, "data", msg_id)
     conn.expect_line(f"delivery of '{msg_id} publish {event} data'", delivery(consumer, msg_id, event, "data"))
     conn.expect_nothing("after one delivery", QUIET_S)
@@ -554,10 +577,8 @@ def _delivery_line(t: Target) -> None:
 
 @check("delivery-data-with-spaces")
 def _delivery_spaces(t: Target) -> None:
-    queue, event = t.queue(), t.event("e")
-    conn = t.connect()
-    consumer, msg_id = t.ident("c"), t.ident("m")
-    t.consume(conn, consumer, f"{queue} {event}")
+    conn, consumer, _, event = t.subscriber()
+    msg_id = t.ident("m")
     data = "hello big  world --add x"
     t.publish(event, data, msg_id)
     conn.expect_line(f"delivery of '{msg_id} publish {event} {data}'", delivery(consumer, msg_id, event, data))
@@ -565,10 +586,8 @@ def _delivery_spaces(t: Target) -> None:
 
 @check("trailing-spaces-stripped")
 def _trailing_spaces(t: Target) -> None:
-    queue, event = t.queue(), t.event("e")
-    conn = t.connect()
-    consumer, msg_id = t.ident("c"), t.ident("m")
-    t.consume(conn, consumer, f"{queue} {event}")
+    conn, consumer, _, event = t.subscriber()
+    msg_id = t.ident("m")
     line = f"{msg_id} publish --confirm {event} d1   "
     t.ctl.send(line.encode() + b"\n")
     t.ctl.expect_confirm(f"{line!r}", msg_id)
@@ -579,8 +598,7 @@ def _trailing_spaces(t: Target) -> None:
 @check("fan-out")
 def _fan_out(t: Target) -> None:
     q1, q2, event = t.queue("q1"), t.queue("q2"), t.event("e")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
+    (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{q1} {event}")
     t.consume(b, c2, f"{q2} {event}")
     m1, m2 = t.ident("m1"), t.ident("m2")
@@ -589,8 +607,7 @@ def _fan_out(t: Target) -> None:
     for conn, consumer in ((a, c1), (b, c2)):
         conn.expect_lines(f"{consumer}: one copy of each message",
                           [delivery(consumer, m1, event, "d1"), delivery(consumer, m2, event, "d2")])
-    a.expect_nothing(f"{c1}: no duplicate", QUIET_S)
-    b.expect_nothing(f"{c2}: no duplicate")
+    expect_nothing_more("no duplicate", [(a, c1), (b, c2)], QUIET_S)
 
 
 @check("competing-consumers")
@@ -611,8 +628,7 @@ def _competing(t: Target) -> None:
         expect_equal("competing consumers: delivery", delivery(consumer, msg_id, event, "world"), line)
         got.append(msg_id)
     expect_equal("competing consumers: each message exactly once", sorted(msg_ids), sorted(got))
-    a.expect_nothing("Alice: no duplicate", QUIET_S)
-    b.expect_nothing("Bob: no duplicate")
+    expect_nothing_more("no duplicate", [(a, alice), (b, bob)], QUIET_S)
 
 
 @check("publish-without-binding-dropped")
@@ -654,8 +670,7 @@ def _rebind_only_drops(t: Target) -> None:
 @check("consume-without-events-keeps-bindings")
 def _consume_keeps(t: Target) -> None:
     queue, e1, e2, e3 = t.queue(), t.event("e1"), t.event("e2"), t.event("e3")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
+    (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{queue} {e1} {e2}")
     updates = t.consume(b, c2, queue)
     expect_equal(f"'{c2} consume --confirm {queue}': lines before its ok", [], updates)
@@ -668,15 +683,13 @@ def _consume_keeps(t: Target) -> None:
     [line] = t.collect([a, b], 1, f"delivery of a publish to {e2}")
     if line not in (delivery(c1, msg_id, e2, "d"), delivery(c2, msg_id, e2, "d")):
         raise CheckFailed(f"delivery of a publish to {e2}", delivery(c1, msg_id, e2, "d"), line)
-    a.expect_nothing(f"{c1}: nothing more", QUIET_S)
-    b.expect_nothing(f"{c2}: nothing more")
+    expect_nothing_more("nothing more", [(a, c1), (b, c2)], QUIET_S)
 
 
 @check("consume-add")
 def _consume_add(t: Target) -> None:
     queue, e1, e2 = t.queue(), t.event("e1"), t.event("e2")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
+    (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{queue} {e1}")
     updates = t.consume(b, c2, f"{queue} --add {e2}")
     # The issuer of `consume --add` gets the --update too, before its own ok (docs/protocols/mqks.md).
@@ -689,8 +702,7 @@ def _consume_add(t: Target) -> None:
     lines = t.collect([a, b], 2, f"deliveries of publishes to {e1} and {e2}")
     got = sorted(delivered(line, "deliveries", [c1, c2])[1] for line in lines)
     expect_equal("messages of both events, once each", sorted(msg_ids), got)
-    a.expect_nothing(f"{c1}: nothing more", QUIET_S)
-    b.expect_nothing(f"{c2}: nothing more")
+    expect_nothing_more("nothing more", [(a, c1), (b, c2)], QUIET_S)
 
 
 # =============================================================================================
@@ -770,8 +782,7 @@ def _rebind_remove_mask(t: Target) -> None:
 def _update_lines(t: Target) -> None:
     queue = t.queue()
     e0, e1, e2, e3 = (t.event(n) for n in ("e0", "e1", "e2", "e3"))
-    a, b, c = t.connect("consumer 1"), t.connect("consumer 2"), t.connect("consumer 3")
-    c1, c2, c3 = t.ident("c1"), t.ident("c2"), t.ident("c3")
+    (a, b, c), (c1, c2, c3) = t.consumers(3)
     expect_equal(f"'{c1} consume {queue} {e1}': lines before its ok", [], t.consume(a, c1, f"{queue} {e1}"))
     a.expect_nothing(f"{c1}: the issuer of a plain consume gets no --update")
     data = f"{queue} {e2} {e1} {e0} {WHEN_UNUSED_FLAG}=5 {MANUAL_ACK_FLAG}"
@@ -786,38 +797,33 @@ def _update_lines(t: Target) -> None:
     a.expect_line(f"{c1} after '{c3} consume {data}'", update(c1, queue, [e0, e1, e2, e3], suffix))
     b.expect_line(f"{c2} (manual-ack) after '{c3} consume {data}'",
                   update(c2, queue, [e0, e1, e2, e3], f"{suffix} {MANUAL_ACK_FLAG}"))
-    for conn, consumer in ((a, c1), (b, c2), (c, c3)):
-        conn.expect_nothing(f"{consumer}: nothing more")
+    expect_nothing_more("nothing more", [(a, c1), (b, c2), (c, c3)])
+
+
+def _update_for_the_first(t: Target, first: str, second: str, suffix: str, about_first: str = "") -> None:
+    """c1 consumes `first`, then c2 `second` (both formatted with `queue` and `event`): c2 gets no
+    --update before its ok, c1 one of the queue with its one event and `suffix`; then neither more."""
+    queue, event = t.queue(), t.event("e1")
+    (a, b), (c1, c2) = t.consumers(2)
+    t.consume(a, c1, first.format(queue=queue, event=event))
+    data = second.format(queue=queue, event=event)
+    expect_equal(f"'{c2} consume {data}': lines before its ok", [], t.consume(b, c2, data))
+    a.expect_line(f"{c1}{about_first} after '{c2} consume {data}'", update(c1, queue, [event], suffix))
+    expect_nothing_more("nothing more", [(a, c1), (b, c2)])
 
 
 @check("update-bare-flag")
 def _update_bare(t: Target) -> None:
-    queue, event = t.queue(), t.event("e1")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
-    t.consume(a, c1, f"{queue} {event} {MANUAL_ACK_FLAG}")
     # Only the when-unused setting changes: the others still get --update, with the bare flag.
-    data = f"{queue} {WHEN_UNUSED_FLAG}"
-    expect_equal(f"'{c2} consume {data}': lines before its ok", [], t.consume(b, c2, data))
-    a.expect_line(f"{c1} (manual-ack) after '{c2} consume {data}'",
-                  update(c1, queue, [event], f" {WHEN_UNUSED_FLAG} {MANUAL_ACK_FLAG}"))
-    a.expect_nothing(f"{c1}: nothing more")
-    b.expect_nothing(f"{c2}: nothing more")
+    _update_for_the_first(t, f"{{queue}} {{event}} {MANUAL_ACK_FLAG}", f"{{queue}} {WHEN_UNUSED_FLAG}",
+                          f" {WHEN_UNUSED_FLAG} {MANUAL_ACK_FLAG}", " (manual-ack)")
 
 
 @check("update-when-unused-cleared")
 def _update_when_unused_cleared(t: Target) -> None:
     # A consume without the flag clears the queue's setting, and that change is an --update for the
     # others (the original's server/actions/consume.py: `queues_to_delete_when_unused.pop`).
-    queue, event = t.queue(), t.event("e1")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
-    t.consume(a, c1, f"{queue} {event} {WHEN_UNUSED_FLAG}=60")
-    data = f"{queue} {event}"
-    expect_equal(f"'{c2} consume {data}': lines before its ok", [], t.consume(b, c2, data))
-    a.expect_line(f"{c1} after '{c2} consume {data}'", update(c1, queue, [event]))
-    a.expect_nothing(f"{c1}: nothing more")
-    b.expect_nothing(f"{c2}: nothing more")
+    _update_for_the_first(t, f"{{queue}} {{event}} {WHEN_UNUSED_FLAG}=60", "{queue} {event}", "")
 
 
 # =============================================================================================
@@ -826,16 +832,26 @@ def _update_when_unused_cleared(t: Target) -> None:
 
 def _manual_consumer(t: Target, count: int) -> tuple[Conn, str, str, str, list[str]]:
     """A manual-ack consumer holding `count` delivered messages m0…; returns conn, consumer, queue, event, ids."""
-    queue, event = t.queue(), t.event("e")
-    conn = t.connect("consumer")
-    consumer = t.ident("c")
-    t.consume(conn, consumer, f"{queue} {event} {MANUAL_ACK_FLAG}")
+    conn, consumer, queue, event = t.subscriber(MANUAL_ACK_FLAG)
     msg_ids = [t.ident(f"m{i}") for i in range(count)]
     for msg_id in msg_ids:
         t.publish(event, f"d-{msg_id}", msg_id)
     conn.expect_lines(f"{consumer} (manual-ack): deliveries",
                       [delivery(consumer, msg_id, event, f"d-{msg_id}") for msg_id in msg_ids])
     return conn, consumer, queue, event, msg_ids
+
+
+def _then_sentinel(t: Target, conn: Conn, consumer: str, event: str, requests: list[tuple[str, str]],
+                   before: Iterable[bytes] = ()) -> None:
+    """The consumer's (action, message id or --all) requests, confirmed, then a sentinel published:
+    `before`, then its delivery, are the next lines (the queue is FIFO: what was requeued or kept would
+    come ahead of it)."""
+    for index, (action, msg_id) in enumerate(requests):
+        t.confirmed(t.ident(f"{action}{index}"), action, f"{consumer} {msg_id}")
+    sentinel = t.ident("sentinel")
+    t.publish(event, "sentinel", sentinel)
+    what = "after " + ", ".join(f"'{action} {consumer} {msg_id}'" for action, msg_id in requests)
+    conn.expect_lines(what, [*before, delivery(consumer, sentinel, event, "sentinel")])
 
 
 @check("manual-ack-reject-retry")
@@ -865,39 +881,24 @@ def _reject_all(t: Target) -> None:
     conn.expect_lines(f"after a second 'reject {consumer} --all'",
                       [delivery(consumer, m0, event, f"d-{m0}", 2), delivery(consumer, m1, event, f"d-{m1}", 2)],
                       ordered=False)
-    t.confirmed(t.ident("a1"), "ack", f"{consumer} {ALL_FLAG}")
-    t.confirmed(t.ident("r3"), "reject", f"{consumer} {ALL_FLAG}")
-    m2 = t.ident("m2")
-    t.publish(event, "sentinel", m2)  # FIFO: anything requeued by the last reject would come first
-    conn.expect_line(f"after 'ack {consumer} --all', 'reject {consumer} --all'",
-                     delivery(consumer, m2, event, "sentinel"))
+    _then_sentinel(t, conn, consumer, event, [("ack", ALL_FLAG), ("reject", ALL_FLAG)])
 
 
 @check("manual-ack-ack-removes")
 def _ack_removes(t: Target) -> None:
     conn, consumer, _, event, (m0, m1) = _manual_consumer(t, 2)
-    t.confirmed(t.ident("a1"), "ack", f"{consumer} {m0}")
-    t.confirmed(t.ident("r1"), "reject", f"{consumer} {ALL_FLAG}")
-    m2 = t.ident("m2")
-    t.publish(event, "sentinel", m2)
-    conn.expect_lines(f"after 'ack {consumer} {m0}', 'reject {consumer} --all'",
-                      [delivery(consumer, m1, event, f"d-{m1}", 1), delivery(consumer, m2, event, "sentinel")])
+    _then_sentinel(t, conn, consumer, event, [("ack", m0), ("reject", ALL_FLAG)],
+                   [delivery(consumer, m1, event, f"d-{m1}", 1)])
 
 
 @check("auto-ack-reject-nothing")
 def _auto_ack_reject(t: Target) -> None:
     # Auto-ack: delivered = done, reject has nothing to return (docs/protocols/mqks.md).
-    queue, event = t.queue(), t.event("e")
-    conn = t.connect()
-    consumer, m0, m1 = t.ident("c"), t.ident("m0"), t.ident("m1")
-    t.consume(conn, consumer, f"{queue} {event}")
+    conn, consumer, _, event = t.subscriber()
+    m0 = t.ident("m0")
     t.publish(event, "d", m0)
     conn.expect_line("delivery", delivery(consumer, m0, event, "d"))
-    t.confirmed(t.ident("r1"), "reject", f"{consumer} {m0}")
-    t.confirmed(t.ident("r2"), "reject", f"{consumer} {ALL_FLAG}")
-    t.publish(event, "sentinel", m1)
-    conn.expect_line(f"after 'reject {consumer} {m0}' of an auto-ack consumer",
-                     delivery(consumer, m1, event, "sentinel"))
+    _then_sentinel(t, conn, consumer, event, [("reject", m0), ("reject", ALL_FLAG)])
 
 
 @check("manual-ack-disconnect-requeues")
@@ -936,16 +937,14 @@ def _delete_consumer_requeues(t: Target) -> None:
 @check("delete-queue")
 def _delete_queue(t: Target) -> None:
     queue, event = t.queue(), t.event("e")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
+    (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{queue} {event}")
     t.consume(b, c2, f"{queue} {event} {MANUAL_ACK_FLAG}")
     t.confirmed(t.ident("dq"), "delete_queue", queue)
     a.expect_line(f"{c1} after 'delete_queue {queue}'", update(c1, queue, []))
     b.expect_line(f"{c2} (manual-ack) after 'delete_queue {queue}'", update(c2, queue, [], f" {MANUAL_ACK_FLAG}"))
     t.publish(event, "d", t.ident("m"))
-    a.expect_nothing(f"{c1} after its queue was deleted", QUIET_S)
-    b.expect_nothing(f"{c2} after its queue was deleted")
+    expect_nothing_more("after its queue was deleted", [(a, c1), (b, c2)], QUIET_S)
     line = t.ctl.request(t.ident("a1"), "ack", f"{c1} {ALL_FLAG}", confirm=True)
     t.ctl.expect_nothing(f"{line!r}: the consumers of a deleted queue are gone")
 
@@ -953,8 +952,7 @@ def _delete_queue(t: Target) -> None:
 @check("delete-queue-without-events")
 def _delete_queue_without_events(t: Target) -> None:
     queue = t.queue()
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
+    (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, queue)
     t.consume(b, c2, f"{queue} {MANUAL_ACK_FLAG}")
     t.confirmed(t.ident("dq"), "delete_queue", queue)
@@ -962,6 +960,18 @@ def _delete_queue_without_events(t: Target) -> None:
     a.expect_line(f"{c1} after 'delete_queue {queue}' of a queue without events", update(c1, queue, []))
     b.expect_line(f"{c2} (manual-ack) after 'delete_queue {queue}' of a queue without events",
                   update(c2, queue, [], f" {MANUAL_ACK_FLAG}"))
+
+
+def _recreated(t: Target, queue: str, event: str, flags: str, consumer: str, label: str) -> None:
+    """The queue went with its bindings: a publish now is dropped, so a new consumer's first delivery
+    is what is published after it came (FIFO: a kept message would come first)."""
+    lost, kept = t.ident(f"{consumer}-lost"), t.ident(f"{consumer}-kept")
+    t.publish(event, "lost", lost)  # no queue, no binding: dropped
+    conn = t.connect(label)
+    t.consume(conn, consumer, f"{queue} {event} {flags}")
+    t.publish(event, "kept", kept)
+    conn.expect_line(f"{consumer}: first delivery on the re-created queue (FIFO: a kept {lost} would come first)",
+                     delivery(consumer, kept, event, "kept"))
 
 
 @check("when-unused-bare")
@@ -974,14 +984,7 @@ def _when_unused_bare(t: Target) -> None:
     after = t.eval_queue_count("ev2")
     if after > before - 1:
         raise CheckFailed("_eval len(state.queues) after the last consumer left", f"at most {before - 1}", after)
-    m1, m2 = t.ident("m1"), t.ident("m2")
-    t.publish(event, "lost", m1)  # no queue, no binding: dropped
-    conn = t.connect("consumer 2")
-    c2 = t.ident("c2")
-    t.consume(conn, c2, f"{queue} {event} {WHEN_UNUSED_FLAG}")
-    t.publish(event, "kept", m2)
-    conn.expect_line(f"{c2}: first delivery on the re-created queue (FIFO: a kept {m1} would come first)",
-                     delivery(c2, m2, event, "kept"))
+    _recreated(t, queue, event, WHEN_UNUSED_FLAG, t.ident("c2"), "consumer 2")
 
 
 @check("when-unused-seconds")
@@ -1015,13 +1018,7 @@ def _when_unused_seconds(t: Target) -> None:
     if after > before - 1:
         raise CheckFailed(f"_eval len(state.queues) {WHEN_UNUSED_S + WHEN_UNUSED_MARGIN_S} s after the last consumer "
                           f"of a {flags} queue left", f"at most {before - 1}", after)
-    m3, m4 = t.ident("m3"), t.ident("m4")
-    t.publish(event, "lost", m3)
-    conn = t.connect("consumer 4")
-    t.consume(conn, c4, f"{queue} {event} {flags}")
-    t.publish(event, "d4", m4)
-    conn.expect_line(f"{c4}: first delivery on the re-created queue (FIFO: a kept {m3} would come first)",
-                     delivery(c4, m4, event, "d4"))
+    _recreated(t, queue, event, flags, c4, "consumer 4")
 
 
 # =============================================================================================

@@ -64,6 +64,11 @@ class Conn(runner.CheckedConnection, phpmq_client.Connection):
         except TimeoutError:
             raise CheckFailed(f"{what}: deliveries", f"{count}", f"{len(self.received)}") from None
 
+    def take(self, queue: bytes, window: int, what: str, count: int | None = None) -> list[phpmq.Delivery]:
+        """Consume `queue` with a window of `window` and take `count` deliveries (the window's when not given)."""
+        self.send(phpmq.consume(queue, window))
+        return self.expect_deliveries(window if count is None else count, what)
+
     def expect_quiet(self, seconds: float, what: str) -> None:
         """Nothing arrives within `seconds`."""
         if not self.quiet(seconds):
@@ -101,6 +106,29 @@ class Target:
         except TimeoutError:
             raise CheckFailed("barrier: deliveries", "1", "0") from None
 
+    def held(self, purpose: str, content: bytes, holder: str) -> tuple[bytes, Conn, Conn, phpmq.Delivery]:
+        """A producer sends `content` to a fresh queue and a holder, consuming it with a window of 1,
+        takes it: (queue, producer, holder, delivery)."""
+        queue = self.queue(purpose).encode()
+        producer, holding = self.conn("producer"), self.conn(holder)
+        producer.send(phpmq.send(queue, content))
+        [delivery] = holding.take(queue, 1, f"{holder}: the delivery")
+        return queue, producer, holding, delivery
+
+    def stored_and_taken(self, purpose: str, content: bytes, ttl: int) -> tuple[Conn, bytes, phpmq.Delivery]:
+        """A current-generation client sends `content` with a TTL to a fresh queue and takes it back:
+        (client, queue, delivery)."""
+        queue = self.queue(purpose).encode()
+        client = self.conn("current client")
+        client.send(phpmq.send(queue, content, ttl))
+        [delivery] = client.take(queue, 1, f"{purpose}: the delivery")
+        return client, queue, delivery
+
+    def done(self, conn: Conn, queue: bytes, *deliveries: phpmq.Delivery) -> None:
+        """`conn` acknowledges what the check took and the server handles it: the check's queues end empty."""
+        conn.send(b"".join(phpmq.ack(queue, delivery.message_id) for delivery in deliveries))
+        self.barrier(conn)
+
     def close(self) -> None:
         for conn in self._conns:
             with contextlib.suppress(OSError):
@@ -118,14 +146,12 @@ def _send_consume(t: Target) -> None:
     queue = t.queue("basic").encode()
     producer, consumer = t.conn("producer"), t.conn("consumer")
     producer.send(phpmq.send(queue, b"Hello World"))
-    consumer.send(phpmq.consume(queue, 5))
-    [delivery] = consumer.expect_deliveries(1, "003")
+    [delivery] = consumer.take(queue, 5, "003", 1)
     expect_equal("003 header", b"H0100303", bytes(consumer.raw[:8]))
     expect_equal("queue and content", (queue.decode(), b"Hello World"), (delivery.queue, delivery.content))
     expect_equal("id is 32 lowercase hex", True, phpmq.parse_message_id(delivery.message_id) is not None)
     expect_equal("the whole 003", phpmq.delivery(queue, b"Hello World", delivery.message_id, None), bytes(consumer.raw))
-    consumer.send(phpmq.ack(queue, delivery.message_id))
-    t.barrier(consumer)
+    t.done(consumer, queue, delivery)
 
 
 @checks.check("core a window of N holds N unacknowledged and each ack lets one more flow")
@@ -135,16 +161,13 @@ def _window(t: Target) -> None:
     for body in (b"1", b"2", b"3"):
         producer.send(phpmq.send(queue, body))
     t.barrier(producer)
-    consumer.send(phpmq.consume(queue, 2))
-    first, second = consumer.expect_deliveries(2, "window of 2")
+    first, second = consumer.take(queue, 2, "window of 2")
     expect_equal("oldest first", [b"1", b"2"], [first.content, second.content])
     consumer.expect_quiet(t.quiet_s, "window of 2, 2 unacknowledged")
     consumer.send(phpmq.ack(queue, first.message_id))
     [third] = consumer.expect_deliveries(1, "after one ack")
     expect_equal("after one ack", b"3", third.content)
-    for delivery in (second, third):
-        consumer.send(phpmq.ack(queue, delivery.message_id))
-    t.barrier(consumer)
+    t.done(consumer, queue, second, third)
 
 
 @checks.check("core contents are raw bytes of any length")
@@ -158,53 +181,34 @@ def _binary(t: Target) -> None:
     got = consumer.expect_deliveries(len(contents), "binary contents")
     expect_equal("contents byte for byte", [len(c) for c in contents], [len(d.content) for d in got])
     expect_equal("contents byte for byte", True, [d.content for d in got] == contents)
-    for delivery in got:
-        consumer.send(phpmq.ack(queue, delivery.message_id))
-    t.barrier(consumer)
+    t.done(consumer, queue, *got)
 
 
 @checks.check("core a disconnect returns unacknowledged messages with the same id and content")
 def _disconnect(t: Target) -> None:
-    queue = t.queue("disconnect").encode()
-    producer, leaving = t.conn("producer"), t.conn("leaving consumer")
-    producer.send(phpmq.send(queue, b"held"))
-    leaving.send(phpmq.consume(queue, 1))
-    [held] = leaving.expect_deliveries(1, "before the disconnect")
+    queue, _, leaving, held = t.held("disconnect", b"held", "leaving consumer")
     leaving.close()
     next_one = t.conn("next consumer")
-    next_one.send(phpmq.consume(queue, 1))
-    [again] = next_one.expect_deliveries(1, "after the disconnect")
+    [again] = next_one.take(queue, 1, "after the disconnect")
     expect_equal("same id and content", (held.message_id, b"held"), (again.message_id, again.content))
-    next_one.send(phpmq.ack(queue, again.message_id))
-    t.barrier(next_one)
+    t.done(next_one, queue, again)
 
 
 @checks.check("core a new consume replaces the window and releases what it held")
 def _replace(t: Target) -> None:
-    queue, other = t.queue("replace").encode(), t.queue("replace-other").encode()
-    producer, consumer = t.conn("producer"), t.conn("consumer")
-    producer.send(phpmq.send(queue, b"released"))
-    consumer.send(phpmq.consume(queue, 1))
-    [held] = consumer.expect_deliveries(1, "first window")
-    consumer.send(phpmq.consume(other, 1))
+    queue, _, consumer, held = t.held("replace", b"released", "consumer")
+    consumer.send(phpmq.consume(t.queue("replace-other").encode(), 1))
     t.barrier(consumer)
     rival = t.conn("rival")
-    rival.send(phpmq.consume(queue, 1))
-    [again] = rival.expect_deliveries(1, "released by the new window")
+    [again] = rival.take(queue, 1, "released by the new window")
     expect_equal("same message", held.message_id, again.message_id)
-    rival.send(phpmq.ack(queue, again.message_id))
-    t.barrier(rival)
+    t.done(rival, queue, again)
 
 
 @checks.check("core an ack from another connection finishes the message")
 def _ack_elsewhere(t: Target) -> None:
-    queue = t.queue("ack-elsewhere").encode()
-    producer, holder = t.conn("producer"), t.conn("holder")
-    producer.send(phpmq.send(queue, b"x"))
-    holder.send(phpmq.consume(queue, 1))
-    [delivery] = holder.expect_deliveries(1, "delivery")
-    producer.send(phpmq.ack(queue, delivery.message_id))
-    t.barrier(producer)
+    queue, producer, holder, delivery = t.held("ack-elsewhere", b"x", "holder")
+    t.done(producer, queue, delivery)
     holder.close()  # it is finished: nobody gets it again
     watcher = t.conn("watcher")
     watcher.send(phpmq.consume(queue, 1))
@@ -241,15 +245,10 @@ def _compete(t: Target) -> None:
 
 @checks.check("current-generation a 001 with a TTL packet is stored and its 003 carries the TTL left")
 def _ttl_packet(t: Target) -> None:
-    queue = t.queue("ttl").encode()
-    client = t.conn("current client")
-    client.send(phpmq.send(queue, b"with ttl", 3600))
-    client.send(phpmq.consume(queue, 1))
-    [delivery] = client.expect_deliveries(1, "003 with TTL")
+    client, queue, delivery = t.stored_and_taken("ttl", b"with ttl", 3600)
     expect_equal("003 header", b"H0100304", bytes(client.raw[:8]))
     expect_equal("TTL left", True, delivery.ttl is not None and 3590 <= delivery.ttl <= 3600)
-    client.send(phpmq.ack(queue, delivery.message_id))
-    t.barrier(client)
+    t.done(client, queue, delivery)
 
 
 @checks.check("current-generation a TTL that ran out is never delivered")
@@ -268,34 +267,26 @@ def _requeue(t: Target) -> None:
     queue = t.queue("requeue").encode()
     client = t.conn("current client")
     client.send(phpmq.send(queue, b"a", 60) + phpmq.send(queue, b"b", 60))
-    client.send(phpmq.consume(queue, 1))
-    [a] = client.expect_deliveries(1, "first")
+    [a] = client.take(queue, 1, "first")
     client.send(phpmq.requeue(queue, a.message_id, 900))
     [b] = client.expect_deliveries(1, "behind it")
     expect_equal("next", b"b", b.content)
     client.send(phpmq.ack(queue, b.message_id))
     [again] = client.expect_deliveries(1, "requeued")
     expect_equal("requeued at the tail with its new TTL", (b"a", a.message_id, 900),
-           (again.content, again.message_id, again.ttl))
-    client.send(phpmq.ack(queue, again.message_id))
-    t.barrier(client)
+                 (again.content, again.message_id, again.ttl))
+    t.done(client, queue, again)
 
 
 @checks.check("current-generation 006 moves the message to <queue>.dead")
 def _dead_letter(t: Target) -> None:
-    queue = t.queue("dead").encode()
-    client = t.conn("current client")
-    client.send(phpmq.send(queue, b"poison", 60))
-    client.send(phpmq.consume(queue, 1))
-    [poison] = client.expect_deliveries(1, "delivery")
+    client, queue, poison = t.stored_and_taken("dead", b"poison", 60)
     client.send(phpmq.dead_letter(queue, poison.message_id))
     t.barrier(client)
     reader = t.conn("dead-letter reader")
-    reader.send(phpmq.consume(queue + b".dead", 1))
-    [letter] = reader.expect_deliveries(1, "dead letter")
+    [letter] = reader.take(queue + b".dead", 1, "dead letter")
     expect_equal("the same message", (b"poison", poison.message_id), (letter.content, letter.message_id))
-    reader.send(phpmq.ack(queue + b".dead", letter.message_id))
-    t.barrier(reader)
+    t.done(reader, queue + b".dead", letter)
 
 
 @checks.check("current-generation an ack from another connection frees the holder's window slot")
@@ -303,13 +294,11 @@ def _slot_freed(t: Target) -> None:
     queue = t.queue("slot").encode()
     producer, holder = t.conn("producer"), t.conn("holder")
     producer.send(phpmq.send(queue, b"1") + phpmq.send(queue, b"2"))
-    holder.send(phpmq.consume(queue, 1))
-    [first] = holder.expect_deliveries(1, "first")
+    [first] = holder.take(queue, 1, "first")
     producer.send(phpmq.ack(queue, first.message_id))
     [second] = holder.expect_deliveries(1, "the slot freed by another connection's ack")
     expect_equal("next", b"2", second.content)
-    holder.send(phpmq.ack(queue, second.message_id))
-    t.barrier(holder)
+    t.done(holder, queue, second)
 
 
 # -- robustness ---------------------------------------------------------------------------------
@@ -332,11 +321,9 @@ def _robustness(description: str, data: bytes) -> Callable[[Target], None]:
         culprit.send(data)
         if not culprit.closed_by_server():
             raise CheckFailed(f"after {description}", "the connection closed", "still open")
-        bystander.send(phpmq.consume(queue, 1))
-        [kept] = bystander.expect_deliveries(1, "another client's message after the bad input")
+        [kept] = bystander.take(queue, 1, "another client's message after the bad input")
         expect_equal("kept", b"kept", kept.content)
-        bystander.send(phpmq.ack(queue, kept.message_id))
-        t.barrier(bystander)
+        t.done(bystander, queue, kept)
 
     return check
 

@@ -183,7 +183,7 @@ def _refused(t: Target) -> None:
     for frames, reason in (([b"x", b"no delimiter"], pzq.MALFORMED), ([b"y", pzq.DELIMITER], pzq.EMPTY)):
         producer.send(frames)
         expect_equal(f"answer to {frames!r}", [frames[0], pzq.ACK_FAILED, pzq.DELIMITER, reason],
-               t.recv(producer, "refusal"))
+                     t.recv(producer, "refusal"))
 
 
 @checks.check("core oldest first")
