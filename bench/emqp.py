@@ -1,7 +1,7 @@
 """`polymq bench emqp`: requests per second through a pool of workers, with and without
 `reply-requested`, and latency, against any eMQP broker.
 
-Each client and each worker is a process of its own (bench_common's workers) with a blocking pyzmq
+Each client and each worker is a process of its own (`common.WorkerGroup`) with a blocking pyzmq
 DEALER, as EventMQ's peers connect. A worker INFORMs one queue (new for each run), says READY once
 per slot (`--slots`), and for each REQUEST it gets says READY again (after a REPLY naming the
 request in the `replies` scenario, as a jobmanager does with `reply-requested`): the job itself

@@ -1,6 +1,6 @@
 """`polymq bench phpmq`: throughput and publish-to-deliver latency of any PHPMQ server.
 
-Each producer and each consumer is a process of its own (bench_common's workers), with plain
+Each producer and each consumer is a process of its own (`common.WorkerGroup`), with plain
 blocking sockets. Producers send 001s (PHPMQ never answers them); consumers hold a window (002)
 and acknowledge every delivery (004), all acks of one read in one write. Every content starts with
 the wall-clock nanoseconds it was sent at, so consumers measure publish-to-deliver latency.

@@ -1,6 +1,6 @@
 """`polymq bench pzq`: produce with ACKs, consume with ACKs, both at once, and latency, against any PZQ server.
 
-Each producer and consumer is a process of its own (bench_common's workers) with a blocking pyzmq
+Each producer and consumer is a process of its own (`common.WorkerGroup`) with a blocking pyzmq
 socket. Producers keep `--in-flight` messages waiting for their ACK (1 = one per round trip, as
 the reference client); consumers acknowledge every delivery. Every body starts with the wall-clock
 nanoseconds it was sent at, so consumers measure produce-to-deliver latency.

@@ -11,7 +11,7 @@ the first word of a check's name:
   a worker that goes, drops requests past 10,000 waiting, and reroutes unknown queues).
 
 Every check uses queues of its own (named after the run), and its workers say KBYE when it ends.
-Only `polymq.codecs` and the shared runner are imported (docs/architecture.md).
+Only `polymq.clients`, `polymq.codecs` and the shared runner are imported (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ queues (`delete_queue --confirm`) afterwards. "Nothing more arrived" is tested w
 trip as a barrier (responses of one connection come in order), after a short quiet wait when the
 thing that must not arrive would come from another connection. The checks that count queues
 with `_eval len(state.queues)` assume no other client creates or deletes queues meanwhile. Only
-`polymq.codecs` and the shared runner are imported (docs/architecture.md).
+`polymq.clients`, `polymq.codecs` and the shared runner are imported (docs/architecture.md).
 """
 
 from __future__ import annotations

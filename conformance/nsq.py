@@ -4,9 +4,10 @@ Every check is written from how nsqd v1.3.0 behaves on the wire, so the suite pa
 the original nsqd with default options as well as against polymq (docs/protocols/nsq.md). Where
 polymq deliberately differs from a defect of nsqd, both forms are accepted.
 
-Each check opens its own connections (blocking sockets with timeouts, so a broken server makes
-a check fail rather than hang), uses topic names unique to the run, and deletes its topics
-through the HTTP API afterwards. Only `polymq.codecs` is imported (docs/architecture.md).
+Each check opens its own connections (the blocking client of `polymq.clients.nsq`, every read with
+a deadline, so a broken server makes a check fail rather than hang), uses topic names unique to the
+run, and deletes its topics through the HTTP API afterwards. Only `polymq.clients`, `polymq.codecs`
+and the shared runner are imported (docs/architecture.md).
 """
 
 from __future__ import annotations

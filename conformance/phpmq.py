@@ -14,7 +14,7 @@ is proven with a barrier: that connection sends a message to a fresh queue which
 connection consumes; once it arrives, everything sent before it was handled (a connection is read
 in order). "Nothing more arrives" waits `--quiet` seconds (the original sleeps 200 ms per loop, so
 its default is generous). Every message a check sends is consumed and acknowledged before it ends.
-Only `polymq.codecs` and the shared runner are imported (docs/architecture.md).
+Only `polymq.clients`, `polymq.codecs` and the shared runner are imported (docs/architecture.md).
 """
 
 from __future__ import annotations

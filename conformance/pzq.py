@@ -12,7 +12,8 @@ the first word of a check's name:
 
 The suite must have the server to itself: a PZQ server has one queue, and every check starts by
 taking (and acknowledging) whatever is left in it. "Stored" and "removed" are read from the
-monitor's `messages`. Only `polymq.codecs` and the shared runner are imported (docs/architecture.md).
+monitor's `messages`. Only `polymq.clients`, `polymq.codecs` and the shared runner are imported
+(docs/architecture.md).
 """
 
 from __future__ import annotations
