@@ -21,6 +21,8 @@ from typing import Any, Generic, NoReturn, TypeVar
 import attrs
 import click
 
+from polymq.clients import tcp
+
 ContextT = TypeVar("ContextT")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -235,10 +237,10 @@ def run_command(checks: Registry[ContextT], only: str | None,
 
 def parse_address(text: str) -> tuple[str, int]:
     """`HOST:PORT` (IPv6 hosts in brackets) of a server under test."""
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise click.BadParameter(f"{text!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
+    try:
+        return tcp.split_address(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not HOST:PORT") from None
 
 
 def address_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
