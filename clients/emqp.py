@@ -26,12 +26,12 @@ DEFAULT_RESULT = b'{"value": true}'
 
 
 class Unexpected(Exception):
-    """The broker sent another message than the one waited for (`frames`)."""
+    """The broker sent another message than the one waited for: `expected` and `got` say how."""
 
-    def __init__(self, wanted: str, frames: list[bytes]) -> None:
-        super().__init__(f"expected {wanted}, got {frames!r}")
-        self.wanted = wanted
-        self.frames = frames
+    def __init__(self, expected: object, got: object) -> None:
+        super().__init__(f"expected {expected!r}, got {got!r}")
+        self.expected = expected
+        self.got = got
 
 
 def new_msgid() -> bytes:
@@ -67,7 +67,7 @@ class Peer:
         """`['', 'eMQP/1.0', COMMAND, msgid, *body]`; TimeoutError when none comes in time."""
         frames = self.next_message(timeout, heartbeats=heartbeats)
         if frames is None:
-            raise TimeoutError(f"nothing came within {self.timeout if timeout is None else timeout} s")
+            raise TimeoutError(f"nothing within {self.timeout if timeout is None else timeout} s")
         return frames
 
     def close(self) -> None:
@@ -90,8 +90,8 @@ class Worker(Peer):
         raw = b"" if queues is None else json.dumps([[weight, name] for weight, name in queues]).encode()
         sent = self.send(emqp.INFORM, raw, emqp.WORKER)
         ack = self.receive()
-        if ack[:3] != [emqp.EMPTY, emqp.VERSION, emqp.ACK] or ack[-1] != sent:
-            raise Unexpected(f"['', 'eMQP/1.0', 'ACK', msgid, {sent!r}]", ack)
+        if [*ack[:3], ack[-1]] != [emqp.EMPTY, emqp.VERSION, emqp.ACK, sent]:
+            raise Unexpected([emqp.EMPTY, emqp.VERSION, emqp.ACK, sent], [*ack[:3], ack[-1]])
         return ack
 
     def ready(self, count: int = 1) -> None:

@@ -25,6 +25,14 @@ BARRIER_DATA = "barrier"
 _barriers = itertools.count(1)
 
 
+class NotAResponse(codec.ResponseError):
+    """A line that is not a response at all (`line`)."""
+
+    def __init__(self, line: bytes) -> None:
+        super().__init__(f"not a response: {line[:80]!r}")
+        self.line = line
+
+
 class Connection(tcp.Connection):
     def __init__(self, address: tuple[str, int] | str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         super().__init__(address, timeout)
@@ -73,18 +81,31 @@ class Connection(tcp.Connection):
             return lines, True
         return lines, False
 
-    def barrier(self) -> list[bytes]:
+    @staticmethod
+    def barrier_id() -> str:
+        """A fresh request id for `barrier`."""
+        return f"barrier{next(_barriers)}-{secrets.token_hex(3)}"
+
+    @staticmethod
+    def pong(request_id: str) -> bytes:
+        """The answer to the ping of `barrier(request_id)`."""
+        return f"{request_id} ok {BARRIER_DATA}".encode()
+
+    def barrier(self, request_id: str | None = None) -> list[bytes]:
         """Every line that came before the answer to a ping sent now. Raises TimeoutError when the
-        answer does not come within the timeout, codec.ResponseError for a line that is not a
-        response at all (no point waiting for the answer then)."""
-        request_id = f"barrier{next(_barriers)}-{secrets.token_hex(3)}"
+        answer does not come within the timeout, NotAResponse for a line that is not a response at
+        all (no point waiting for the answer then)."""
+        request_id = request_id or self.barrier_id()
         self.request(request_id, "ping", BARRIER_DATA)
-        pong = f"{request_id} ok {BARRIER_DATA}".encode()
+        pong = self.pong(request_id)
         deadline = self.deadline()
         before: list[bytes] = []
         while (line := self.next_line(max(0.0, deadline - time.monotonic()))) != pong:
             if line is None:
-                raise TimeoutError(f"no answer to the barrier ping within {self.timeout} s")
-            codec.parse_response(line)
+                raise TimeoutError(f"nothing within {self.timeout} s")
+            try:
+                codec.parse_response(line)
+            except codec.ResponseError:
+                raise NotAResponse(line) from None
             before.append(line)
         return before

@@ -39,7 +39,7 @@ class Peer:
         wait = self.timeout if timeout is None else timeout
         frames = zmq_socket.receive_before(self.sock, time.monotonic() + wait)
         if frames is None:
-            raise TimeoutError(f"nothing came within {wait} s")
+            raise TimeoutError(f"nothing within {wait} s")
         return frames
 
     def quiet(self, seconds: float) -> bool:

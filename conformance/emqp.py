@@ -43,7 +43,8 @@ QUIET_S = 0.5
 
 
 class Checked:
-    """Waits that fail the check instead of raising (over the eMQP clients)."""
+    """Waits that fail the check instead of raising: listed after an eMQP client class, whose
+    `next_message` they use."""
 
     timeout: float
 
@@ -76,7 +77,7 @@ class Worker(emqp_client.Worker, Checked):
         except TimeoutError as error:
             raise CheckFailed(f"{what}: nothing came", got=str(error)) from None
         except emqp_client.Unexpected as error:
-            raise CheckFailed(f"{what}: a REQUEST", error.wanted, error.frames) from None
+            raise CheckFailed(f"{what}: a REQUEST", error.expected, error.got) from None
 
 
 class Target:
@@ -110,7 +111,7 @@ class Target:
         except TimeoutError as error:
             raise CheckFailed("the INFORM's ACK: nothing came", got=str(error)) from None
         except emqp_client.Unexpected as error:
-            raise CheckFailed("ACK", error.wanted, error.frames) from None
+            raise CheckFailed("ACK", error.expected, error.got) from None
         self.workers.append(worker)
         return worker
 

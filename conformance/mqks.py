@@ -152,14 +152,15 @@ class Conn(runner.CheckedConnection, mqks_blocking.Connection):
             raise CheckFailed(what, "nothing more, connection open", "connection closed") from exc
         if line is not None:
             raise CheckFailed(what, "nothing more", line)
+        request_id = self.barrier_id()
         try:
-            before = self.barrier()
+            before = self.barrier(request_id)
         except Closed as exc:
-            raise CheckFailed(f"{what}: ping barrier", "the answer to a ping", f"connection closed ({exc})") from exc
+            raise CheckFailed(f"{what}: ping barrier", self.pong(request_id), f"connection closed ({exc})") from exc
         except TimeoutError as exc:
-            raise CheckFailed(f"{what}: ping barrier", "the answer to a ping", str(exc)) from exc
-        except mc.ResponseError as exc:  # not even a response line: no point waiting for the pong
-            raise CheckFailed(f"{what}: ping barrier", "the answer to a ping", str(exc)) from exc
+            raise CheckFailed(f"{what}: ping barrier", self.pong(request_id), str(exc)) from exc
+        except mqks_blocking.NotAResponse as exc:
+            raise CheckFailed(f"{what}: ping barrier", self.pong(request_id), exc.line) from exc
         if before:
             raise CheckFailed(what, "nothing more (only the ping answer)", show_lines(before))
 
@@ -218,11 +219,11 @@ class Target:
         numbers = range(1, count + 1)
         return [self.connect(f"consumer {n}") for n in numbers], [self.ident(f"c{n}") for n in numbers]
 
-    def subscriber(self, flags: str = "") -> tuple[Conn, str, str, str]:
+    def subscriber(self, flags: str = "", label: str = "conn") -> tuple[Conn, str, str, str]:
         """A connection whose consumer of a fresh queue, bound to a fresh event, is confirmed:
         (connection, consumer id, queue, event)."""
         queue, event = self.queue(), self.event("e")
-        conn = self.connect("consumer")
+        conn = self.connect(label)
         consumer = self.ident("c")
         self.consume(conn, consumer, f"{queue} {event} {flags}".rstrip())
         return conn, consumer, queue, event
@@ -335,10 +336,10 @@ check = checks.check
 
 
 def expect_nothing_more(what: str, consumers: Iterable[tuple[Conn, str]], quiet: float = 0.0) -> None:
-    """Nothing more for each consumer (connection, id): `quiet` seconds watched on the first (the
-    others had them meanwhile), then a ping barrier on each."""
-    for index, (conn, consumer) in enumerate(consumers):
-        conn.expect_nothing(f"{consumer}: {what}", quiet if index == 0 else 0.0)
+    """Nothing more for each consumer (its connection, and its id or name for failures): `quiet`
+    seconds watched on the first (the others had them meanwhile), then a ping barrier on each."""
+    for index, (conn, name) in enumerate(consumers):
+        conn.expect_nothing(f"{name}: {what}", quiet if index == 0 else 0.0)
 
 
 def delivery(consumer_id: str, msg_id: str, event: str, data: str, retry: int = 0) -> bytes:
@@ -628,7 +629,7 @@ def _competing(t: Target) -> None:
         expect_equal("competing consumers: delivery", delivery(consumer, msg_id, event, "world"), line)
         got.append(msg_id)
     expect_equal("competing consumers: each message exactly once", sorted(msg_ids), sorted(got))
-    expect_nothing_more("no duplicate", [(a, alice), (b, bob)], QUIET_S)
+    expect_nothing_more("no duplicate", [(a, "Alice"), (b, "Bob")], QUIET_S)
 
 
 @check("publish-without-binding-dropped")
@@ -832,7 +833,7 @@ def _update_when_unused_cleared(t: Target) -> None:
 
 def _manual_consumer(t: Target, count: int) -> tuple[Conn, str, str, str, list[str]]:
     """A manual-ack consumer holding `count` delivered messages m0…; returns conn, consumer, queue, event, ids."""
-    conn, consumer, queue, event = t.subscriber(MANUAL_ACK_FLAG)
+    conn, consumer, queue, event = t.subscriber(MANUAL_ACK_FLAG, "consumer")
     msg_ids = [t.ident(f"m{i}") for i in range(count)]
     for msg_id in msg_ids:
         t.publish(event, f"d-{msg_id}", msg_id)
@@ -842,7 +843,7 @@ def _manual_consumer(t: Target, count: int) -> tuple[Conn, str, str, str, list[s
 
 
 def _then_sentinel(t: Target, conn: Conn, consumer: str, event: str, requests: list[tuple[str, str]],
-                   before: Iterable[bytes] = ()) -> None:
+                   before: list[bytes] | None = None, what: str = "") -> None:
     """The consumer's (action, message id or --all) requests, confirmed, then a sentinel published:
     `before`, then its delivery, are the next lines (the queue is FIFO: what was requeued or kept would
     come ahead of it)."""
@@ -850,8 +851,11 @@ def _then_sentinel(t: Target, conn: Conn, consumer: str, event: str, requests: l
         t.confirmed(t.ident(f"{action}{index}"), action, f"{consumer} {msg_id}")
     sentinel = t.ident("sentinel")
     t.publish(event, "sentinel", sentinel)
-    what = "after " + ", ".join(f"'{action} {consumer} {msg_id}'" for action, msg_id in requests)
-    conn.expect_lines(what, [*before, delivery(consumer, sentinel, event, "sentinel")])
+    what = what or "after " + ", ".join(f"'{action} {consumer} {msg_id}'" for action, msg_id in requests)
+    if before is None:
+        conn.expect_line(what, delivery(consumer, sentinel, event, "sentinel"))
+    else:
+        conn.expect_lines(what, [*before, delivery(consumer, sentinel, event, "sentinel")])
 
 
 @check("manual-ack-reject-retry")
@@ -898,7 +902,8 @@ def _auto_ack_reject(t: Target) -> None:
     m0 = t.ident("m0")
     t.publish(event, "d", m0)
     conn.expect_line("delivery", delivery(consumer, m0, event, "d"))
-    _then_sentinel(t, conn, consumer, event, [("reject", m0), ("reject", ALL_FLAG)])
+    _then_sentinel(t, conn, consumer, event, [("reject", m0), ("reject", ALL_FLAG)],
+                   what=f"after 'reject {consumer} {m0}' of an auto-ack consumer")
 
 
 @check("manual-ack-disconnect-requeues")
@@ -962,12 +967,11 @@ def _delete_queue_without_events(t: Target) -> None:
                   update(c2, queue, [], f" {MANUAL_ACK_FLAG}"))
 
 
-def _recreated(t: Target, queue: str, event: str, flags: str, consumer: str, label: str) -> None:
-    """The queue went with its bindings: a publish now is dropped, so a new consumer's first delivery
-    is what is published after it came (FIFO: a kept message would come first)."""
-    lost, kept = t.ident(f"{consumer}-lost"), t.ident(f"{consumer}-kept")
+def _recreated(t: Target, queue: str, event: str, flags: str, number: int, lost: str, kept: str) -> None:
+    """The queue went with its bindings: `lost` published now is dropped, so the first delivery to a
+    new consumer (`cN`) is `kept`, published after it came (FIFO: a kept `lost` would come first)."""
     t.publish(event, "lost", lost)  # no queue, no binding: dropped
-    conn = t.connect(label)
+    conn, consumer = t.connect(f"consumer {number}"), t.ident(f"c{number}")
     t.consume(conn, consumer, f"{queue} {event} {flags}")
     t.publish(event, "kept", kept)
     conn.expect_line(f"{consumer}: first delivery on the re-created queue (FIFO: a kept {lost} would come first)",
@@ -984,14 +988,14 @@ def _when_unused_bare(t: Target) -> None:
     after = t.eval_queue_count("ev2")
     if after > before - 1:
         raise CheckFailed("_eval len(state.queues) after the last consumer left", f"at most {before - 1}", after)
-    _recreated(t, queue, event, WHEN_UNUSED_FLAG, t.ident("c2"), "consumer 2")
+    _recreated(t, queue, event, WHEN_UNUSED_FLAG, 2, t.ident("m1"), t.ident("m2"))
 
 
 @check("when-unused-seconds")
 def _when_unused_seconds(t: Target) -> None:
     queue, event = t.queue(), t.event("e")
     flags = f"{WHEN_UNUSED_FLAG}={WHEN_UNUSED_S}"
-    c1, c2, c3, c4 = (t.ident(f"c{i}") for i in range(1, 5))
+    c1, c2, c3 = (t.ident(f"c{i}") for i in range(1, 4))
     first = t.connect("consumer 1")
     t.consume(first, c1, f"{queue} {event} {flags}")
     first.close()
@@ -1018,7 +1022,7 @@ def _when_unused_seconds(t: Target) -> None:
     if after > before - 1:
         raise CheckFailed(f"_eval len(state.queues) {WHEN_UNUSED_S + WHEN_UNUSED_MARGIN_S} s after the last consumer "
                           f"of a {flags} queue left", f"at most {before - 1}", after)
-    _recreated(t, queue, event, flags, c4, "consumer 4")
+    _recreated(t, queue, event, flags, 4, t.ident("m3"), t.ident("m4"))
 
 
 # =============================================================================================

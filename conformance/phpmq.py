@@ -44,6 +44,8 @@ LARGE_CONTENT = 1024 * 1024
 class Conn(runner.CheckedConnection, phpmq_client.Connection):
     """The blocking PHPMQ client, its failures told as CheckFailed."""
 
+    shows_sent = False
+
     def __init__(self, address: tuple[str, int], timeout: float, label: str) -> None:
         self.label = label
         super().__init__(address, timeout)
@@ -100,28 +102,29 @@ class Target:
         try:
             conn.barrier(self.queue("barrier"))
         except OSError as exc:
-            raise CheckFailed("barrier watcher: cannot connect", got=str(exc)) from exc
+            raise CheckFailed(f"cannot connect to {self.address[0]}:{self.address[1]}", got=str(exc)) from exc
         except Closed as exc:
             raise CheckFailed("barrier watcher: the server closed the connection") from exc
         except TimeoutError:
             raise CheckFailed("barrier: deliveries", "1", "0") from None
 
-    def held(self, purpose: str, content: bytes, holder: str) -> tuple[bytes, Conn, Conn, phpmq.Delivery]:
+    def held(self, purpose: str, content: bytes, holder: str, what: str) -> tuple[bytes, Conn, Conn, phpmq.Delivery]:
         """A producer sends `content` to a fresh queue and a holder, consuming it with a window of 1,
-        takes it: (queue, producer, holder, delivery)."""
+        takes it (`what`): (queue, producer, holder, delivery)."""
         queue = self.queue(purpose).encode()
         producer, holding = self.conn("producer"), self.conn(holder)
         producer.send(phpmq.send(queue, content))
-        [delivery] = holding.take(queue, 1, f"{holder}: the delivery")
+        [delivery] = holding.take(queue, 1, what)
         return queue, producer, holding, delivery
 
-    def stored_and_taken(self, purpose: str, content: bytes, ttl: int) -> tuple[Conn, bytes, phpmq.Delivery]:
-        """A current-generation client sends `content` with a TTL to a fresh queue and takes it back:
-        (client, queue, delivery)."""
+    def stored_and_taken(self, purpose: str, content: bytes, ttl: int,
+                         what: str) -> tuple[Conn, bytes, phpmq.Delivery]:
+        """A current-generation client sends `content` with a TTL to a fresh queue and takes it back
+        (`what`): (client, queue, delivery)."""
         queue = self.queue(purpose).encode()
         client = self.conn("current client")
         client.send(phpmq.send(queue, content, ttl))
-        [delivery] = client.take(queue, 1, f"{purpose}: the delivery")
+        [delivery] = client.take(queue, 1, what)
         return client, queue, delivery
 
     def done(self, conn: Conn, queue: bytes, *deliveries: phpmq.Delivery) -> None:
@@ -186,7 +189,7 @@ def _binary(t: Target) -> None:
 
 @checks.check("core a disconnect returns unacknowledged messages with the same id and content")
 def _disconnect(t: Target) -> None:
-    queue, _, leaving, held = t.held("disconnect", b"held", "leaving consumer")
+    queue, _, leaving, held = t.held("disconnect", b"held", "leaving consumer", "before the disconnect")
     leaving.close()
     next_one = t.conn("next consumer")
     [again] = next_one.take(queue, 1, "after the disconnect")
@@ -196,7 +199,7 @@ def _disconnect(t: Target) -> None:
 
 @checks.check("core a new consume replaces the window and releases what it held")
 def _replace(t: Target) -> None:
-    queue, _, consumer, held = t.held("replace", b"released", "consumer")
+    queue, _, consumer, held = t.held("replace", b"released", "consumer", "first window")
     consumer.send(phpmq.consume(t.queue("replace-other").encode(), 1))
     t.barrier(consumer)
     rival = t.conn("rival")
@@ -207,7 +210,7 @@ def _replace(t: Target) -> None:
 
 @checks.check("core an ack from another connection finishes the message")
 def _ack_elsewhere(t: Target) -> None:
-    queue, producer, holder, delivery = t.held("ack-elsewhere", b"x", "holder")
+    queue, producer, holder, delivery = t.held("ack-elsewhere", b"x", "holder", "delivery")
     t.done(producer, queue, delivery)
     holder.close()  # it is finished: nobody gets it again
     watcher = t.conn("watcher")
@@ -245,7 +248,7 @@ def _compete(t: Target) -> None:
 
 @checks.check("current-generation a 001 with a TTL packet is stored and its 003 carries the TTL left")
 def _ttl_packet(t: Target) -> None:
-    client, queue, delivery = t.stored_and_taken("ttl", b"with ttl", 3600)
+    client, queue, delivery = t.stored_and_taken("ttl", b"with ttl", 3600, "003 with TTL")
     expect_equal("003 header", b"H0100304", bytes(client.raw[:8]))
     expect_equal("TTL left", True, delivery.ttl is not None and 3590 <= delivery.ttl <= 3600)
     t.done(client, queue, delivery)
@@ -280,7 +283,7 @@ def _requeue(t: Target) -> None:
 
 @checks.check("current-generation 006 moves the message to <queue>.dead")
 def _dead_letter(t: Target) -> None:
-    client, queue, poison = t.stored_and_taken("dead", b"poison", 60)
+    client, queue, poison = t.stored_and_taken("dead", b"poison", 60, "delivery")
     client.send(phpmq.dead_letter(queue, poison.message_id))
     t.barrier(client)
     reader = t.conn("dead-letter reader")

@@ -182,6 +182,7 @@ class CheckedConnection:
     """Put before a client connection: a failure to connect or to send fails the check."""
 
     label = "connection"
+    shows_sent = True  # a failed send names the start of what it sent (PHPMQ's binary messages: no)
 
     def __init__(self, address: tuple[str, int], timeout: float, *args: Any, **kwargs: Any) -> None:
         try:
@@ -193,7 +194,8 @@ class CheckedConnection:
         try:
             super().send(data)  # type: ignore[misc]
         except OSError as exc:
-            raise CheckFailed(f"{self.label}: sending {data[:80]!r}", "the server reading", str(exc)) from exc
+            sent = f" {data[:80]!r}" if self.shows_sent else ""
+            raise CheckFailed(f"{self.label}: sending{sent}", "the server reading", str(exc)) from exc
 
 
 # -- the command ------------------------------------------------------------------------------
