@@ -93,11 +93,12 @@ class Connection(tcp.Connection):
             return True
         return False
 
-    def barrier(self, queue: str | None = None) -> None:
-        """Returns once the server has handled everything this connection sent so far. Raises
-        TimeoutError, tcp.Closed."""
+    def barrier(self, queue: str | None = None, watcher: Connection | None = None) -> None:
+        """Returns once the server has handled everything this connection sent so far. The watcher
+        is a new connection unless the caller gives one (it is closed at the end); the queue a fresh
+        one unless given. Raises TimeoutError, tcp.Closed."""
         queue = queue or f"barrier-{uuid.uuid4().hex}"
-        with Connection(self.address, self.timeout) as watcher:
+        with watcher or Connection(self.address, self.timeout) as watcher:
             watcher.consume(queue, 1)
             self.publish(queue, b"barrier")
             [marker] = watcher.deliveries(1)

@@ -99,14 +99,11 @@ class Target:
 
     def barrier(self, conn: Conn) -> None:
         """Returns once the server has handled everything `conn` sent so far."""
+        watcher = self.conn("barrier watcher")
         try:
-            conn.barrier(self.queue("barrier"))
-        except OSError as exc:
-            raise CheckFailed(f"cannot connect to {self.address[0]}:{self.address[1]}", got=str(exc)) from exc
-        except Closed as exc:
-            raise CheckFailed("barrier watcher: the server closed the connection") from exc
+            conn.barrier(self.queue("barrier"), watcher)
         except TimeoutError:
-            raise CheckFailed("barrier: deliveries", "1", "0") from None
+            raise CheckFailed("barrier: deliveries", "1", f"{len(watcher.received)}") from None
 
     def held(self, purpose: str, content: bytes, holder: str, what: str) -> tuple[bytes, Conn, Conn, phpmq.Delivery]:
         """A producer sends `content` to a fresh queue and a holder, consuming it with a window of 1,
