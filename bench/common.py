@@ -73,6 +73,21 @@ def merge(histograms: Iterable[dict[int, int]]) -> dict[int, int]:
     return out
 
 
+def record_latencies(histogram: list[int], now_ns: int, stamps_ns: Iterable[int]) -> int:
+    """Count each `now_ns - stamp` (in µs) into `histogram`; returns their sum. The consumers' hot loops
+    collect a read's stamps and call this once, so the bucket arithmetic (`bucket_of`) is inlined."""
+    total = 0
+    for stamp in stamps_ns:
+        lat = (now_ns - stamp) // 1000
+        total += lat
+        if lat < LINEAR_LIMIT:
+            histogram[lat if lat > 0 else 0] += 1
+        else:
+            shift = lat.bit_length() - SUB_BITS - 1
+            histogram[(shift << SUB_BITS) + (lat >> shift) if shift <= MAX_SHIFT else HIST_BUCKETS - 1] += 1
+    return total
+
+
 @attrs.frozen(slots=True)
 class LatencySummary:
     count: int
@@ -148,15 +163,6 @@ STAMP_DIGITS = 19
 def stamped_body(size: int) -> bytes:
     """A body of `size` bytes (at least the stamp) that starts with the time it is made."""
     return b"%019d" % time.time_ns() + b"x" * max(0, size - STAMP_DIGITS)
-
-
-def parse_address(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
-    """`HOST:PORT`, `:PORT` or `[v6]:PORT`."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {text!r}")
-    host = host.strip("[]") or default_host
-    return host, int(port)
 
 
 class Progress:
@@ -273,6 +279,12 @@ def worker_entry(main: Callable[[Any, SharedState, int], Any], plan: Any, shared
 
 def report_ready(shared: SharedState, index: int) -> None:
     shared.results.put((index, READY, os.getpid()))
+
+
+def ready_and_wait(shared: SharedState, index: int) -> None:
+    """A worker that has connected: say so, and wait until every worker has and the run starts."""
+    report_ready(shared, index)
+    shared.start.wait()
 
 
 @attrs.define(slots=True)
@@ -415,43 +427,6 @@ def cpu_text(cpu: tuple[float, float, float] | None) -> str:
         return "-"
     user, system, wait = cpu
     return f"{(user + system) * 100:.0f}% ({user * 100:.0f}+{system * 100:.0f}) +{wait * 100:.0f}% wait"
-
-
-@attrs.define
-class FlowResult:
-    """One scenario of producers and consumers: how many, how fast each side, latency, the server's CPU."""
-
-    name: str
-    producers: int
-    consumers: int
-    produced: int
-    consumed: int
-    produce_seconds: float
-    consume_seconds: float
-    latency: LatencySummary | None
-    server_cpu: tuple[float, float, float] | None = None
-
-    def produce_rate(self) -> float:
-        return self.produced / self.produce_seconds if self.produce_seconds else 0.0
-
-    def consume_rate(self) -> float:
-        return self.consumed / self.consume_seconds if self.consume_seconds else 0.0
-
-    def row(self, with_cpu: bool) -> list[str]:
-        cells = [self.name, f"{self.producers} prod + {self.consumers} cons", format_count(self.produced),
-                 format_count(self.produce_rate()), format_count(self.consumed), format_count(self.consume_rate()),
-                 format_latency(self.latency)]
-        return [*cells, cpu_text(self.server_cpu)] if with_cpu else cells
-
-
-FLOW_HEADERS = ("scenario", "conns", "produced", "produce msgs/s", "consumed", "consume msgs/s",
-                "latency p50 / p99 / max")
-CPU_HEADER = "server CPU (usr+sys) + run-queue wait"
-
-
-def render_flows(results: Sequence[FlowResult], with_cpu: bool, notes: Sequence[str]) -> str:
-    headers = [*FLOW_HEADERS, CPU_HEADER] if with_cpu else list(FLOW_HEADERS)
-    return "\n".join([render_table(headers, [r.row(with_cpu) for r in results]), "", *notes])
 
 
 # -- the options every protocol's bench has --------------------------------------------------------

@@ -1,7 +1,7 @@
 """`polymq bench emqp`: requests per second through a pool of workers, with and without
 `reply-requested`, and latency, against any eMQP broker.
 
-Each client and each worker is a process of its own (bench_common's workers) with a blocking pyzmq
+Each client and each worker is a process of its own (`common.WorkerGroup`) with a blocking pyzmq
 DEALER, as EventMQ's peers connect. A worker INFORMs one queue (new for each run), says READY once
 per slot (`--slots`), and for each REQUEST it gets says READY again (after a REPLY naming the
 request in the `replies` scenario, as a jobmanager does with `reply-requested`): the job itself
@@ -15,7 +15,6 @@ client).
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from typing import Any
@@ -24,8 +23,9 @@ import attrs
 import click
 import zmq
 
-from polymq.bench import common
-from polymq.bench import zmq_common as bench_zmq
+from polymq.bench import common, flows
+from polymq.clients import emqp as emqp_client
+from polymq.clients import zmq_socket
 from polymq.codecs import emqp
 
 SCENARIOS = ("requests", "replies", "latency")
@@ -43,6 +43,8 @@ POLL_MS = 50
 STALL_S = 15.0
 # A worker that gets no ACK for its INFORM in this long has no broker to talk to.
 NO_ANSWER_S = 5.0
+# What a peer's socket still holds at its close gets this long to go out (the worker's KBYE).
+LINGER_MS = 1000
 # Requests a client sends before it lets the broker catch up (reads what came back to it).
 CLIENT_BATCH = 256
 # EventMQ 0.3.13's router on a 2-core machine (docs/protocols/emqp.md), and what polymq aims at.
@@ -52,137 +54,106 @@ TARGET_P99_US = 2_000
 
 
 @attrs.frozen
-class Plan:
-    role: str  # "client" or "worker"
-    endpoint: str
-    slot: int
+class Plan(flows.FlowPlan):  # role: "client" or "worker"
     queue: bytes
-    messages: int
-    size: int
-    interval_s: float
-    slots: int
-    reply: bool
+    slots: int  # a worker's READYs
+    reply: bool  # workers end each job with a REPLY, clients ask for one
 
 
 def client_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
-    context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 1000)
     # A text identity, as EventMQ's client library sets one: the original router dies on the binary
     # ones ZeroMQ makes up.
-    sock.setsockopt(zmq.IDENTITY, b"bench-client-%d-%s" % (plan.slot, secrets.token_hex(4).encode()))
-    sock.connect(plan.endpoint)
-    common.report_ready(shared, index)
-    shared.start.wait()
-    headers = emqp.REPLY_REQUESTED.encode() if plan.reply else b""
-    sent = dispatched = 0
-    send = bench_zmq.send
-    started = time.monotonic()
-    next_at = started
-    while sent < plan.messages and not shared.stop.value:
-        if plan.interval_s:
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                time.sleep(min(delay, 0.0005))
-                continue
-            next_at += plan.interval_s
-        for _ in range(1 if plan.interval_s else min(CLIENT_BATCH, plan.messages - sent)):
-            send(sock, emqp.client_message(emqp.REQUEST, b"%d-%d" % (plan.slot, sent), plan.queue, headers,
-                                           common.stamped_body(plan.size)))
-            sent += 1
-        while sock.poll(0):  # the "dispatched" REPLYs
-            bench_zmq.receive(sock)
-            dispatched += 1
-        shared.counters[plan.slot] = sent
-    seconds = time.monotonic() - started
-    shared.done[plan.slot] = 1
-    sock.close()
-    context.term()
+    identity = b"bench-client-%d-%s" % (plan.slot, secrets.token_hex(4).encode())
+    with zmq_socket.own_socket(zmq.DEALER, plan.address, linger_ms=LINGER_MS, identity=identity) as sock:
+        common.ready_and_wait(shared, index)
+        headers = emqp.REPLY_REQUESTED.encode() if plan.reply else b""
+        sent = dispatched = 0
+        send = zmq_socket.send
+        started = time.monotonic()
+        next_at = started
+        while sent < plan.messages and not shared.stop.value:
+            if plan.interval_s:
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    time.sleep(min(delay, 0.0005))
+                    continue
+                next_at += plan.interval_s
+            for _ in range(1 if plan.interval_s else min(CLIENT_BATCH, plan.messages - sent)):
+                send(sock, emqp.client_message(emqp.REQUEST, b"%d-%d" % (plan.slot, sent), plan.queue, headers,
+                                               common.stamped_body(plan.size)))
+                sent += 1
+            dispatched += sum(1 for _ in zmq_socket.waiting(sock))  # the "dispatched" REPLYs
+            shared.counters[plan.slot] = sent
+        seconds = time.monotonic() - started
+        shared.done[plan.slot] = 1
     return {"sent": sent, "dispatched": dispatched, "seconds": seconds}
+
+
+def jobs_main(plan: Plan, shared: common.SharedState, index: int, worker: emqp_client.Worker) -> dict[str, Any]:
+    """A worker's jobs, each done at once (with a REPLY if asked) and followed by a READY."""
+    try:
+        worker.inform([(10, plan.queue.decode())])
+    except (TimeoutError, emqp_client.Unexpected):
+        raise common.WorkerFailed(f"no ACK for the INFORM from tcp://{plan.address} in {NO_ANSWER_S:.0f} s: "
+                                  "is an eMQP broker there?") from None
+    worker.ready(plan.slots)
+    sock = worker.sock
+    sock.setsockopt(zmq.SNDTIMEO, -1)  # from here a full queue holds the worker back, as it would a jobmanager
+    received = flows.Received(shared, plan.slot)
+    common.ready_and_wait(shared, index)
+    reply = emqp.REPLY
+    ready = emqp.client_message(emqp.READY, b"r")
+    send = zmq_socket.send
+    while not shared.stop.value:  # the parent stops everyone once every request was done
+        if not sock.poll(POLL_MS):
+            continue
+        now = time.time_ns()
+        stamps = []
+        for frames in zmq_socket.waiting(sock):
+            if frames[2] != emqp.REQUEST:
+                continue  # HEARTBEATs
+            stamps.append(int(frames[6][:STAMP_DIGITS]))
+            if plan.reply:
+                send(sock, emqp.client_message(reply, b"d", emqp_client.DEFAULT_RESULT, frames[3]))
+            send(sock, ready)
+        received.add(now, stamps)
+    worker.send(emqp.KBYE, message_id=b"bye")
+    return received.result()
 
 
 def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
     if plan.role == "client":
         return client_main(plan, shared, index)
-    context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 1000)
-    sock.setsockopt(zmq.IDENTITY, b"bench-worker-%d-%s" % (plan.slot, secrets.token_hex(4).encode()))
-    sock.connect(plan.endpoint)
-    sock.send_multipart(emqp.client_message(emqp.INFORM, b"inform", json.dumps([[10, plan.queue.decode()]]).encode(),
-                                            emqp.WORKER))
-    if not sock.poll(int(NO_ANSWER_S * 1000)):
-        raise common.WorkerFailed(f"no ACK for the INFORM from {plan.endpoint} in {NO_ANSWER_S:.0f} s: "
-                                  "is an eMQP broker there?")
-    sock.recv_multipart()
-    for _ in range(plan.slots):
-        sock.send_multipart(emqp.client_message(emqp.READY, b"r"))
-    histogram = common.new_histogram()
-    bucket_of = common.bucket_of
-    common.report_ready(shared, index)
-    shared.start.wait()
-    got = 0
-    last_ns = 0
-    reply = emqp.REPLY
-    ready = emqp.client_message(emqp.READY, b"r")
-    send, receive, noblock = bench_zmq.send, bench_zmq.receive, bench_zmq.NOBLOCK
-    while not shared.stop.value:  # the parent stops everyone once every request was done
-        if not sock.poll(POLL_MS):
-            continue
-        now = time.time_ns()
-        while True:
-            try:
-                frames = receive(sock, noblock)
-            except zmq.Again:
-                break
-            if frames[2] != emqp.REQUEST:
-                continue  # HEARTBEATs
-            histogram[bucket_of((now - int(frames[6][:STAMP_DIGITS])) // 1000)] += 1
-            if plan.reply:
-                send(sock, emqp.client_message(reply, b"d", b'{"value": true}', frames[3]))
-            send(sock, ready)
-            got += 1
-        last_ns = now
-        shared.counters[plan.slot] = got
-    shared.done[plan.slot] = 1
-    sock.send_multipart(emqp.client_message(emqp.KBYE, b"bye"))
-    sock.close()
-    context.term()
-    return {"received": got, "last_ns": last_ns, "histogram": common.sparse(histogram)}
+    identity = b"bench-worker-%d-%s" % (plan.slot, secrets.token_hex(4).encode())
+    with zmq.Context() as context, emqp_client.Worker(context, plan.address, identity, NO_ANSWER_S,
+                                                      linger_ms=LINGER_MS) as worker:
+        return jobs_main(plan, shared, index, worker)
 
 
 @attrs.frozen
-class Options:
+class Options(flows.FlowOptions):  # producers: the clients, consumers: the workers
     frontend: str
     backend: str
-    scenarios: tuple[str, ...]
-    clients: int
-    workers: int
     slots: int
-    messages: int
-    latency_messages: int
-    interval_s: float
-    size: int
-    server_pid: int | None
-    progress: bool
 
 
-def run_scenario(name: str, opts: Options) -> common.FlowResult:
+def run_scenario(name: str, opts: Options) -> flows.FlowResult:
     latency = name == "latency"
     per_client = opts.latency_messages if latency else opts.messages
     queue = f"bench-{name}-{secrets.token_hex(4)}".encode()
     interval = opts.interval_s if latency else 0.0
-    plans = [Plan("worker", f"tcp://{opts.backend}", slot, queue, 0, opts.size, 0.0, opts.slots, name == "replies")
-             for slot in range(opts.workers)]
-    plans += [Plan("client", f"tcp://{opts.frontend}", opts.workers + number, queue, per_client, opts.size, interval,
-                   0, name == "replies") for number in range(opts.clients)]
-    total = opts.clients * per_client
+    reply = name == "replies"
+    plans = [Plan("worker", opts.backend, slot, 0, opts.size, 0.0, queue=queue, slots=opts.slots, reply=reply)
+             for slot in range(opts.consumers)]
+    plans += [Plan("client", opts.frontend, opts.consumers + number, per_client, opts.size, interval, queue=queue,
+                   slots=0, reply=reply) for number in range(opts.producers)]
+    total = opts.producers * per_client
     progress = common.Progress(opts.progress)
     watch = common.RunWatch(opts.server_pid)
 
     def tick(shared: common.SharedState) -> None:
-        done = sum(shared.counters[s] for s in range(opts.workers))
-        sent = sum(shared.counters[s] for s in range(opts.workers, len(plans)))
+        done = sum(shared.counters[s] for s in range(opts.consumers))
+        sent = sum(shared.counters[s] for s in range(opts.consumers, len(plans)))
         _, still = watch.tick(done + sent)
         progress.update(name, done / max(1, total), f"{sent:,} sent, {done:,} done")
         if done >= total or still > STALL_S:
@@ -190,62 +161,35 @@ def run_scenario(name: str, opts: Options) -> common.FlowResult:
 
     start_ns, results = common.WorkerGroup(worker_main, plans, len(plans)).run(tick)
     progress.done()
-    wall = watch.elapsed()
-    done_by, sent_by = results[:opts.workers], results[opts.workers:]
-    last_ns = max((r["last_ns"] for r in done_by), default=start_ns)
-    histogram = common.merge(r["histogram"] for r in done_by)
-    return common.FlowResult(
-        name, opts.clients, opts.workers, sum(r["sent"] for r in sent_by), sum(r["received"] for r in done_by),
-        max((r["seconds"] for r in sent_by), default=0.0), max(0.0, (last_ns - start_ns) / 1e9),
-        common.summarize(histogram), watch.cpu_share(wall),
-    )
+    return flows.flow_result(name, opts.producers, opts.consumers, results[opts.consumers:], "sent",
+                              results[: opts.consumers], start_ns, watch)
 
 
-def verdicts(r: common.FlowResult) -> list[str]:
-    lines = []
-    if r.name in ("requests", "replies") and r.consumed:
-        met = "met" if r.consume_rate() >= TARGET_REQUESTS_PER_S else "NOT met"
-        lines.append(f"{r.name}: {r.consume_rate():,.0f} requests/s through {r.consumers} workers (the original: "
-                     f"~{ORIGINAL_REQUESTS_PER_S:,}; target >= {TARGET_REQUESTS_PER_S:,}: {met})")
-    if r.consumed < r.produced:
-        lines.append(f"{r.name}: {r.produced - r.consumed:,} of {r.produced:,} requests never reached a worker")
-    if r.name == "latency" and r.latency is not None:
-        met = "met" if r.latency.p99_us < TARGET_P99_US else "NOT met"
-        lines.append(f"latency: p50 {r.latency.p50_us / 1000:.2f} ms, p99 {r.latency.p99_us / 1000:.2f} ms "
-                     f"(target p99 < {TARGET_P99_US / 1000:.0f} ms: {met})")
-    return lines
+RATES = (flows.RateVerdict(("requests", "replies"), "consume", "requests/s through {consumers} workers",
+                            ORIGINAL_REQUESTS_PER_S, TARGET_REQUESTS_PER_S),)
+
+
+def verdicts(r: flows.FlowResult) -> list[str]:
+    lost = r.produced - r.consumed
+    notes = [f"{r.name}: {lost:,} of {r.produced:,} requests never reached a worker"] if lost > 0 else []
+    return flows.verdicts(r, RATES, TARGET_P99_US, notes=notes)
+
+
+SLOTS_OPTION = flows.count_option("--slots", DEFAULT_SLOTS, "READYs each worker keeps out (jobs it may hold at once).")
 
 
 @click.command()
 @click.option("--frontend", default="127.0.0.1:47291", show_default=True, help="The frontend socket HOST:PORT.")
 @click.option("--backend", default="127.0.0.1:47290", show_default=True, help="The backend socket HOST:PORT.")
-@common.scenario_option(SCENARIOS)
-@click.option("--clients", type=click.IntRange(min=1), default=DEFAULT_CLIENTS, show_default=True)
-@click.option("--workers", type=click.IntRange(min=1), default=DEFAULT_WORKERS, show_default=True)
-@click.option("--slots", type=click.IntRange(min=1), default=DEFAULT_SLOTS, show_default=True,
-              help="READYs each worker keeps out (jobs it may hold at once).")
-@click.option("--messages", type=click.IntRange(min=1), default=DEFAULT_MESSAGES, show_default=True,
-              help="Requests per client (requests, replies).")
-@click.option("--latency-messages", type=click.IntRange(min=1), default=DEFAULT_LATENCY_MESSAGES, show_default=True,
-              help="Requests per client in the latency scenario.")
-@click.option("--interval", "interval_s", type=click.FloatRange(min=0.00001), default=DEFAULT_INTERVAL_S,
-              show_default=True, help="Seconds between two requests of a client in the latency scenario.")
-@click.option("--size", type=click.IntRange(min=STAMP_DIGITS), default=DEFAULT_SIZE, show_default=True,
-              help="Message bytes.")
-@common.report_options
+@flows.flow_options(SCENARIOS, ("--clients", DEFAULT_CLIENTS, None), ("--workers", DEFAULT_WORKERS, None),
+                     (DEFAULT_MESSAGES, "Requests per client (requests, replies)."),
+                     (DEFAULT_LATENCY_MESSAGES, DEFAULT_INTERVAL_S, "requests", "client"),
+                     (DEFAULT_SIZE, "Message bytes."), before_messages=[SLOTS_OPTION])
 def command(frontend: str, backend: str, scenarios: tuple[str, ...], clients: int, workers: int, slots: int,
             messages: int, latency_messages: int, interval_s: float, size: int, server_pid: int | None,
             as_json: bool, progress: bool) -> None:
     """Measure an eMQP broker: requests through a pool of workers, with and without REPLYs, and latency."""
-    chosen = common.chosen_scenarios(scenarios, SCENARIOS)
-    opts = Options(frontend, backend, chosen, clients, workers, slots, messages, latency_messages, interval_s,
-                   size, server_pid, progress)
-    try:
-        results = [run_scenario(name, opts) for name in opts.scenarios]
-    except (OSError, zmq.ZMQError, common.WorkerFailed) as error:
-        raise click.ClickException(f"the benchmark failed against {frontend} / {backend}: {error}") from None
-    if as_json:
-        click.echo(json.dumps([attrs.asdict(r) for r in results], default=str, indent=2))
-    else:
-        notes = [line for r in results for line in verdicts(r)]
-        click.echo(common.render_flows(results, server_pid is not None, notes))
+    opts = Options(common.chosen_scenarios(scenarios, SCENARIOS), clients, workers, messages, latency_messages,
+                   interval_s, size, server_pid, progress, frontend=frontend, backend=backend, slots=slots)
+    flows.flow_command(lambda: [run_scenario(name, opts) for name in opts.scenarios], f"{frontend} / {backend}",
+                        (OSError, zmq.ZMQError), verdicts, as_json, server_pid)

@@ -28,9 +28,8 @@ where the client's own parsing and scheduling are what it measures.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
-import socket
-import struct
 import sys
 import time
 import uuid
@@ -39,7 +38,8 @@ from typing import Any
 import attrs
 import click
 
-from polymq.bench import common
+from polymq.bench import common, connections
+from polymq.clients import tcp
 from polymq.codecs import mqks_client as codec
 from polymq.codecs.mqks import ID_LENGTH, MANUAL_ACK_FLAG, WHEN_UNUSED_FLAG
 
@@ -78,27 +78,16 @@ COUNTER_DIGITS = 10
 PREFIX_LENGTH = ID_LENGTH - COUNTER_DIGITS
 CONSUMER_RECV_BYTES = 256 * 1024
 PUBLISHER_RECV_BYTES = 64 * 1024
-# Blocking reads give up after this long (SO_RCVTIMEO) so idle workers notice the stop signal.
-IDLE_POLL_S = 0.2
-CONNECT_TIMEOUT_S = 10.0
-# The parent stops a scenario whose counters have not moved for this long.
-STALL_TIMEOUT_S = 15.0
 # How long the client scenario waits for its queue to be deleted at the end.
 CLEANUP_TIMEOUT_S = 5.0
 PING_DATA = b"polymq.bench"
-
-
-class ServerError(Exception):
-    """The server answered `error` or closed the connection."""
 
 
 # --- plan (sent to the worker processes) --------------------------------------------------
 
 
 @attrs.frozen(slots=True)
-class ConnSpec:
-    role: str  # "pub" or "sub"
-    slot: int  # index into the shared counters
+class ConnSpec(connections.ConnSpec):  # role: "pub" or "sub"
     id_prefix: str  # PREFIX_LENGTH characters, unique in the run
     events: tuple[str, ...]  # pub: published round-robin, from events[slot % len]; sub: its one event
     queue: str = ""  # sub
@@ -107,91 +96,44 @@ class ConnSpec:
     manual_ack: bool = False  # sub
 
 
-@attrs.frozen(slots=True)
-class WorkerPlan:
-    host: str
-    port: int
-    size: int
-    consumer_slots: tuple[int, ...]
-    conns: tuple[ConnSpec, ...]
-
-
 # --- worker side --------------------------------------------------------------------------
-
-
-def _set_read_timeout(sock: socket.socket, seconds: float) -> None:
-    # A kernel timeout: Python's settimeout() would add a poll() to every recv.
-    whole = int(seconds)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
-
-
-def _connect(plan: WorkerPlan) -> socket.socket:
-    sock = socket.create_connection((plan.host, plan.port), timeout=CONNECT_TIMEOUT_S)
-    sock.settimeout(None)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
 
 
 def _fail_on_error(line: bytes) -> None:
     try:
         response = codec.parse_response(line)
     except codec.ResponseError:
-        raise ServerError(f"unparsable response {line[:200]!r}") from None
+        raise connections.ServerError(f"unparsable response {line[:200]!r}") from None
     if not response.ok:
-        raise ServerError(f"server answered {line[:200].decode(errors='replace')}")
+        raise connections.ServerError(f"server answered {line[:200].decode(errors='replace')}")
 
 
-class _Conn:
-    def __init__(self, spec: ConnSpec, plan: WorkerPlan, shared: common.SharedState) -> None:
-        self.spec = spec
+class _Conn(connections.Conn):
+    def __init__(self, spec: ConnSpec, plan: connections.WorkerPlan, shared: common.SharedState) -> None:
+        super().__init__(spec, shared)
+        self.spec: ConnSpec = spec
         self.plan = plan
-        self.shared = shared
-        self.slot = spec.slot
-        self.sock = _connect(plan)
+        self.sock = tcp.connect((plan.host, plan.port), connections.CONNECT_TIMEOUT_S)
+        tcp.set_read_timeout(self.sock, connections.IDLE_POLL_S)
         self.rest = b""
-        self.count = 0
-        self.last_ns = 0
-        self.finished = False
-        self.sending = False  # wants its socket writable (`common.run_selector`)
 
     def _lines(self, max_bytes: int) -> list[bytes] | None:
         """The complete lines of one recv(); None on the idle timeout."""
         try:
-            data = self.sock.recv(max_bytes)
+            data = self.sock.recv(max_bytes)  # type: ignore[union-attr]
         except BlockingIOError:  # SO_RCVTIMEO expired
             return None
         if not data:
-            raise ServerError("server closed the connection")
+            raise connections.ServerError("server closed the connection")
         lines = (self.rest + data).split(b"\n") if self.rest else data.split(b"\n")
         self.rest = lines.pop()
         return lines
-
-    def _finish(self) -> None:
-        self.finished = True
-        self.shared.counters[self.slot] = self.count
-        self.shared.done[self.slot] = 1
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def on_readable(self) -> None:
-        raise NotImplementedError
-
-    def on_writable(self) -> None:
-        raise NotImplementedError
-
-    def on_idle(self) -> None:
-        """Nothing to read for a while: notice the stop signal."""
-        raise NotImplementedError
-
-    def result(self) -> dict[str, Any]:
-        return {"role": self.spec.role, "slot": self.slot, "messages": self.count, "last_ns": self.last_ns}
 
 
 class _Publisher(_Conn):
     """Publishes its quota (in chunks, or paced one by one), then pings and waits for the pong."""
 
-    def __init__(self, spec: ConnSpec, plan: WorkerPlan, shared: common.SharedState) -> None:
+    def __init__(self, spec: ConnSpec, plan: connections.WorkerPlan, shared: common.SharedState) -> None:
         super().__init__(spec, plan, shared)
         self.prefix = spec.id_prefix.encode()
         self.heads = [f" publish {event} ".encode() for event in spec.events]
@@ -237,7 +179,7 @@ class _Publisher(_Conn):
 
     def on_idle(self) -> None:
         if self.shared.stop.value and not self.sending:
-            self._finish()
+            self.finish()
 
     def _send_ping(self) -> None:
         self.sending = False
@@ -248,12 +190,12 @@ class _Publisher(_Conn):
         lines = self._lines(PUBLISHER_RECV_BYTES)
         if lines is None:
             if self.shared.stop.value:
-                self._finish()
+                self.finish()
             return
         for line in lines:
             if line.startswith(self.ping_id + b" ok "):
                 self.last_ns = time.time_ns()
-                self._finish()
+                self.finish()
                 return
             _fail_on_error(line)
 
@@ -266,7 +208,7 @@ class _Publisher(_Conn):
 class _Consumer(_Conn):
     """consume --confirm; then count deliveries, measure their latency, ack them if manual."""
 
-    def __init__(self, spec: ConnSpec, plan: WorkerPlan, shared: common.SharedState) -> None:
+    def __init__(self, spec: ConnSpec, plan: connections.WorkerPlan, shared: common.SharedState) -> None:
         super().__init__(spec, plan, shared)
         self.id = (spec.id_prefix + "0" * COUNTER_DIGITS).encode()
         event = spec.events[0].encode()
@@ -299,16 +241,13 @@ class _Consumer(_Conn):
             self._check_stop()
             return
         now = time.time_ns()
-        latency = self.latency
         props, props_at, stamp_at, stamp_end = self.props, self.props_at, self.stamp_at, self.stamp_at + STAMP_DIGITS
         props_end = props_at + len(props)
         manual = self.spec.manual_ack
         msg_id_at, msg_id_end = self.msg_id_at, self.msg_id_at + ID_LENGTH
         acks: list[bytes] = []
-        count = 0
-        total_us = 0
-        # The hot loop: one slice compare and one int() per delivery, the histogram bucket inlined
-        # (see bench_common.bucket_of).
+        stamps: list[int] = []
+        # The hot loop: one slice compare and one int() per delivery; the latencies are counted after it.
         for line in lines:
             if line[props_at:props_end] == props and len(line) >= stamp_end:
                 stamp = int(line[stamp_at:stamp_end])
@@ -316,24 +255,16 @@ class _Consumer(_Conn):
                 stamp = self._other(line)
                 if stamp is None:
                     continue
-            count += 1
+            stamps.append(stamp)
             if manual:
                 acks.append(line[msg_id_at:msg_id_end])
-            lat = (now - stamp) // 1000
-            total_us += lat
-            if lat < common.LINEAR_LIMIT:
-                latency[lat if lat > 0 else 0] += 1
-            else:
-                shift = lat.bit_length() - common.SUB_BITS - 1
-                latency[(shift << common.SUB_BITS) + (lat >> shift) if shift <= common.MAX_SHIFT
-                        else common.HIST_BUCKETS - 1] += 1
         if acks:
             # The ack's own request id: the message id with its first character changed (unique too).
             head = self.ack_head
             self.sock.sendall(b"".join([b"A" + msg_id[1:] + head + msg_id + b"\n" for msg_id in acks]))
-        if count:
-            self.count += count
-            self.latency_sum_us += total_us
+        if stamps:
+            self.count += len(stamps)
+            self.latency_sum_us += common.record_latencies(self.latency, now, stamps)
             self.last_ns = now
             self.shared.counters[self.slot] = self.count
         self._check_stop()
@@ -353,10 +284,8 @@ class _Consumer(_Conn):
         self._check_stop()
 
     def _check_stop(self) -> None:
-        shared = self.shared
-        target = shared.target.value
-        if shared.stop.value or (target >= 0 and sum(shared.counters[s] for s in self.plan.consumer_slots) >= target):
-            self._finish()
+        if self.told_to_stop(self.plan.consumer_slots):
+            self.finish()
 
     def result(self) -> dict[str, Any]:
         out = super().result()
@@ -365,38 +294,26 @@ class _Consumer(_Conn):
         return out
 
 
-def _worker_main(plan: WorkerPlan, shared: common.SharedState, index: int) -> list[dict[str, Any]]:
-    conns: list[_Conn] = []
-    try:
-        # Consumers first, each confirmed: a publish to a queue nobody consumed yet is dropped.
-        for spec in sorted(plan.conns, key=lambda s: s.role != "sub"):
-            conns.append(_Consumer(spec, plan, shared) if spec.role == "sub" else _Publisher(spec, plan, shared))
-            _set_read_timeout(conns[-1].sock, IDLE_POLL_S)
-        common.report_ready(shared, index)
-        shared.start.wait()
-        if shared.stop.value:
-            return []
-        # Schedules count from the parent's start time, whenever this process woke up.
-        start_mono = time.monotonic() - (time.time_ns() - shared.start_ns.value) / 1e9
-        if len(conns) == 1:
-            _run_single(conns[0], start_mono)
-        else:
-            common.run_selector(conns, IDLE_POLL_S)
-        return [conn.result() for conn in conns]
-    finally:
-        for conn in conns:
-            conn.close()
+def _open(spec: ConnSpec, plan: connections.WorkerPlan, shared: common.SharedState) -> _Conn:
+    return _Consumer(spec, plan, shared) if spec.role == "sub" else _Publisher(spec, plan, shared)
 
 
-def _run_single(conn: _Conn, start_mono: float) -> None:
-    if isinstance(conn, _Publisher):
-        if conn.spec.interval_s > 0:
-            conn.run_paced(start_mono)
+def _drive(conns: list[connections.Conn], start_mono: float) -> None:
+    if len(conns) == 1 and isinstance(conns[0], _Publisher):  # a lone publisher sends before it reads
+        publisher = conns[0]
+        if publisher.spec.interval_s > 0:
+            publisher.run_paced(start_mono)
         else:
-            while conn.sending:
-                conn.on_writable()
-    while not conn.finished:
-        conn.on_readable()
+            while publisher.sending:
+                publisher.on_writable()
+    connections.read_until_finished(conns)
+
+
+def _worker_main(plan: connections.WorkerPlan, shared: common.SharedState, index: int) -> list[dict[str, Any]]:
+    # Consumers first, each confirmed: a publish to a queue nobody consumed yet is dropped.
+    specs = sorted(plan.conns, key=lambda spec: spec.role != "sub")
+    return connections.run_worker(shared, index, [functools.partial(_open, spec, plan, shared) for spec in specs],
+                                  _drive)
 
 
 # --- parent side --------------------------------------------------------------------------
@@ -460,9 +377,7 @@ class ScenarioResult:
             "pub_msgs_per_s": round(self.pub_rate(), 1), "e2e_msgs_per_s": round(self.e2e_rate(), 1),
             "latency_us": latency, "redelivered": self.redelivered, "late_sends": self.late,
             "stalled": self.stalled,
-            "server_cpu_user": self.server_cpu and round(self.server_cpu[0], 3),
-            "server_cpu_system": self.server_cpu and round(self.server_cpu[1], 3),
-            "server_runqueue_wait": self.server_cpu and round(self.server_cpu[2], 3),
+            **connections.cpu_fields(self.server_cpu),
         }
 
 
@@ -488,10 +403,9 @@ class _Scenario:
         # Paced publishers sleep between sends: each gets a process of its own so that no
         # other connection's work delays its schedule or a consumer's read.
         processes = len(specs) if paced else max(1, min(opts.processes or len(specs), len(specs)))
-        groups: list[list[ConnSpec]] = [[] for _ in range(processes)]
-        for i, spec in enumerate(specs):  # pub i and sub i share a process, like an upstream client
-            groups[i % processes].append(spec)
-        self.plans = [WorkerPlan(opts.host, opts.port, opts.size, self.sub_slots, tuple(group)) for group in groups]
+        # Publisher i and consumer i share a process, like an upstream client.
+        self.plans = [connections.WorkerPlan(opts.host, opts.port, opts.size, self.sub_slots, tuple(group))
+                      for group in connections.spread(specs, processes)]
         self.result = ScenarioResult(name, n, n, processes, opts.interval_s if paced else 0.0)
         self.progress = common.Progress(enabled=None if opts.progress else False)
         self.watch = common.RunWatch(opts.server_pid)
@@ -499,13 +413,7 @@ class _Scenario:
     def run(self) -> ScenarioResult:
         group = common.WorkerGroup(_worker_main, self.plans, len(self.pub_slots) + len(self.sub_slots),
                                    target=self.total)
-        try:
-            start_ns, results = group.run(self._tick)
-        except common.WorkerFailed as exc:
-            raise click.ClickException(f"scenario {self.name}: {exc}") from None
-        finally:
-            self.progress.done()
-        self._collect(start_ns, [r for worker in results for r in worker])
+        self._collect(*connections.run_scenario(self.name, group, self._tick, self.progress))
         self.result.server_cpu = self.watch.cpu_share(max(self.result.pub_seconds, self.result.e2e_seconds))
         return self.result
 
@@ -514,7 +422,7 @@ class _Scenario:
         consumed = sum(shared.counters[s] for s in self.sub_slots)
         total = published + consumed
         elapsed, still = self.watch.tick(total)
-        if still > STALL_TIMEOUT_S:
+        if still > connections.STALL_TIMEOUT_S:
             self.result.stalled = True
             shared.stop.value = 1
         self.progress.update(self.name, total / (2 * self.total),
@@ -622,17 +530,17 @@ class _ClientScenario:
                     self._show(start_mono)
                     await trio.sleep(0)  # let the writer send and the consumer read
                 pub_end_ns = 0
-                with trio.move_on_after(STALL_TIMEOUT_S):
+                with trio.move_on_after(connections.STALL_TIMEOUT_S):
                     await pub.ping(PING_DATA)
                     pub_end_ns = time.time_ns()
                 last_count, last_change = -1, time.monotonic()
                 while not self._all_consumed.is_set() and pub_end_ns:
-                    with trio.move_on_after(IDLE_POLL_S):
+                    with trio.move_on_after(connections.IDLE_POLL_S):
                         await self._all_consumed.wait()
                     self._show(start_mono)
                     if r.consumed != last_count:
                         last_count, last_change = r.consumed, time.monotonic()
-                    elif time.monotonic() - last_change > STALL_TIMEOUT_S:
+                    elif time.monotonic() - last_change > connections.STALL_TIMEOUT_S:
                         break
                 r.stalled = not self._all_consumed.is_set()
             finally:
@@ -698,7 +606,7 @@ def render(opts: BenchOptions, results: list[ScenarioResult]) -> str:
         if r.name != "latency" and lat is not None:
             notes.append(f"{r.name}: latency includes the publishers' backlog (publishing as fast as possible)")
         if r.stalled:
-            notes.append(f"{r.name}: stopped early, the server made no progress for {STALL_TIMEOUT_S:.0f} s")
+            notes.append(connections.stalled_note(r.name))
         if r.redelivered:
             notes.append(f"{r.name}: {r.redelivered:,} redeliveries")
         if r.late:
@@ -712,16 +620,10 @@ def render(opts: BenchOptions, results: list[ScenarioResult]) -> str:
     return "\n".join([head, "", common.render_table(headers, rows), "", *notes])
 
 
-def _address(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
-    try:
-        return common.parse_address(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
 @click.command()
-@click.option("--addr", "addr", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True, callback=_address,
-              metavar="HOST:PORT", help="MQKS address of the server (the original's worker 0: 25000).")
+@click.option("--addr", "addr", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True,
+              callback=connections.address_option, metavar="HOST:PORT",
+              help="MQKS address of the server (the original's worker 0: 25000).")
 @click.option("--scenario", "scenarios", multiple=True, type=click.Choice([*SCENARIOS, "all"]),
               help="Scenario to run (repeatable; default all: auto, manual, latency, client).")
 @click.option("--clients", type=int, default=DEFAULT_CLIENTS, show_default=True,

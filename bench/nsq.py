@@ -21,6 +21,7 @@ FINs of one recv() as one write.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import socket
 import struct
@@ -35,7 +36,8 @@ from typing import Any
 import attrs
 import click
 
-from polymq.bench import common
+from polymq.bench import common, connections
+from polymq.clients import nsq, tcp
 from polymq.codecs import nsq_client
 from polymq.codecs.nsq import (
     FRAME_TYPE_ERROR,
@@ -83,13 +85,6 @@ FRAME_OK = struct.pack(">ii", 4 + len(OK), FRAME_TYPE_RESPONSE) + OK
 # blocked writing messages to us.
 CONSUMER_RECV_BYTES = 256 * 1024
 PUBLISHER_RECV_BYTES = 64 * 1024
-# Blocking reads give up after this long (SO_RCVTIMEO) so idle workers notice stop signals and
-# deadlines; a kernel timeout avoids the extra poll() Python adds to every call on a socket
-# with settimeout().
-IDLE_POLL_S = 0.2
-CONNECT_TIMEOUT_S = 10.0
-# The parent stops a scenario whose counters have not moved for this long.
-STALL_TIMEOUT_S = 15.0
 # After the publishers of `pub`/`pubsub` finish, consumers get this long to drain the rest.
 DRAIN_TIMEOUT_S = 60.0
 
@@ -98,32 +93,21 @@ DRAIN_TIMEOUT_S = 60.0
 USER_AGENT = "polymq-bench/0.1"
 
 
-class ServerError(Exception):
-    """The server answered with an error frame or closed the connection."""
-
-
 # --- plan (sent to the worker processes) --------------------------------------------------
 
 
 @attrs.frozen(slots=True)
-class ConnSpec:
-    role: str  # "mpub", "pub" or "sub"
-    slot: int  # index into the shared counters
+class ConnSpec(connections.ConnSpec):  # role: "mpub", "pub" or "sub"
     topic: str
     quota: int = 0  # publishers: messages to publish; 0 = until the deadline
     deadline_s: float | None = None  # seconds after the start; None = no deadline
 
 
 @attrs.frozen(slots=True)
-class WorkerPlan:
-    host: str
-    port: int
-    size: int
+class WorkerPlan(connections.WorkerPlan):
     batch: int
     rdy: int
     identify: dict[str, Any]
-    consumer_slots: tuple[int, ...]
-    conns: tuple[ConnSpec, ...]
 
 
 # --- worker side --------------------------------------------------------------------------
@@ -140,58 +124,44 @@ def _body(size: int) -> bytes:
     return STAMP_MARKER + FILLER * (size - MIN_SIZE)
 
 
-def _set_read_timeout(sock: socket.socket, seconds: float) -> None:
-    whole = int(seconds)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                    struct.pack("ll", whole, int((seconds - whole) * 1_000_000)))
-
-
-class _Conn:
-    """One connection to the server; subclasses do the publishing or the consuming."""
-
-    sending = False  # writes stay blocking: never waits for writability (`common.run_selector`)
+class _Conn(connections.Conn):
+    """One connection to the server; subclasses do the publishing or the consuming. Writes stay
+    blocking: it never waits for writability."""
 
     def __init__(self, spec: ConnSpec, plan: WorkerPlan, shared: common.SharedState, recv_bytes: int) -> None:
-        self.spec = spec
+        super().__init__(spec, shared)
+        self.spec: ConnSpec = spec
         self.plan = plan
-        self.shared = shared
-        self.slot = spec.slot
-        self.sock: socket.socket | None = None
         self.buf = bytearray(recv_bytes)
         self.view = memoryview(self.buf)
         self.end = 0
-        self.count = 0
         self.first_ns = 0
-        self.last_ns = 0
         self.deadline = float("inf")
-        self.finished = False
+
+    def handshake(self) -> list[tuple[bytes, str]]:
+        """The commands that open the connection, each answered by a plain OK."""
+        return [(nsq_client.identify(self.plan.identify), "IDENTIFY")]
 
     def open(self) -> None:
-        sock = socket.create_connection((self.plan.host, self.plan.port), timeout=CONNECT_TIMEOUT_S)
-        sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
-        sock.sendall(nsq_client.magic() + nsq_client.identify(self.plan.identify))
-        self._expect_ok("IDENTIFY")
-
-    def _expect_ok(self, what: str) -> None:
-        """Handshake only (not hot): read frames until a plain OK."""
-        assert self.sock is not None
-        reader = nsq_client.FrameReader()
-        while True:
-            data = self.sock.recv(PUBLISHER_RECV_BYTES)
-            if not data:
-                raise ServerError(f"connection closed after {what}")
-            reader.receive_data(data)
-            for frame in reader.frames():
-                if frame.is_error:
-                    raise ServerError(f"{what}: {frame.data.decode(errors='replace')}")
-                if frame.is_response and frame.data == OK:
-                    return
-                if frame.is_response and frame.data == HEARTBEAT:
-                    self.sock.sendall(nsq_client.nop())
-                    continue
-                raise ServerError(f"{what}: unexpected frame {frame!r}")
+        """Connect and shake hands through the client (not hot), then read on the bare socket."""
+        conn = nsq.Connection((self.plan.host, self.plan.port), connections.CONNECT_TIMEOUT_S)
+        try:
+            for command, what in self.handshake():
+                conn.send(command)
+                try:
+                    conn.wait_for_ok(what)
+                except tcp.Closed:
+                    raise connections.ServerError(f"connection closed after {what}") from None
+                except (nsq.ErrorFrame, nsq_client.FrameError, TimeoutError) as error:
+                    raise connections.ServerError(str(error)) from None
+        except BaseException:
+            conn.close()
+            raise
+        sock, rest = conn.detach()
+        self.sock = sock  # type: ignore[assignment]
+        self.buf[: len(rest)] = rest
+        self.end = len(rest)
+        tcp.set_read_timeout(self.sock, connections.IDLE_POLL_S)
 
     def begin(self, start_mono: float) -> None:
         if self.spec.deadline_s is not None:
@@ -204,7 +174,7 @@ class _Conn:
         except BlockingIOError:  # SO_RCVTIMEO expired
             return 0
         if not n:
-            raise ServerError("server closed the connection")
+            raise connections.ServerError("server closed the connection")
         self.end += n
         return n
 
@@ -217,27 +187,10 @@ class _Conn:
 
     def _error_frame(self, pos: int, nxt: int) -> None:
         text = bytes(self.buf[pos + 8 : nxt]).decode(errors="replace")
-        raise ServerError(text)
-
-    def _finish(self) -> None:
-        self.finished = True
-        self.shared.counters[self.slot] = self.count
-        self.shared.done[self.slot] = 1
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-
-    def on_readable(self) -> None:
-        raise NotImplementedError
-
-    def on_idle(self) -> None:
-        raise NotImplementedError
+        raise connections.ServerError(text)
 
     def result(self) -> dict[str, Any]:
-        return {"role": self.spec.role, "slot": self.slot, "messages": self.count,
-                "first_ns": self.first_ns, "last_ns": self.last_ns}
+        return {**super().result(), "first_ns": self.first_ns}
 
 
 class _Publisher(_Conn):
@@ -310,13 +263,13 @@ class _Publisher(_Conn):
         self.shared.counters[self.slot] = self.count
         if (self.spec.quota and self.count >= self.spec.quota) or time.monotonic() >= self.deadline \
                 or self.shared.stop.value:
-            self._finish()
+            self.finish()
         else:
             self._send_next()
 
     def on_idle(self) -> None:
         if self.shared.stop.value:  # a stalled server: give up on the OK
-            self._finish()
+            self.finish()
 
     def result(self) -> dict[str, Any]:
         out = super().result()
@@ -334,10 +287,8 @@ class _Consumer(_Conn):
         self.fin_failed = 0
         self.consumer_slots = plan.consumer_slots
 
-    def open(self) -> None:
-        super().open()
-        self.sock.sendall(nsq_client.sub(self.spec.topic, CHANNEL))  # type: ignore[union-attr]
-        self._expect_ok("SUB")
+    def handshake(self) -> list[tuple[bytes, str]]:
+        return [*super().handshake(), (nsq_client.sub(self.spec.topic, CHANNEL), "SUB")]
 
     def begin(self, start_mono: float) -> None:
         super().begin(start_mono)
@@ -348,11 +299,11 @@ class _Consumer(_Conn):
             return self.on_idle()
         now = time.time_ns()
         buf, end, pos = self.buf, self.end, 0
-        latency = self.latency
         unpack_message = MESSAGE_HEAD.unpack_from
         ids: list[bytes] = []
+        stamps: list[int] = []
         redelivered = 0
-        # The hot loop: one unpack per message, the histogram bucket inlined (see bucket_of).
+        # The hot loop: one unpack per message; the latencies are counted after it.
         while end - pos >= 8:
             if end - pos >= MESSAGE_HEAD.size:
                 size, frame_type, _, attempts, msg_id, stamp = unpack_message(buf, pos)
@@ -364,15 +315,9 @@ class _Consumer(_Conn):
                 break
             if frame_type == FRAME_TYPE_MESSAGE and size >= 4 + MESSAGE_OVERHEAD + MIN_SIZE:
                 ids.append(msg_id)
+                stamps.append(stamp)
                 if attempts > 1:
                     redelivered += 1
-                lat = (now - stamp) // 1000
-                if lat < common.LINEAR_LIMIT:
-                    latency[lat if lat > 0 else 0] += 1
-                else:
-                    shift = lat.bit_length() - common.SUB_BITS - 1
-                    latency[(shift << common.SUB_BITS) + (lat >> shift) if shift <= common.MAX_SHIFT
-                            else common.HIST_BUCKETS - 1] += 1
             elif frame_type == FRAME_TYPE_RESPONSE:
                 if bytes(buf[pos + 8 : nxt]) == HEARTBEAT:
                     self.sock.sendall(nsq_client.nop())  # type: ignore[union-attr]
@@ -384,6 +329,7 @@ class _Consumer(_Conn):
             pos = nxt
         self._compact(pos)
         if ids:
+            common.record_latencies(self.latency, now, stamps)
             # Same bytes as b"".join(nsq_client.fin(i) for i in ids), in one allocation.
             self.sock.sendall(b"FIN " + b"\nFIN ".join(ids) + b"\n")  # type: ignore[union-attr]
             self.count += len(ids)
@@ -395,12 +341,8 @@ class _Consumer(_Conn):
         self._check_stop()
 
     def _check_stop(self) -> None:
-        shared = self.shared
-        target = shared.target.value
-        if shared.stop.value or time.monotonic() >= self.deadline or (
-            target >= 0 and sum(shared.counters[s] for s in self.consumer_slots) >= target
-        ):
-            self._finish()
+        if self.told_to_stop(self.consumer_slots) or time.monotonic() >= self.deadline:
+            self.finish()
 
     def on_idle(self) -> None:
         self._check_stop()
@@ -411,32 +353,21 @@ class _Consumer(_Conn):
         return out
 
 
+def _open(spec: ConnSpec, plan: WorkerPlan, shared: common.SharedState) -> _Conn:
+    conn = _Consumer(spec, plan, shared) if spec.role == "sub" else _Publisher(spec, plan, shared)
+    conn.open()
+    return conn
+
+
+def _begin_and_read(conns: list[connections.Conn], start_mono: float) -> None:
+    for conn in conns:
+        conn.begin(start_mono)
+    connections.read_until_finished(conns)
+
+
 def _worker_main(plan: WorkerPlan, shared: common.SharedState, index: int) -> list[dict[str, Any]]:
-    conns: list[_Conn] = [
-        _Consumer(spec, plan, shared) if spec.role == "sub" else _Publisher(spec, plan, shared) for spec in plan.conns
-    ]
-    try:
-        for conn in conns:
-            conn.open()
-            _set_read_timeout(conn.sock, IDLE_POLL_S)  # type: ignore[arg-type]
-        common.report_ready(shared, index)
-        shared.start.wait()
-        if shared.stop.value:
-            return []
-        # Deadlines count from the parent's start time, whenever this process woke up.
-        start_mono = time.monotonic() - (time.time_ns() - shared.start_ns.value) / 1e9
-        for conn in conns:
-            conn.begin(start_mono)
-        if len(conns) == 1:
-            conn = conns[0]
-            while not conn.finished:
-                conn.on_readable()
-        else:
-            common.run_selector(conns, IDLE_POLL_S)
-        return [conn.result() for conn in conns]
-    finally:
-        for conn in conns:
-            conn.close()
+    openers = [functools.partial(_open, spec, plan, shared) for spec in plan.conns]
+    return connections.run_worker(shared, index, openers, _begin_and_read)
 
 
 # --- parent side --------------------------------------------------------------------------
@@ -510,9 +441,7 @@ class ScenarioResult:
             "deliver_latency_us": self.latency.as_dict() if self.latency else None,
             "pub_rtt_us": self.rtt.as_dict() if self.rtt else None,
             "redelivered": self.redelivered, "fin_failed": self.fin_failed, "stalled": self.stalled,
-            "server_cpu_user": self.server_cpu and round(self.server_cpu[0], 3),
-            "server_cpu_system": self.server_cpu and round(self.server_cpu[1], 3),
-            "server_runqueue_wait": self.server_cpu and round(self.server_cpu[2], 3),
+            **connections.cpu_fields(self.server_cpu),
         }
 
 
@@ -548,14 +477,10 @@ class _Scenario:
         self.pub_total = pub_count or 0
         self.sub_target = sub_target
         processes = max(1, min(opts.processes or len(specs), len(specs)))
-        groups: list[list[ConnSpec]] = [[] for _ in range(processes)]
-        for i, spec in enumerate(specs):
-            groups[i % processes].append(spec)
         self.plans = [
-            WorkerPlan(opts.host, opts.port, opts.size, opts.batch, opts.rdy,
-                       opts.identify("sub" if any(s.role == "sub" for s in group) else "pub"),
-                       self.sub_slots, tuple(group))
-            for group in groups
+            WorkerPlan(opts.host, opts.port, opts.size, self.sub_slots, tuple(group), batch=opts.batch, rdy=opts.rdy,
+                       identify=opts.identify("sub" if any(s.role == "sub" for s in group) else "pub"))
+            for group in connections.spread(specs, processes)
         ]
         self.result = ScenarioResult(name, topic, n_pubs, sub, processes)
         self.progress = common.Progress(enabled=None if opts.progress else False)
@@ -565,13 +490,7 @@ class _Scenario:
     def run(self) -> ScenarioResult:
         target = self.sub_target if self.sub_target is not None else -1
         group = common.WorkerGroup(_worker_main, self.plans, len(self.specs), target=target)
-        try:
-            start_ns, results = group.run(self._tick)
-        except common.WorkerFailed as exc:
-            raise click.ClickException(f"scenario {self.name}: {exc}") from None
-        finally:
-            self.progress.done()
-        self._collect(start_ns, [r for worker in results for r in worker])
+        self._collect(*connections.run_scenario(self.name, group, self._tick, self.progress))
         self.result.server_cpu = self.watch.cpu_share(
             max(self.result.pub_seconds, self.result.sub_seconds, self.watch.elapsed()))
         return self.result
@@ -587,7 +506,7 @@ class _Scenario:
         total = published + consumed
         elapsed, still = self.watch.tick(total)
         # The drain deadline counts only while nothing moves (`still` is 0 on a tick that saw progress).
-        if still > STALL_TIMEOUT_S or (still and self._pubs_done_at is not None
+        if still > connections.STALL_TIMEOUT_S or (still and self._pubs_done_at is not None
                                        and now - self._pubs_done_at > DRAIN_TIMEOUT_S):
             self.result.stalled = True
             shared.stop.value = 1
@@ -699,7 +618,7 @@ def render(opts: BenchOptions, results: list[ScenarioResult]) -> str:
         if opts.server_pid:
             rows[-1].append(r.server_cpu_text())
         if r.stalled:
-            notes.append(f"{r.name}: stopped early, the server made no progress for {STALL_TIMEOUT_S:.0f} s")
+            notes.append(connections.stalled_note(r.name))
         if r.redelivered or r.fin_failed:
             notes.append(f"{r.name}: {r.redelivered:,} redeliveries, {r.fin_failed:,} E_FIN_FAILED")
     if any(r.name == "sub" and r.latency for r in results):
@@ -710,19 +629,10 @@ def render(opts: BenchOptions, results: list[ScenarioResult]) -> str:
     return "\n".join([head, "", common.render_table(headers, rows), *(["", *notes] if notes else [])])
 
 
-def _address(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, int] | None:
-    if value is None:
-        return None
-    try:
-        return common.parse_address(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
 @click.command()
-@click.option("--tcp", "tcp", required=True, callback=_address, metavar="HOST:PORT",
+@click.option("--tcp", "tcp", required=True, callback=connections.address_option, metavar="HOST:PORT",
               help="NSQ V2 TCP address of the server (nsqd: 4150).")
-@click.option("--http", "http", default=None, callback=_address, metavar="HOST:PORT",
+@click.option("--http", "http", default=None, callback=connections.address_option, metavar="HOST:PORT",
               help="nsqd HTTP API address; when given, the bench deletes its topics afterwards.")
 @click.option("--scenario", "scenarios", multiple=True, type=click.Choice([*SCENARIOS, "all"]),
               help="Scenario to run (repeatable; default all: mpub, sub, pub, pubsub).")

@@ -1,6 +1,6 @@
 """`polymq bench phpmq`: throughput and publish-to-deliver latency of any PHPMQ server.
 
-Each producer and each consumer is a process of its own (bench_common's workers), with plain
+Each producer and each consumer is a process of its own (`common.WorkerGroup`), with plain
 blocking sockets. Producers send 001s (PHPMQ never answers them); consumers hold a window (002)
 and acknowledge every delivery (004), all acks of one read in one write. Every content starts with
 the wall-clock nanoseconds it was sent at, so consumers measure publish-to-deliver latency.
@@ -12,8 +12,7 @@ load). The queue of a run is unique and ends empty. See docs/performance.md.
 
 from __future__ import annotations
 
-import json
-import socket
+import functools
 import time
 import uuid
 from typing import Any
@@ -21,7 +20,8 @@ from typing import Any
 import attrs
 import click
 
-from polymq.bench import common
+from polymq.bench import common, flows
+from polymq.clients import tcp
 from polymq.codecs import phpmq
 
 DEFAULT_PORT = 9100  # the original's (its config/phpmq.default.xml)
@@ -38,6 +38,7 @@ STAMP_DIGITS = common.STAMP_DIGITS
 SEND_BATCH = 200
 RECV_SIZE = 256 * 1024
 POLL_S = 0.05
+CONNECT_TIMEOUT_S = 10.0
 # A scenario gives up when no message was consumed for this long.
 STALL_S = 10.0
 # What the original does on a 2-core machine (docs/protocols/phpmq.md), and what polymq aims at.
@@ -48,23 +49,16 @@ TARGET_P99_US = 2_000
 
 
 @attrs.frozen
-class Plan:
-    role: str  # "producer" or "consumer"
-    address: tuple[str, int]
+class Plan(flows.FlowPlan):
     queue: str
-    slot: int
-    messages: int  # producer: to send
-    size: int
-    window: int
-    interval_s: float  # producer: 0 = as fast as possible
+    window: int  # a consumer's
 
 
 def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
     queue = plan.queue.encode()
-    with socket.create_connection(plan.address) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        common.report_ready(shared, index)
-        shared.start.wait()
+    with tcp.connect(plan.address, CONNECT_TIMEOUT_S) as sock:
+        sock.settimeout(None)  # a server that stops reading holds the producer back: that is the measure
+        common.ready_and_wait(shared, index)
         sent = 0
         started = time.monotonic()
         if plan.interval_s > 0:
@@ -90,16 +84,11 @@ def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
 
 def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
     queue = plan.queue.encode()
-    histogram = common.new_histogram()
-    bucket_of = common.bucket_of
     codec = phpmq.ClientConnection()
-    got = 0
-    last_ns = 0
-    with socket.create_connection(plan.address) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    received = flows.Received(shared, plan.slot)
+    with tcp.connect(plan.address, CONNECT_TIMEOUT_S) as sock:
         sock.sendall(phpmq.consume(queue, plan.window))
-        common.report_ready(shared, index)
-        shared.start.wait()
+        common.ready_and_wait(shared, index)
         sock.settimeout(POLL_S)
         while not shared.stop.value:  # the parent stops everyone once all were consumed (`tick`)
             try:
@@ -109,50 +98,37 @@ def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[st
             if not data:
                 break
             codec.receive_data(data)
-            acks = []
             now = time.time_ns()
+            stamps, acks = [], []
             while (event := codec.next_event()) is not phpmq.NEED_DATA:
                 if not isinstance(event, phpmq.Delivery):
                     raise RuntimeError(f"not a delivery: {event}")
-                histogram[bucket_of((now - int(event.content[:STAMP_DIGITS])) // 1000)] += 1
+                stamps.append(int(event.content[:STAMP_DIGITS]))
                 acks.append(phpmq.ack(queue, event.message_id))
             if acks:
                 sock.sendall(b"".join(acks))
-                got += len(acks)
-                last_ns = now
-                shared.counters[plan.slot] = got
-        shared.done[plan.slot] = 1
-    return {"received": got, "last_ns": last_ns, "histogram": common.sparse(histogram)}
+            received.add(now, stamps)
+    return received.result()
 
 
-def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
-    return (producer_main if plan.role == "producer" else consumer_main)(plan, shared, index)
+worker_main = functools.partial(flows.by_role, producer_main, consumer_main)
 
 
 @attrs.frozen
-class Options:
+class Options(flows.FlowOptions):
     address: tuple[str, int]
-    scenarios: tuple[str, ...]
-    producers: int
-    consumers: int
-    messages: int
-    latency_messages: int
-    interval_s: float
     window: int
-    size: int
-    server_pid: int | None
-    progress: bool
 
 
-def run_scenario(name: str, opts: Options) -> common.FlowResult:
+def run_scenario(name: str, opts: Options) -> flows.FlowResult:
     queue = f"polymq_bench-{name}-{uuid.uuid4().hex[:8]}"
     per_producer = opts.messages if name == "throughput" else opts.latency_messages
     interval = 0.0 if name == "throughput" else opts.interval_s
     total = per_producer * opts.producers
-    consumers = [Plan("consumer", opts.address, queue, slot, 0, opts.size, opts.window, 0.0)
+    consumers = [Plan("consumer", opts.address, slot, 0, opts.size, 0.0, queue=queue, window=opts.window)
                  for slot in range(opts.consumers)]
-    producers = [Plan("producer", opts.address, queue, opts.consumers + number, per_producer, opts.size,
-                      opts.window, interval) for number in range(opts.producers)]
+    producers = [Plan("producer", opts.address, opts.consumers + number, per_producer, opts.size, interval,
+                      queue=queue, window=opts.window) for number in range(opts.producers)]
     progress = common.Progress(opts.progress)
     watch = common.RunWatch(opts.server_pid)
     consumer_slots = range(opts.consumers)
@@ -167,67 +143,35 @@ def run_scenario(name: str, opts: Options) -> common.FlowResult:
     group = common.WorkerGroup(worker_main, [*consumers, *producers], opts.consumers + opts.producers,
                                target=total)
     start_ns, results = group.run(tick)
-    wall = watch.elapsed()
     progress.done()
-    produced = results[opts.consumers:]
-    received = results[: opts.consumers]
-    consumed = sum(r["received"] for r in received)
-    last_ns = max((r["last_ns"] for r in received), default=start_ns)
-    histogram = common.merge(r["histogram"] for r in received)
-    return common.FlowResult(
-        name, opts.producers, opts.consumers, sum(r["sent"] for r in produced), consumed,
-        max((r["seconds"] for r in produced), default=0.0), max(0.0, (last_ns - start_ns) / 1e9),
-        common.summarize(histogram), watch.cpu_share(wall),
-    )
+    return flows.flow_result(name, opts.producers, opts.consumers, results[opts.consumers:], "sent",
+                              results[: opts.consumers], start_ns, watch)
 
 
-def verdicts(result: common.FlowResult) -> list[str]:
-    if result.name == "latency":
-        if result.latency is None:
-            return []
-        met = "met" if result.latency.p99_us < TARGET_P99_US else "NOT met"
-        return [f"latency: p50 {result.latency.p50_us / 1000:.2f} ms, p99 {result.latency.p99_us / 1000:.2f} ms "
-                f"(the original: ~{ORIGINAL_LATENCY_US / 1000:.0f} ms; target p99 < {TARGET_P99_US / 1000:.0f} ms: "
-                f"{met})"]
-    met = "met" if result.consume_rate() >= TARGET_MSGS_PER_S else "NOT met"
-    return [f"throughput: {result.consume_rate():,.0f} msgs/s end to end (the original: ~{ORIGINAL_MSGS_PER_S}; "
-            f"target >= {TARGET_MSGS_PER_S:,}: {met})"]
+RATES = (flows.RateVerdict(("throughput",), "consume", "msgs/s end to end", ORIGINAL_MSGS_PER_S, TARGET_MSGS_PER_S,
+                            always=True),)
 
 
-def render(results: list[common.FlowResult], with_cpu: bool) -> str:
-    return common.render_flows(results, with_cpu, [line for r in results for line in verdicts(r)])
+def verdicts(r: flows.FlowResult) -> list[str]:
+    return flows.verdicts(r, RATES, TARGET_P99_US, ORIGINAL_LATENCY_US)
+
+
+WINDOW_OPTION = flows.count_option("--window", DEFAULT_WINDOW, "Each consumer's window (002's count).")
 
 
 @click.command()
 @click.option("--addr", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True, help="PHPMQ server HOST:PORT.")
-@common.scenario_option(SCENARIOS)
-@click.option("--producers", type=click.IntRange(min=1), default=DEFAULT_PRODUCERS, show_default=True,
-              help="Producer connections (one process each).")
-@click.option("--consumers", type=click.IntRange(min=1), default=DEFAULT_CONSUMERS, show_default=True,
-              help="Consumer connections (one process each).")
-@click.option("--messages", type=click.IntRange(min=1), default=DEFAULT_MESSAGES, show_default=True,
-              help="Messages per producer in the throughput scenario.")
-@click.option("--latency-messages", type=click.IntRange(min=1), default=DEFAULT_LATENCY_MESSAGES, show_default=True,
-              help="Messages per producer in the latency scenario.")
-@click.option("--interval", "interval_s", type=click.FloatRange(min=0.00001), default=DEFAULT_INTERVAL_S,
-              show_default=True, help="Seconds between two messages of a producer in the latency scenario.")
-@click.option("--window", type=click.IntRange(min=1), default=DEFAULT_WINDOW, show_default=True,
-              help="Each consumer's window (002's count).")
-@click.option("--size", type=click.IntRange(min=STAMP_DIGITS), default=DEFAULT_SIZE, show_default=True,
-              help="Content bytes.")
-@common.report_options
+@flows.flow_options(SCENARIOS, ("--producers", DEFAULT_PRODUCERS, "Producer connections (one process each)."),
+                     ("--consumers", DEFAULT_CONSUMERS, "Consumer connections (one process each)."),
+                     (DEFAULT_MESSAGES, "Messages per producer in the throughput scenario."),
+                     (DEFAULT_LATENCY_MESSAGES, DEFAULT_INTERVAL_S, "messages", "producer"),
+                     (DEFAULT_SIZE, "Content bytes."), before_size=[WINDOW_OPTION])
 def command(addr: str, scenarios: tuple[str, ...], producers: int, consumers: int, messages: int,
             latency_messages: int, interval_s: float, window: int, size: int, server_pid: int | None, as_json: bool,
             progress: bool) -> None:
     """Measure a PHPMQ server: throughput end to end, and latency at light load."""
-    chosen = common.chosen_scenarios(scenarios, SCENARIOS)
-    opts = Options(common.parse_address(addr, "127.0.0.1"), chosen, producers, consumers, messages,
-                   latency_messages, interval_s, window, size, server_pid, progress)
-    try:
-        results = [run_scenario(name, opts) for name in opts.scenarios]
-    except (OSError, common.WorkerFailed) as error:
-        raise click.ClickException(f"the benchmark failed against {addr}: {error}") from None
-    if as_json:
-        click.echo(json.dumps([attrs.asdict(r) for r in results], default=str, indent=2))
-    else:
-        click.echo(render(results, server_pid is not None))
+    opts = Options(common.chosen_scenarios(scenarios, SCENARIOS), producers, consumers, messages, latency_messages,
+                   interval_s, size, server_pid, progress, address=tcp.split_address(addr, "127.0.0.1"),
+                   window=window)
+    flows.flow_command(lambda: [run_scenario(name, opts) for name in opts.scenarios], addr, (OSError,), verdicts,
+                        as_json, server_pid)

@@ -1,6 +1,6 @@
 """`polymq bench pzq`: produce with ACKs, consume with ACKs, both at once, and latency, against any PZQ server.
 
-Each producer and consumer is a process of its own (bench_common's workers) with a blocking pyzmq
+Each producer and consumer is a process of its own (`common.WorkerGroup`) with a blocking pyzmq
 socket. Producers keep `--in-flight` messages waiting for their ACK (1 = one per round trip, as
 the reference client); consumers acknowledge every delivery. Every body starts with the wall-clock
 nanoseconds it was sent at, so consumers measure produce-to-deliver latency.
@@ -12,7 +12,7 @@ per producer). A PZQ server has one queue: run against a server nobody else uses
 
 from __future__ import annotations
 
-import json
+import functools
 import time
 from typing import Any
 
@@ -20,8 +20,8 @@ import attrs
 import click
 import zmq
 
-from polymq.bench import common
-from polymq.bench import zmq_common as bench_zmq
+from polymq.bench import common, flows
+from polymq.clients import zmq_socket
 from polymq.codecs import pzq
 
 SCENARIOS = ("produce", "consume", "both", "latency")
@@ -46,109 +46,68 @@ TARGET_P99_US = 2_000
 
 
 @attrs.frozen
-class Plan:
-    role: str
-    endpoint: str
-    slot: int
-    messages: int
-    size: int
-    in_flight: int
-    interval_s: float
+class Plan(flows.FlowPlan):
+    in_flight: int  # a producer's messages waiting for their ACK
 
 
 def producer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
-    context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(plan.endpoint)
-    common.report_ready(shared, index)
-    shared.start.wait()
-    sent = acked = refused = 0
-    started = time.monotonic()
-    next_at = started
-    while acked + refused < plan.messages and not shared.stop.value:
-        while sent < plan.messages and sent - acked - refused < plan.in_flight:
-            if plan.interval_s:
-                delay = next_at - time.monotonic()
-                if delay > 0:
-                    break
-                next_at += plan.interval_s
-            bench_zmq.send(sock, [b"%d" % sent, pzq.DELIMITER, common.stamped_body(plan.size)])
-            sent += 1
-        if sock.poll(POLL_MS if not plan.interval_s else 1):
-            while True:
-                try:
-                    answer = bench_zmq.receive(sock, bench_zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                if answer[1] == pzq.ACK_OK:
-                    acked += 1
-                else:
-                    refused += 1
-            shared.counters[plan.slot] = acked
-    seconds = time.monotonic() - started
-    shared.done[plan.slot] = 1
-    sock.close()
-    context.term()
+    with zmq_socket.own_socket(zmq.DEALER, plan.address) as sock:
+        common.ready_and_wait(shared, index)
+        sent = acked = refused = 0
+        started = time.monotonic()
+        next_at = started
+        while acked + refused < plan.messages and not shared.stop.value:
+            while sent < plan.messages and sent - acked - refused < plan.in_flight:
+                if plan.interval_s:
+                    delay = next_at - time.monotonic()
+                    if delay > 0:
+                        break
+                    next_at += plan.interval_s
+                zmq_socket.send(sock, [b"%d" % sent, pzq.DELIMITER, common.stamped_body(plan.size)])
+                sent += 1
+            if sock.poll(POLL_MS if not plan.interval_s else 1):
+                for answer in zmq_socket.waiting(sock):
+                    if answer[1] == pzq.ACK_OK:
+                        acked += 1
+                    else:
+                        refused += 1
+                shared.counters[plan.slot] = acked
+        seconds = time.monotonic() - started
+        shared.done[plan.slot] = 1
     return {"sent": sent, "acked": acked, "refused": refused, "seconds": seconds}
 
 
 def consumer_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
-    context = zmq.Context()
-    sock = context.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(plan.endpoint)
-    histogram = common.new_histogram()
-    bucket_of = common.bucket_of
-    common.report_ready(shared, index)
-    shared.start.wait()
-    got = 0
-    last_ns = 0
-    while not shared.stop.value:  # the parent stops everyone once all were consumed
-        if not sock.poll(POLL_MS):
-            continue
-        now = time.time_ns()
-        while True:
-            try:
-                frames = bench_zmq.receive(sock, bench_zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            histogram[bucket_of((now - int(frames[5][:STAMP_DIGITS])) // 1000)] += 1
-            bench_zmq.send(sock, [frames[0], frames[1], pzq.ACK_OK])
-            got += 1
-        last_ns = now
-        shared.counters[plan.slot] = got
-    shared.done[plan.slot] = 1
-    sock.close()
-    context.term()
-    return {"received": got, "last_ns": last_ns, "histogram": common.sparse(histogram)}
+    received = flows.Received(shared, plan.slot)
+    with zmq_socket.own_socket(zmq.ROUTER, plan.address) as sock:
+        common.ready_and_wait(shared, index)
+        while not shared.stop.value:  # the parent stops everyone once all were consumed
+            if not sock.poll(POLL_MS):
+                continue
+            now = time.time_ns()
+            stamps = []
+            for frames in zmq_socket.waiting(sock):
+                stamps.append(int(frames[5][:STAMP_DIGITS]))
+                zmq_socket.send(sock, [frames[0], frames[1], pzq.ACK_OK])
+            received.add(now, stamps)
+    return received.result()
 
 
-def worker_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str, Any]:
-    return (producer_main if plan.role == "producer" else consumer_main)(plan, shared, index)
+worker_main = functools.partial(flows.by_role, producer_main, consumer_main)
 
 
 @attrs.frozen
-class Options:
+class Options(flows.FlowOptions):
     receive: str
     send: str
-    scenarios: tuple[str, ...]
-    producers: int
-    consumers: int
-    messages: int
-    latency_messages: int
-    interval_s: float
     in_flight: int
-    size: int
-    server_pid: int | None
-    progress: bool
 
 
 def _run(name: str, opts: Options, producers: int, consumers: int, per_producer: int, interval: float,
          expect_consumed: int) -> tuple[list[Any], list[Any], int, common.RunWatch]:
-    plans = [Plan("consumer", f"tcp://{opts.send}", slot, 0, opts.size, 0, 0.0) for slot in range(consumers)]
-    plans += [Plan("producer", f"tcp://{opts.receive}", consumers + number, per_producer, opts.size,
-                   1 if interval else opts.in_flight, interval) for number in range(producers)]
+    plans = [Plan("consumer", opts.send, slot, 0, opts.size, 0.0, in_flight=0) for slot in range(consumers)]
+    plans += [Plan("producer", opts.receive, consumers + number, per_producer, opts.size, interval,
+                   in_flight=1 if interval else opts.in_flight) for number in range(producers)]
     progress = common.Progress(opts.progress)
     watch = common.RunWatch(opts.server_pid)
     produce_total = producers * per_producer
@@ -169,7 +128,7 @@ def _run(name: str, opts: Options, producers: int, consumers: int, per_producer:
     return results[:consumers], results[consumers:], start_ns, watch
 
 
-def run_scenario(name: str, opts: Options, backlog: int) -> common.FlowResult:
+def run_scenario(name: str, opts: Options, backlog: int) -> flows.FlowResult:
     """One scenario; `backlog`: the messages earlier scenarios left in the queue (consume drains them)."""
     latency = name == "latency"
     per_producer = opts.latency_messages if latency else opts.messages
@@ -181,21 +140,13 @@ def run_scenario(name: str, opts: Options, backlog: int) -> common.FlowResult:
     expected = backlog + producers * per_producer
     received, produced, start_ns, watch = _run(name, opts, producers, consumers, per_producer,
                                                opts.interval_s if latency else 0.0, expected)
-    wall = watch.elapsed()
     if not any(r["acked"] + r["refused"] for r in produced) and not any(r["received"] for r in received):
         raise common.WorkerFailed(f"no answer from {opts.receive} / {opts.send} in {NO_ANSWER_S:.0f} s: "
                                   "is a PZQ server there?")
-    consumed = sum(r["received"] for r in received)
-    last_ns = max((r["last_ns"] for r in received), default=start_ns)
-    histogram = common.merge(r["histogram"] for r in received)
-    return common.FlowResult(
-        name, producers, consumers, sum(r["acked"] for r in produced), consumed,
-        max((r["seconds"] for r in produced), default=0.0), max(0.0, (last_ns - start_ns) / 1e9),
-        common.summarize(histogram) if received else None, watch.cpu_share(wall),
-    )
+    return flows.flow_result(name, producers, consumers, produced, "acked", received, start_ns, watch)
 
 
-def run_bench(opts: Options) -> list[common.FlowResult]:
+def run_bench(opts: Options) -> list[flows.FlowResult]:
     results = []
     backlog = 0
     for name in opts.scenarios:
@@ -205,56 +156,34 @@ def run_bench(opts: Options) -> list[common.FlowResult]:
     return results
 
 
-def verdicts(r: common.FlowResult) -> list[str]:
-    lines = []
-    if r.produced and r.name in ("produce", "both"):
-        met = "met" if r.produce_rate() >= TARGET_PRODUCE_MSGS_PER_S else "NOT met"
-        lines.append(f"{r.name}: {r.produce_rate():,.0f} msgs/s produced with ACKs (the original: "
-                     f"~{ORIGINAL_PRODUCE_MSGS_PER_S:,}; target >= {TARGET_PRODUCE_MSGS_PER_S:,}: {met})")
-    if r.consumed and r.name in ("consume", "both"):
-        met = "met" if r.consume_rate() >= TARGET_CONSUME_MSGS_PER_S else "NOT met"
-        lines.append(f"{r.name}: {r.consume_rate():,.0f} msgs/s consumed with ACKs (the original: "
-                     f"~{ORIGINAL_CONSUME_MSGS_PER_S:,}; target >= {TARGET_CONSUME_MSGS_PER_S:,}: {met})")
-    if r.name == "latency" and r.latency is not None:
-        met = "met" if r.latency.p99_us < TARGET_P99_US else "NOT met"
-        lines.append(f"latency: p50 {r.latency.p50_us / 1000:.2f} ms, p99 {r.latency.p99_us / 1000:.2f} ms "
-                     f"(target p99 < {TARGET_P99_US / 1000:.0f} ms: {met})")
-    return lines
+RATES = (
+    flows.RateVerdict(("produce", "both"), "produce", "msgs/s produced with ACKs", ORIGINAL_PRODUCE_MSGS_PER_S,
+                       TARGET_PRODUCE_MSGS_PER_S),
+    flows.RateVerdict(("consume", "both"), "consume", "msgs/s consumed with ACKs", ORIGINAL_CONSUME_MSGS_PER_S,
+                       TARGET_CONSUME_MSGS_PER_S),
+)
 
 
-def render(results: list[common.FlowResult], with_cpu: bool) -> str:
-    return common.render_flows(results, with_cpu, [line for r in results for line in verdicts(r)])
+def verdicts(r: flows.FlowResult) -> list[str]:
+    return flows.verdicts(r, RATES, TARGET_P99_US)
+
+
+IN_FLIGHT_OPTION = flows.count_option("--in-flight", DEFAULT_IN_FLIGHT,
+                                       "Messages a producer keeps waiting for their ACK (1: one per round trip).")
 
 
 @click.command()
 @click.option("--receive", default="127.0.0.1:11131", show_default=True, help="The receive socket HOST:PORT.")
 @click.option("--send", default="127.0.0.1:11132", show_default=True, help="The send socket HOST:PORT.")
-@common.scenario_option(SCENARIOS)
-@click.option("--producers", type=click.IntRange(min=1), default=DEFAULT_PRODUCERS, show_default=True)
-@click.option("--consumers", type=click.IntRange(min=1), default=DEFAULT_CONSUMERS, show_default=True)
-@click.option("--messages", type=click.IntRange(min=1), default=DEFAULT_MESSAGES, show_default=True,
-              help="Messages per producer (produce, consume's backlog, both).")
-@click.option("--latency-messages", type=click.IntRange(min=1), default=DEFAULT_LATENCY_MESSAGES, show_default=True,
-              help="Messages per producer in the latency scenario.")
-@click.option("--interval", "interval_s", type=click.FloatRange(min=0.00001), default=DEFAULT_INTERVAL_S,
-              show_default=True, help="Seconds between two messages of a producer in the latency scenario.")
-@click.option("--in-flight", type=click.IntRange(min=1), default=DEFAULT_IN_FLIGHT, show_default=True,
-              help="Messages a producer keeps waiting for their ACK (1: one per round trip).")
-@click.option("--size", type=click.IntRange(min=STAMP_DIGITS), default=DEFAULT_SIZE, show_default=True,
-              help="Body bytes.")
-@common.report_options
+@flows.flow_options(SCENARIOS, ("--producers", DEFAULT_PRODUCERS, None), ("--consumers", DEFAULT_CONSUMERS, None),
+                     (DEFAULT_MESSAGES, "Messages per producer (produce, consume's backlog, both)."),
+                     (DEFAULT_LATENCY_MESSAGES, DEFAULT_INTERVAL_S, "messages", "producer"),
+                     (DEFAULT_SIZE, "Body bytes."), before_size=[IN_FLIGHT_OPTION])
 def command(receive: str, send: str, scenarios: tuple[str, ...], producers: int, consumers: int, messages: int,
             latency_messages: int, interval_s: float, in_flight: int, size: int, server_pid: int | None,
             as_json: bool, progress: bool) -> None:
     """Measure a PZQ server: produce and consume with ACKs, both at once, and latency at light load."""
-    chosen = common.chosen_scenarios(scenarios, SCENARIOS)
-    opts = Options(receive, send, chosen, producers, consumers, messages, latency_messages, interval_s,
-                   in_flight, size, server_pid, progress)
-    try:
-        results = run_bench(opts)
-    except (OSError, zmq.ZMQError, common.WorkerFailed) as error:
-        raise click.ClickException(f"the benchmark failed against {receive} / {send}: {error}") from None
-    if as_json:
-        click.echo(json.dumps([attrs.asdict(r) for r in results], default=str, indent=2))
-    else:
-        click.echo(render(results, server_pid is not None))
+    opts = Options(common.chosen_scenarios(scenarios, SCENARIOS), producers, consumers, messages, latency_messages,
+                   interval_s, size, server_pid, progress, receive=receive, send=send, in_flight=in_flight)
+    flows.flow_command(lambda: run_bench(opts), f"{receive} / {send}", (OSError, zmq.ZMQError), verdicts, as_json,
+                        server_pid)

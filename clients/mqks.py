@@ -32,19 +32,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import inspect
 import logging
-import os
 import random
-import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import attrs
 import trio
 
-from polymq.adapters.transport import SocketTransport
 from polymq.codecs import mqks_client as codec
 from polymq.codecs.mqks import ALL_FLAG, MANUAL_ACK_FLAG, WHEN_UNUSED_FLAG, error_id
 
@@ -174,7 +170,7 @@ class MQKSClient:
         self.ping_interval_s = ping_interval_s
         self.on_reconnect = on_reconnect  # called (old_id, new_id) for every re-created consumer
         self.connections = 0  # successful connects so far (1 after connect(), +1 per reconnect)
-        self._transport: SocketTransport | None = None
+        self._transport: trio.SocketStream | None = None
         self._connected = trio.Event()
         self._stack: contextlib.AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
@@ -455,30 +451,10 @@ class MQKSClient:
 
     # --- connection ---------------------------------------------------------------------
 
-    async def _open(self) -> SocketTransport:
-        infos = await trio.socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-        error: OSError | None = None
-        for family, type_, proto, _, address in infos:
-            sock = socket.socket(family, type_, proto)
-            try:
-                sock.setblocking(False)
-                code = sock.connect_ex(address)
-                if code == errno.EINPROGRESS:
-                    await trio.lowlevel.wait_writable(sock)
-                    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                if code:
-                    raise OSError(code, f"connect to {self.host}:{self.port}: {os.strerror(code)}")
-            except OSError as exc:
-                sock.close()
-                error = exc
-                continue
-            except BaseException:
-                sock.close()
-                raise
-            return SocketTransport(sock)
-        raise error or OSError(f"no address for {self.host}:{self.port}")
+    async def _open(self) -> trio.SocketStream:
+        return await trio.open_tcp_stream(self.host, self.port)
 
-    def _set_transport(self, transport: SocketTransport) -> None:
+    def _set_transport(self, transport: trio.SocketStream) -> None:
         self._transport = transport
         self._write_broken = False
         self.connections += 1
@@ -486,7 +462,7 @@ class MQKSClient:
         self._connected.set()
         self._wake_writer.set()
 
-    async def _connection_loop(self, transport: SocketTransport) -> None:
+    async def _connection_loop(self, transport: trio.SocketStream) -> None:
         while True:
             try:
                 await self._read(transport)
@@ -501,7 +477,7 @@ class MQKSClient:
             self._reconsume()
             self._set_transport(transport)
 
-    async def _reconnect(self) -> SocketTransport:
+    async def _reconnect(self) -> trio.SocketStream:
         while True:
             await trio.sleep(self.reconnect_delay_s)
             try:
@@ -546,7 +522,7 @@ class MQKSClient:
                 if callback is not None:
                     self._call_back(callback, old_id, new)
 
-    async def _read(self, transport: SocketTransport) -> None:
+    async def _read(self, transport: trio.SocketStream) -> None:
         reader = codec.LineReader()
         dispatch = self._dispatch
         while True:

@@ -1,6 +1,6 @@
 """A PZQ client for trio programs: a producer that waits for its ACKs, a consumer that answers for
-its handler, a monitor. ZeroMQ is driven by the same pump as the gateway's sockets
-(`adapters/zmq_pump.py`), so it needs no thread.
+its handler, a monitor. Each socket is driven by a task of its own through its `zmq.FD`
+(`clients/trio_zmq.py`), so it needs no thread. The blocking clients are `polymq.clients.pzq_blocking`.
 
     async with PZQProducer("127.0.0.1:11131") as producer:
         await producer.produce(b"hello", b"world")          # returns once the server stored it
@@ -26,7 +26,7 @@ import attrs
 import trio
 import zmq
 
-from polymq.adapters.zmq_pump import Frames, ZmqPump
+from polymq.clients.trio_zmq import Frames, SocketPump
 from polymq.codecs import pzq
 
 # How long `produce` waits for the server's answer (the reference client's default).
@@ -60,11 +60,11 @@ class _Client:
         sock = self._context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(f"tcp://{address}")
-        self.pump = ZmqPump(sock, self._received)
+        self.pump = SocketPump(sock, self._received)
         self._nursery_manager = trio.open_nursery()
         self._nursery: trio.Nursery | None = None
 
-    def _received(self, batch: list[Frames]) -> None:
+    def _received(self, frames: Frames) -> None:
         raise NotImplementedError
 
     async def __aenter__(self) -> _Client:
@@ -117,12 +117,11 @@ class PZQProducer(_Client):
         if frames[1:2] != [pzq.ACK_OK]:
             raise PZQRefused((frames[3] if len(frames) > 3 else b"").decode("utf-8", "replace"))
 
-    def _received(self, batch: list[Frames]) -> None:
-        for frames in batch:
-            waiting = self._waiting.get(frames[0]) if frames else None
-            if waiting is not None:
-                waiting[1].append(frames)
-                waiting[0].set()
+    def _received(self, frames: Frames) -> None:
+        waiting = self._waiting.get(frames[0]) if frames else None
+        if waiting is not None:
+            waiting[1].append(frames)
+            waiting[0].set()
 
 
 class PZQConsumer(_Client):
@@ -140,12 +139,11 @@ class PZQConsumer(_Client):
         self._nursery.start_soon(self._handle)
         return self
 
-    def _received(self, batch: list[Frames]) -> None:
-        for frames in batch:
-            if len(frames) < 5 or frames[4] != pzq.DELIMITER or not frames[2].isdigit() or not frames[3].isdigit():
-                continue  # not a PZQ delivery
-            message = PZQMessage(frames[1], int(frames[2]), int(frames[3]), frames[5:])
-            self._deliveries.send_nowait((frames[0], message))
+    def _received(self, frames: Frames) -> None:
+        if len(frames) < 5 or frames[4] != pzq.DELIMITER or not frames[2].isdigit() or not frames[3].isdigit():
+            return  # not a PZQ delivery
+        message = PZQMessage(frames[1], int(frames[2]), int(frames[3]), frames[5:])
+        self._deliveries.send_nowait((frames[0], message))
 
     async def _handle(self) -> None:
         async for peer, message in self._incoming:
@@ -173,6 +171,5 @@ class PZQMonitor(_Client):
             frames = await self._received_answers.receive()
         return pzq.parse_monitor_text(frames[-1])
 
-    def _received(self, batch: list[Frames]) -> None:
-        for frames in batch:
-            self._answers.send_nowait(frames)
+    def _received(self, frames: Frames) -> None:
+        self._answers.send_nowait(frames)

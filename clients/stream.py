@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
+from polymq.clients.tcp import split_address
 from polymq.codecs import stream_rows
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -26,11 +27,11 @@ class StreamClientError(Exception):
 
 class StreamClient:
     def __init__(self, address: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise StreamClientError(f"gateway address {address!r} is not HOST:PORT")
+        try:
+            self.host, self.port = split_address(address)
+        except ValueError:
+            raise StreamClientError(f"gateway address {address!r} is not HOST:PORT") from None
         self.address = address
-        self.host, self.port = host.strip("[]"), int(port)
         self.timeout = timeout
         self._connection: http.client.HTTPConnection | None = None
 

@@ -1,7 +1,7 @@
 """NSQ V2 wire codec, client side: encode commands, split server frames. Sans-IO.
 
-Used by the conformance suite and the benchmark (both talk to any nsqd-compatible server),
-and by the tests to speak raw bytes.
+Used by the NSQ client (`polymq.clients.nsq`), and through it by the conformance suite, the
+benchmark and the tests.
 """
 
 from __future__ import annotations
@@ -126,6 +126,20 @@ class FrameError(Exception):
     """The server sent something that is not an NSQ frame."""
 
 
+def frame_at(data: bytes | bytearray, offset: int = 0,
+             max_frame_size: int = MAX_FRAME_SIZE) -> tuple[Frame, int] | None:
+    """The frame that starts at `offset` and the offset after it; None while it is incomplete."""
+    if len(data) - offset < 8:
+        return None
+    size = _SIZE.unpack_from(data, offset)[0]
+    if size < 4 or size > max_frame_size:
+        raise FrameError(f"bad frame size {size}")
+    end = offset + 4 + size
+    if len(data) < end:
+        return None
+    return Frame(_SIZE.unpack_from(data, offset + 4)[0], bytes(data[offset + 8 : end])), end
+
+
 class FrameReader:
     """Split a byte stream from an NSQ server into frames."""
 
@@ -140,16 +154,9 @@ class FrameReader:
         out: list[Frame] = []
         buffer = self._buffer
         offset = 0
-        end = len(buffer)
-        while end - offset >= 8:
-            size = _SIZE.unpack_from(buffer, offset)[0]
-            if size < 4 or size > self._max:
-                raise FrameError(f"bad frame size {size}")
-            if end - offset - 4 < size:
-                break
-            frame_type = _SIZE.unpack_from(buffer, offset + 4)[0]
-            out.append(Frame(frame_type, bytes(buffer[offset + 8 : offset + 4 + size])))
-            offset += 4 + size
+        while (found := frame_at(buffer, offset, self._max)) is not None:
+            frame, offset = found
+            out.append(frame)
         if offset:
             del buffer[:offset]
         return out

@@ -13,29 +13,29 @@ queues (`delete_queue --confirm`) afterwards. "Nothing more arrived" is tested w
 trip as a barrier (responses of one connection come in order), after a short quiet wait when the
 thing that must not arrive would come from another connection. The checks that count queues
 with `_eval len(state.queues)` assume no other client creates or deletes queues meanwhile. Only
-`polymq.codecs` and the shared runner are imported (docs/architecture.md).
+`polymq.clients`, `polymq.codecs` and the shared runner are imported (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import datetime
 import re
 import secrets
 import select
-import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
 import click
 
+from polymq.clients import mqks_blocking
+from polymq.clients.tcp import Closed
 from polymq.codecs import mqks_client as mc
 from polymq.codecs.mqks import ALL_FLAG, ID_LENGTH, MANUAL_ACK_FLAG, NO_ID, WHEN_UNUSED_FLAG
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, recv_before, run_checks
+from polymq.conformance import runner
+from polymq.conformance.runner import CheckFailed, Registry, expect_equal
 
 # ---------------------------------------------------------------------------------------------
 # What the original does (docs/protocols/mqks.md)
@@ -51,7 +51,6 @@ UPDATE_PREFIX = "--update"  # the data of a `--update` line starts with it (docs
 # ---------------------------------------------------------------------------------------------
 # Timing
 
-DEFAULT_TIMEOUT_S = 5.0
 # How long a check watches for "nothing arrives" from another connection before its ping
 # barrier. Well above loopback latency; the original delivers from a greenlet at once.
 QUIET_S = 0.25
@@ -67,10 +66,6 @@ CLEANUP_TIMEOUT_S = 2.0
 COMPETING_MESSAGES = 10
 
 
-class Closed(Exception):
-    """The server closed (or reset) the connection."""
-
-
 def show_lines(lines: Iterable[bytes]) -> str:
     shown = [repr(line) for line in lines]
     return ", ".join(shown) if shown else "nothing"
@@ -80,97 +75,34 @@ def show_lines(lines: Iterable[bytes]) -> str:
 # One TCP connection
 
 
-class Conn:
-    """A client connection reading `\\n`-terminated lines with blocking reads bounded by deadlines."""
+class Conn(runner.CheckedConnection, mqks_blocking.Connection):
+    """The blocking MQKS client, its failures told as CheckFailed."""
 
     def __init__(self, address: tuple[str, int], timeout: float, label: str) -> None:
-        self.timeout = timeout
         self.label = label
-        try:
-            self.sock = socket.create_connection(address, timeout=timeout)
-        except OSError as exc:
-            raise CheckFailed(f"cannot connect to {address[0]}:{address[1]}", got=str(exc)) from exc
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._reader = mc.LineReader()
-        self._lines: collections.deque[bytes] = collections.deque()
-        self._barriers = 0
-
-    def close(self) -> None:
-        self.sock.close()
-
-    # -- output --------------------------------------------------------------------------------
-
-    def send(self, data: bytes) -> None:
-        try:
-            self.sock.sendall(data)
-        except OSError as exc:
-            raise CheckFailed(f"{self.label}: sending {data[:80]!r}", "the server reading", str(exc)) from exc
-
-    def request(self, request_id: str, action: str, data: str, *, confirm: bool = False) -> str:
-        """Send one request line; returns it (without `\\n`) for failure lines."""
-        raw = mc.request(request_id, action, data, confirm=confirm)
-        self.send(raw)
-        return raw[:-1].decode()
+        super().__init__(address, timeout)
 
     # -- input ---------------------------------------------------------------------------------
 
-    def recv_once(self, deadline: float) -> bool:
-        """One read into the line buffer; False when the deadline passed first. Raises Closed."""
+    def read_lines(self, deadline: float) -> bool:
         try:
-            data = recv_before(self.sock, deadline)
-        except OSError as exc:
-            raise Closed(str(exc)) from exc
-        if data is None:
-            return False
-        if not data:
-            raise Closed("connection closed")
-        try:
-            self._lines.extend(self._reader.feed(data))
+            return super().read_lines(deadline)
         except mc.ResponseError as exc:
             raise CheckFailed(f"{self.label}: a response line", "a line ending in \\n", str(exc)) from exc
-        return True
 
-    def buffered(self) -> bytes | None:
-        return self._lines.popleft() if self._lines else None
-
-    def unread(self, lines: list[bytes]) -> None:
-        """Put lines back in front of what is still unread, in their order."""
-        self._lines.extendleft(reversed(lines))
-
-    def read_line(self, seconds: float) -> bytes | None:
-        """The next line within `seconds`, or None. Raises Closed."""
-        deadline = time.monotonic() + seconds
-        while not self._lines:
-            if not self.recv_once(deadline):
-                return None
-        return self._lines.popleft()
-
-    def next_line(self, what: str, expected: Any) -> bytes:
+    def next_line_or_fail(self, what: str, expected: Any) -> bytes:
         try:
-            line = self.read_line(self.timeout)
+            line = self.next_line()
         except Closed as exc:
             raise CheckFailed(what, expected, f"connection closed ({exc})") from exc
         if line is None:
             raise CheckFailed(what, expected, f"nothing within {self.timeout} s")
         return line
 
-    def read_until_closed(self, seconds: float) -> tuple[list[bytes], bool]:
-        """Every line until the server closes (True) or `seconds` pass (False)."""
-        deadline = time.monotonic() + seconds
-        lines: list[bytes] = []
-        try:
-            while True:
-                line = self.read_line(max(0.0, deadline - time.monotonic()))
-                if line is None:
-                    return lines, False
-                lines.append(line)
-        except Closed:
-            return lines, True
-
     # -- expectations --------------------------------------------------------------------------
 
     def expect_line(self, what: str, expected: bytes) -> None:
-        line = self.next_line(what, expected)
+        line = self.next_line_or_fail(what, expected)
         if line != expected:
             raise CheckFailed(what, expected, line)
 
@@ -179,7 +111,7 @@ class Conn:
         got = []
         for _ in expected:
             try:
-                line = self.read_line(self.timeout)
+                line = self.next_line()
             except Closed as exc:
                 raise CheckFailed(what, show_lines(expected), f"{show_lines(got)}, then connection closed") from exc
             if line is None:
@@ -188,6 +120,17 @@ class Conn:
         if (got if ordered else sorted(got)) != (expected if ordered else sorted(expected)):
             raise CheckFailed(what + ("" if ordered else " (any order)"), show_lines(expected), show_lines(got))
 
+    def expect_refused(self, request_id: str, action: str, data: str) -> str:
+        """A request answered `{id} error …`; returns the line sent (for messages)."""
+        line = self.request(request_id, action, data)
+        self.expect_error(f"{line!r}", request_id)
+        return line
+
+    def expect_line_refused(self, line: str, request_id: str) -> None:
+        """A line sent as it is, answered `{request_id} error …`."""
+        self.send(line.encode() + b"\n")
+        self.expect_error(f"{line!r}", request_id)
+
     def expect_confirm(self, what: str, request_id: str) -> None:
         """`{id} ok ` with its trailing space (docs/protocols/mqks.md)."""
         self.expect_line(f"{what}: confirm", f"{request_id} ok ".encode())
@@ -195,38 +138,29 @@ class Conn:
     def expect_error(self, what: str, request_id: str) -> str:
         """`{id} error <24-char error id>`; returns the error id."""
         expected = f"{request_id} error <{ID_LENGTH}-char error id>"
-        line = self.next_line(what, expected)
+        line = self.next_line_or_fail(what, expected)
         prefix = f"{request_id} error ".encode()
         if not line.startswith(prefix) or not _ERROR_ID.fullmatch(line[len(prefix) :].decode(errors="replace")):
             raise CheckFailed(what, expected, line)
         return line[len(prefix) :].decode()
 
-    def barrier(self, what: str) -> list[bytes]:
-        """Send a ping and return every line that came before its answer."""
-        self._barriers += 1
-        request_id = f"barrier{self._barriers}-{secrets.token_hex(3)}"
-        self.request(request_id, "ping", "barrier")
-        pong = f"{request_id} ok barrier".encode()
-        before: list[bytes] = []
-        while True:
-            line = self.next_line(f"{what}: ping barrier", pong)
-            if line == pong:
-                return before
-            try:
-                mc.parse_response(line)
-            except mc.ResponseError as exc:  # not even a response line: no point waiting for the pong
-                raise CheckFailed(f"{what}: ping barrier", pong, line) from exc
-            before.append(line)
-
     def expect_nothing(self, what: str, quiet: float = 0.0) -> None:
         """Nothing arrives for `quiet` seconds, nor before the answer to a ping sent then."""
         try:
-            line = self.read_line(quiet) if quiet > 0 else None
+            line = self.next_line(quiet) if quiet > 0 else None
         except Closed as exc:
             raise CheckFailed(what, "nothing more, connection open", "connection closed") from exc
         if line is not None:
             raise CheckFailed(what, "nothing more", line)
-        before = self.barrier(what)
+        request_id = self.barrier_id()
+        try:
+            before = self.barrier(request_id)
+        except Closed as exc:
+            raise CheckFailed(f"{what}: ping barrier", self.pong(request_id), f"connection closed ({exc})") from exc
+        except TimeoutError as exc:
+            raise CheckFailed(f"{what}: ping barrier", self.pong(request_id), str(exc)) from exc
+        except mqks_blocking.NotAResponse as exc:
+            raise CheckFailed(f"{what}: ping barrier", self.pong(request_id), exc.line) from exc
         if before:
             raise CheckFailed(what, "nothing more (only the ping answer)", show_lines(before))
 
@@ -244,22 +178,13 @@ def _is_delivery(data: bytes) -> bool:
 
 
 @attrs.define(slots=True)
-class RunState:
-    """Shared by the checks of one run."""
-
-    # Set when a cleanup failed: later checks skip cleanup instead of waiting on a broken server
-    # again (their own checks still report it).
-    cleanup_failed: bool = False
-
-
-@attrs.define(slots=True)
 class Target:
     """What a check gets: the server's address, the timeout, unique names, connections and cleanup."""
 
     address: tuple[str, int]
     timeout: float
     check_name: str
-    run: RunState = attrs.Factory(lambda: RunState())
+    run: runner.RunState = attrs.Factory(lambda: runner.RunState())
     token: str = attrs.Factory(lambda: secrets.token_hex(3))
     queues: list[str] = attrs.Factory(list)
     conns: list[Conn] = attrs.Factory(list)
@@ -269,7 +194,7 @@ class Target:
 
     def queue(self, label: str = "q") -> str:
         """A queue name no other check or run uses; it is deleted when the check ends."""
-        stem = re.sub(r"[^a-z0-9-]", "", self.check_name)[:24]
+        stem = runner.name_stem(self.check_name, 24)
         name = f"cf-{stem}-{self.token}-{label}"
         self.queues.append(name)
         return name
@@ -289,6 +214,20 @@ class Target:
         self.conns.append(conn)
         return conn
 
+    def consumers(self, count: int) -> tuple[list[Conn], list[str]]:
+        """`count` connections (`consumer N`) and the ids of their consumers (`cN`), not consuming yet."""
+        numbers = range(1, count + 1)
+        return [self.connect(f"consumer {n}") for n in numbers], [self.ident(f"c{n}") for n in numbers]
+
+    def subscriber(self, flags: str = "", label: str = "conn") -> tuple[Conn, str, str, str]:
+        """A connection whose consumer of a fresh queue, bound to a fresh event, is confirmed:
+        (connection, consumer id, queue, event)."""
+        queue, event = self.queue(), self.event("e")
+        conn = self.connect(label)
+        consumer = self.ident("c")
+        self.consume(conn, consumer, f"{queue} {event} {flags}".rstrip())
+        return conn, consumer, queue, event
+
     @property
     def ctl(self) -> Conn:
         """The connection that publishes and sends control requests (rebind, ack, …), each confirmed."""
@@ -307,7 +246,7 @@ class Target:
         updates: list[bytes] = []
         early: list[bytes] = []
         while True:
-            got = conn.next_line(f"{line!r}", confirm)
+            got = conn.next_line_or_fail(f"{line!r}", confirm)
             if got == confirm:
                 conn.unread(early)
                 return updates
@@ -339,7 +278,7 @@ class Target:
         code = "--worker=0 len(state.queues)" if worker else "len(state.queues)"
         line = self.ctl.request(request_id, "_eval", code)
         expected = f"{request_id} ok <integer>"
-        got = self.ctl.next_line(f"{line!r}", expected)
+        got = self.ctl.next_line_or_fail(f"{line!r}", expected)
         prefix = f"{request_id} ok ".encode()
         if not got.startswith(prefix) or not got[len(prefix) :].isdigit():
             raise CheckFailed(f"{line!r}", expected, got)
@@ -362,7 +301,7 @@ class Target:
             for conn in conns:
                 if conn.sock in ready:
                     try:
-                        conn.recv_once(time.monotonic() + self.timeout)
+                        conn.read_lines(time.monotonic() + self.timeout)
                     except Closed as exc:
                         got_text = f"{show_lines(got)}, then {conn.label} closed"
                         raise CheckFailed(what, f"{count} lines", got_text) from exc
@@ -384,7 +323,7 @@ class Target:
                 request_id = self.ident(f"cleanup{index}")
                 conn.request(request_id, "delete_queue", queue, confirm=True)
                 # Any answer to this id will do: cleanup removes, the checks judge.
-                if not conn.next_line("cleanup", "an answer").startswith(f"{request_id} ".encode()):
+                if not conn.next_line_or_fail("cleanup", "an answer").startswith(f"{request_id} ".encode()):
                     raise CheckFailed("cleanup")
         except (CheckFailed, Closed):
             self.run.cleanup_failed = True
@@ -396,9 +335,11 @@ checks: Registry[Target] = Registry()
 check = checks.check
 
 
-def expect_equal(what: str, expected: Any, got: Any) -> None:
-    if expected != got:
-        raise CheckFailed(what, expected, got)
+def expect_nothing_more(what: str, consumers: Iterable[tuple[Conn, str]], quiet: float = 0.0) -> None:
+    """Nothing more for each consumer (its connection, and its id or name for failures): `quiet`
+    seconds watched on the first (the others had them meanwhile), then a ping barrier on each."""
+    for index, (conn, name) in enumerate(consumers):
+        conn.expect_nothing(f"{name}: {what}", quiet if index == 0 else 0.0)
 
 
 def delivery(consumer_id: str, msg_id: str, event: str, data: str, retry: int = 0) -> bytes:
@@ -483,8 +424,7 @@ def _error_id_shape(t: Target) -> None:
 def _unknown_action(t: Target) -> None:
     conn = t.connect()
     request_id = t.ident("x1")
-    line = conn.request(request_id, "blabla", "123")
-    conn.expect_error(f"{line!r}", request_id)
+    line = conn.expect_refused(request_id, "blabla", "123")
     conn.expect_nothing(f"{line!r}: connection stays open")
 
 
@@ -493,9 +433,7 @@ def _double_space(t: Target) -> None:
     # The split is on single spaces: the action is '' (docs/protocols/mqks.md).
     conn = t.connect()
     request_id = t.ident("x2")
-    line = f"{request_id}  publish {t.event('e1')} d"
-    conn.send(line.encode() + b"\n")
-    conn.expect_error(f"{line!r}", request_id)
+    conn.expect_line_refused(f"{request_id}  publish {t.event('e1')} d", request_id)
 
 
 @check("publish-without-data-error")
@@ -504,9 +442,7 @@ def _publish_without_data(t: Target) -> None:
     event = t.event("e1")
     for suffix in ("", " "):  # the trailing space is stripped first (docs/protocols/mqks.md)
         request_id = t.ident(f"m{len(suffix)}")
-        line = f"{request_id} publish {event}{suffix}"
-        conn.send(line.encode() + b"\n")
-        conn.expect_error(f"{line!r}", request_id)
+        conn.expect_line_refused(f"{request_id} publish {event}{suffix}", request_id)
 
 
 @check("missing-argument-errors")
@@ -520,9 +456,7 @@ def _missing_arguments(t: Target) -> None:
         ("consume", f"{queue} {t.event('e1')} --bogus"),  # any other --flag is an error (docs/protocols/mqks.md)
     ]
     for index, (action, data) in enumerate(requests):
-        request_id = t.ident(f"r{index}")
-        line = conn.request(request_id, action, data)
-        conn.expect_error(f"{line!r}", request_id)
+        conn.expect_refused(t.ident(f"r{index}"), action, data)
     conn.expect_nothing("after the errors: connection still open")
 
 
@@ -534,7 +468,7 @@ def _tab(t: Target) -> None:
     line = f"{request_id} ping a\tb".encode()
     conn.send(line + b"\n")
     try:
-        first = conn.read_line(t.timeout)
+        first = conn.next_line()
     except Closed:
         return  # the original's form: closed with no answer
     if first is None:
@@ -635,10 +569,8 @@ def _unknown_consumer(t: Target) -> None:
 
 @check("delivery-line-bytes")
 def _delivery_line(t: Target) -> None:
-    queue, event = t.queue(), t.event("e")
-    conn = t.connect()
-    consumer, msg_id = t.ident("c"), t.ident("m")
-    t.consume(conn, consumer, f"{queue} {event}")
+    conn, consumer, _, event = t.subscriber()
+    msg_id = t.ident("m")
     t.publish(event, "data", msg_id)
     conn.expect_line(f"delivery of '{msg_id} publish {event} data'", delivery(consumer, msg_id, event, "data"))
     conn.expect_nothing("after one delivery", QUIET_S)
@@ -646,10 +578,8 @@ def _delivery_line(t: Target) -> None:
 
 @check("delivery-data-with-spaces")
 def _delivery_spaces(t: Target) -> None:
-    queue, event = t.queue(), t.event("e")
-    conn = t.connect()
-    consumer, msg_id = t.ident("c"), t.ident("m")
-    t.consume(conn, consumer, f"{queue} {event}")
+    conn, consumer, _, event = t.subscriber()
+    msg_id = t.ident("m")
     data = "hello big  world --add x"
     t.publish(event, data, msg_id)
     conn.expect_line(f"delivery of '{msg_id} publish {event} {data}'", delivery(consumer, msg_id, event, data))
@@ -657,10 +587,8 @@ def _delivery_spaces(t: Target) -> None:
 
 @check("trailing-spaces-stripped")
 def _trailing_spaces(t: Target) -> None:
-    queue, event = t.queue(), t.event("e")
-    conn = t.connect()
-    consumer, msg_id = t.ident("c"), t.ident("m")
-    t.consume(conn, consumer, f"{queue} {event}")
+    conn, consumer, _, event = t.subscriber()
+    msg_id = t.ident("m")
     line = f"{msg_id} publish --confirm {event} d1   "
     t.ctl.send(line.encode() + b"\n")
     t.ctl.expect_confirm(f"{line!r}", msg_id)
@@ -671,8 +599,7 @@ def _trailing_spaces(t: Target) -> None:
 @check("fan-out")
 def _fan_out(t: Target) -> None:
     q1, q2, event = t.queue("q1"), t.queue("q2"), t.event("e")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
+    (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{q1} {event}")
     t.consume(b, c2, f"{q2} {event}")
     m1, m2 = t.ident("m1"), t.ident("m2")
@@ -681,8 +608,7 @@ def _fan_out(t: Target) -> None:
     for conn, consumer in ((a, c1), (b, c2)):
         conn.expect_lines(f"{consumer}: one copy of each message",
                           [delivery(consumer, m1, event, "d1"), delivery(consumer, m2, event, "d2")])
-    a.expect_nothing(f"{c1}: no duplicate", QUIET_S)
-    b.expect_nothing(f"{c2}: no duplicate")
+    expect_nothing_more("no duplicate", [(a, c1), (b, c2)], QUIET_S)
 
 
 @check("competing-consumers")
@@ -703,8 +629,7 @@ def _competing(t: Target) -> None:
         expect_equal("competing consumers: delivery", delivery(consumer, msg_id, event, "world"), line)
         got.append(msg_id)
     expect_equal("competing consumers: each message exactly once", sorted(msg_ids), sorted(got))
-    a.expect_nothing("Alice: no duplicate", QUIET_S)
-    b.expect_nothing("Bob: no duplicate")
+    expect_nothing_more("no duplicate", [(a, "Alice"), (b, "Bob")], QUIET_S)
 
 
 @check("publish-without-binding-dropped")
@@ -746,8 +671,7 @@ def _rebind_only_drops(t: Target) -> None:
 @check("consume-without-events-keeps-bindings")
 def _consume_keeps(t: Target) -> None:
     queue, e1, e2, e3 = t.queue(), t.event("e1"), t.event("e2"), t.event("e3")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
+    (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{queue} {e1} {e2}")
     updates = t.consume(b, c2, queue)
     expect_equal(f"'{c2} consume --confirm {queue}': lines before its ok", [], updates)
@@ -760,15 +684,13 @@ def _consume_keeps(t: Target) -> None:
     [line] = t.collect([a, b], 1, f"delivery of a publish to {e2}")
     if line not in (delivery(c1, msg_id, e2, "d"), delivery(c2, msg_id, e2, "d")):
         raise CheckFailed(f"delivery of a publish to {e2}", delivery(c1, msg_id, e2, "d"), line)
-    a.expect_nothing(f"{c1}: nothing more", QUIET_S)
-    b.expect_nothing(f"{c2}: nothing more")
+    expect_nothing_more("nothing more", [(a, c1), (b, c2)], QUIET_S)
 
 
 @check("consume-add")
 def _consume_add(t: Target) -> None:
     queue, e1, e2 = t.queue(), t.event("e1"), t.event("e2")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
+    (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{queue} {e1}")
     updates = t.consume(b, c2, f"{queue} --add {e2}")
     # The issuer of `consume --add` gets the --update too, before its own ok (docs/protocols/mqks.md).
@@ -781,8 +703,7 @@ def _consume_add(t: Target) -> None:
     lines = t.collect([a, b], 2, f"deliveries of publishes to {e1} and {e2}")
     got = sorted(delivered(line, "deliveries", [c1, c2])[1] for line in lines)
     expect_equal("messages of both events, once each", sorted(msg_ids), got)
-    a.expect_nothing(f"{c1}: nothing more", QUIET_S)
-    b.expect_nothing(f"{c2}: nothing more")
+    expect_nothing_more("nothing more", [(a, c1), (b, c2)], QUIET_S)
 
 
 # =============================================================================================
@@ -862,8 +783,7 @@ def _rebind_remove_mask(t: Target) -> None:
 def _update_lines(t: Target) -> None:
     queue = t.queue()
     e0, e1, e2, e3 = (t.event(n) for n in ("e0", "e1", "e2", "e3"))
-    a, b, c = t.connect("consumer 1"), t.connect("consumer 2"), t.connect("consumer 3")
-    c1, c2, c3 = t.ident("c1"), t.ident("c2"), t.ident("c3")
+    (a, b, c), (c1, c2, c3) = t.consumers(3)
     expect_equal(f"'{c1} consume {queue} {e1}': lines before its ok", [], t.consume(a, c1, f"{queue} {e1}"))
     a.expect_nothing(f"{c1}: the issuer of a plain consume gets no --update")
     data = f"{queue} {e2} {e1} {e0} {WHEN_UNUSED_FLAG}=5 {MANUAL_ACK_FLAG}"
@@ -878,38 +798,33 @@ def _update_lines(t: Target) -> None:
     a.expect_line(f"{c1} after '{c3} consume {data}'", update(c1, queue, [e0, e1, e2, e3], suffix))
     b.expect_line(f"{c2} (manual-ack) after '{c3} consume {data}'",
                   update(c2, queue, [e0, e1, e2, e3], f"{suffix} {MANUAL_ACK_FLAG}"))
-    for conn, consumer in ((a, c1), (b, c2), (c, c3)):
-        conn.expect_nothing(f"{consumer}: nothing more")
+    expect_nothing_more("nothing more", [(a, c1), (b, c2), (c, c3)])
+
+
+def _update_for_the_first(t: Target, first: str, second: str, suffix: str, about_first: str = "") -> None:
+    """c1 consumes `first`, then c2 `second` (both formatted with `queue` and `event`): c2 gets no
+    --update before its ok, c1 one of the queue with its one event and `suffix`; then neither more."""
+    queue, event = t.queue(), t.event("e1")
+    (a, b), (c1, c2) = t.consumers(2)
+    t.consume(a, c1, first.format(queue=queue, event=event))
+    data = second.format(queue=queue, event=event)
+    expect_equal(f"'{c2} consume {data}': lines before its ok", [], t.consume(b, c2, data))
+    a.expect_line(f"{c1}{about_first} after '{c2} consume {data}'", update(c1, queue, [event], suffix))
+    expect_nothing_more("nothing more", [(a, c1), (b, c2)])
 
 
 @check("update-bare-flag")
 def _update_bare(t: Target) -> None:
-    queue, event = t.queue(), t.event("e1")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
-    t.consume(a, c1, f"{queue} {event} {MANUAL_ACK_FLAG}")
     # Only the when-unused setting changes: the others still get --update, with the bare flag.
-    data = f"{queue} {WHEN_UNUSED_FLAG}"
-    expect_equal(f"'{c2} consume {data}': lines before its ok", [], t.consume(b, c2, data))
-    a.expect_line(f"{c1} (manual-ack) after '{c2} consume {data}'",
-                  update(c1, queue, [event], f" {WHEN_UNUSED_FLAG} {MANUAL_ACK_FLAG}"))
-    a.expect_nothing(f"{c1}: nothing more")
-    b.expect_nothing(f"{c2}: nothing more")
+    _update_for_the_first(t, f"{{queue}} {{event}} {MANUAL_ACK_FLAG}", f"{{queue}} {WHEN_UNUSED_FLAG}",
+                          f" {WHEN_UNUSED_FLAG} {MANUAL_ACK_FLAG}", " (manual-ack)")
 
 
 @check("update-when-unused-cleared")
 def _update_when_unused_cleared(t: Target) -> None:
     # A consume without the flag clears the queue's setting, and that change is an --update for the
     # others (the original's server/actions/consume.py: `queues_to_delete_when_unused.pop`).
-    queue, event = t.queue(), t.event("e1")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
-    t.consume(a, c1, f"{queue} {event} {WHEN_UNUSED_FLAG}=60")
-    data = f"{queue} {event}"
-    expect_equal(f"'{c2} consume {data}': lines before its ok", [], t.consume(b, c2, data))
-    a.expect_line(f"{c1} after '{c2} consume {data}'", update(c1, queue, [event]))
-    a.expect_nothing(f"{c1}: nothing more")
-    b.expect_nothing(f"{c2}: nothing more")
+    _update_for_the_first(t, f"{{queue}} {{event}} {WHEN_UNUSED_FLAG}=60", "{queue} {event}", "")
 
 
 # =============================================================================================
@@ -918,16 +833,29 @@ def _update_when_unused_cleared(t: Target) -> None:
 
 def _manual_consumer(t: Target, count: int) -> tuple[Conn, str, str, str, list[str]]:
     """A manual-ack consumer holding `count` delivered messages m0…; returns conn, consumer, queue, event, ids."""
-    queue, event = t.queue(), t.event("e")
-    conn = t.connect("consumer")
-    consumer = t.ident("c")
-    t.consume(conn, consumer, f"{queue} {event} {MANUAL_ACK_FLAG}")
+    conn, consumer, queue, event = t.subscriber(MANUAL_ACK_FLAG, "consumer")
     msg_ids = [t.ident(f"m{i}") for i in range(count)]
     for msg_id in msg_ids:
         t.publish(event, f"d-{msg_id}", msg_id)
     conn.expect_lines(f"{consumer} (manual-ack): deliveries",
                       [delivery(consumer, msg_id, event, f"d-{msg_id}") for msg_id in msg_ids])
     return conn, consumer, queue, event, msg_ids
+
+
+def _then_sentinel(t: Target, conn: Conn, consumer: str, event: str, requests: list[tuple[str, str]],
+                   before: list[bytes] | None = None, what: str = "") -> None:
+    """The consumer's (action, message id or --all) requests, confirmed, then a sentinel published:
+    `before`, then its delivery, are the next lines (the queue is FIFO: what was requeued or kept would
+    come ahead of it)."""
+    for index, (action, msg_id) in enumerate(requests):
+        t.confirmed(t.ident(f"{action}{index}"), action, f"{consumer} {msg_id}")
+    sentinel = t.ident("sentinel")
+    t.publish(event, "sentinel", sentinel)
+    what = what or "after " + ", ".join(f"'{action} {consumer} {msg_id}'" for action, msg_id in requests)
+    if before is None:
+        conn.expect_line(what, delivery(consumer, sentinel, event, "sentinel"))
+    else:
+        conn.expect_lines(what, [*before, delivery(consumer, sentinel, event, "sentinel")])
 
 
 @check("manual-ack-reject-retry")
@@ -957,39 +885,25 @@ def _reject_all(t: Target) -> None:
     conn.expect_lines(f"after a second 'reject {consumer} --all'",
                       [delivery(consumer, m0, event, f"d-{m0}", 2), delivery(consumer, m1, event, f"d-{m1}", 2)],
                       ordered=False)
-    t.confirmed(t.ident("a1"), "ack", f"{consumer} {ALL_FLAG}")
-    t.confirmed(t.ident("r3"), "reject", f"{consumer} {ALL_FLAG}")
-    m2 = t.ident("m2")
-    t.publish(event, "sentinel", m2)  # FIFO: anything requeued by the last reject would come first
-    conn.expect_line(f"after 'ack {consumer} --all', 'reject {consumer} --all'",
-                     delivery(consumer, m2, event, "sentinel"))
+    _then_sentinel(t, conn, consumer, event, [("ack", ALL_FLAG), ("reject", ALL_FLAG)])
 
 
 @check("manual-ack-ack-removes")
 def _ack_removes(t: Target) -> None:
     conn, consumer, _, event, (m0, m1) = _manual_consumer(t, 2)
-    t.confirmed(t.ident("a1"), "ack", f"{consumer} {m0}")
-    t.confirmed(t.ident("r1"), "reject", f"{consumer} {ALL_FLAG}")
-    m2 = t.ident("m2")
-    t.publish(event, "sentinel", m2)
-    conn.expect_lines(f"after 'ack {consumer} {m0}', 'reject {consumer} --all'",
-                      [delivery(consumer, m1, event, f"d-{m1}", 1), delivery(consumer, m2, event, "sentinel")])
+    _then_sentinel(t, conn, consumer, event, [("ack", m0), ("reject", ALL_FLAG)],
+                   [delivery(consumer, m1, event, f"d-{m1}", 1)])
 
 
 @check("auto-ack-reject-nothing")
 def _auto_ack_reject(t: Target) -> None:
     # Auto-ack: delivered = done, reject has nothing to return (docs/protocols/mqks.md).
-    queue, event = t.queue(), t.event("e")
-    conn = t.connect()
-    consumer, m0, m1 = t.ident("c"), t.ident("m0"), t.ident("m1")
-    t.consume(conn, consumer, f"{queue} {event}")
+    conn, consumer, _, event = t.subscriber()
+    m0 = t.ident("m0")
     t.publish(event, "d", m0)
     conn.expect_line("delivery", delivery(consumer, m0, event, "d"))
-    t.confirmed(t.ident("r1"), "reject", f"{consumer} {m0}")
-    t.confirmed(t.ident("r2"), "reject", f"{consumer} {ALL_FLAG}")
-    t.publish(event, "sentinel", m1)
-    conn.expect_line(f"after 'reject {consumer} {m0}' of an auto-ack consumer",
-                     delivery(consumer, m1, event, "sentinel"))
+    _then_sentinel(t, conn, consumer, event, [("reject", m0), ("reject", ALL_FLAG)],
+                   what=f"after 'reject {consumer} {m0}' of an auto-ack consumer")
 
 
 @check("manual-ack-disconnect-requeues")
@@ -1028,16 +942,14 @@ def _delete_consumer_requeues(t: Target) -> None:
 @check("delete-queue")
 def _delete_queue(t: Target) -> None:
     queue, event = t.queue(), t.event("e")
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
+    (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{queue} {event}")
     t.consume(b, c2, f"{queue} {event} {MANUAL_ACK_FLAG}")
     t.confirmed(t.ident("dq"), "delete_queue", queue)
     a.expect_line(f"{c1} after 'delete_queue {queue}'", update(c1, queue, []))
     b.expect_line(f"{c2} (manual-ack) after 'delete_queue {queue}'", update(c2, queue, [], f" {MANUAL_ACK_FLAG}"))
     t.publish(event, "d", t.ident("m"))
-    a.expect_nothing(f"{c1} after its queue was deleted", QUIET_S)
-    b.expect_nothing(f"{c2} after its queue was deleted")
+    expect_nothing_more("after its queue was deleted", [(a, c1), (b, c2)], QUIET_S)
     line = t.ctl.request(t.ident("a1"), "ack", f"{c1} {ALL_FLAG}", confirm=True)
     t.ctl.expect_nothing(f"{line!r}: the consumers of a deleted queue are gone")
 
@@ -1045,8 +957,7 @@ def _delete_queue(t: Target) -> None:
 @check("delete-queue-without-events")
 def _delete_queue_without_events(t: Target) -> None:
     queue = t.queue()
-    a, b = t.connect("consumer 1"), t.connect("consumer 2")
-    c1, c2 = t.ident("c1"), t.ident("c2")
+    (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, queue)
     t.consume(b, c2, f"{queue} {MANUAL_ACK_FLAG}")
     t.confirmed(t.ident("dq"), "delete_queue", queue)
@@ -1054,6 +965,17 @@ def _delete_queue_without_events(t: Target) -> None:
     a.expect_line(f"{c1} after 'delete_queue {queue}' of a queue without events", update(c1, queue, []))
     b.expect_line(f"{c2} (manual-ack) after 'delete_queue {queue}' of a queue without events",
                   update(c2, queue, [], f" {MANUAL_ACK_FLAG}"))
+
+
+def _recreated(t: Target, queue: str, event: str, flags: str, number: int, lost: str, kept: str) -> None:
+    """The queue went with its bindings: `lost` published now is dropped, so the first delivery to a
+    new consumer (`cN`) is `kept`, published after it came (FIFO: a kept `lost` would come first)."""
+    t.publish(event, "lost", lost)  # no queue, no binding: dropped
+    conn, consumer = t.connect(f"consumer {number}"), t.ident(f"c{number}")
+    t.consume(conn, consumer, f"{queue} {event} {flags}")
+    t.publish(event, "kept", kept)
+    conn.expect_line(f"{consumer}: first delivery on the re-created queue (FIFO: a kept {lost} would come first)",
+                     delivery(consumer, kept, event, "kept"))
 
 
 @check("when-unused-bare")
@@ -1066,21 +988,14 @@ def _when_unused_bare(t: Target) -> None:
     after = t.eval_queue_count("ev2")
     if after > before - 1:
         raise CheckFailed("_eval len(state.queues) after the last consumer left", f"at most {before - 1}", after)
-    m1, m2 = t.ident("m1"), t.ident("m2")
-    t.publish(event, "lost", m1)  # no queue, no binding: dropped
-    conn = t.connect("consumer 2")
-    c2 = t.ident("c2")
-    t.consume(conn, c2, f"{queue} {event} {WHEN_UNUSED_FLAG}")
-    t.publish(event, "kept", m2)
-    conn.expect_line(f"{c2}: first delivery on the re-created queue (FIFO: a kept {m1} would come first)",
-                     delivery(c2, m2, event, "kept"))
+    _recreated(t, queue, event, WHEN_UNUSED_FLAG, 2, t.ident("m1"), t.ident("m2"))
 
 
 @check("when-unused-seconds")
 def _when_unused_seconds(t: Target) -> None:
     queue, event = t.queue(), t.event("e")
     flags = f"{WHEN_UNUSED_FLAG}={WHEN_UNUSED_S}"
-    c1, c2, c3, c4 = (t.ident(f"c{i}") for i in range(1, 5))
+    c1, c2, c3 = (t.ident(f"c{i}") for i in range(1, 4))
     first = t.connect("consumer 1")
     t.consume(first, c1, f"{queue} {event} {flags}")
     first.close()
@@ -1107,13 +1022,7 @@ def _when_unused_seconds(t: Target) -> None:
     if after > before - 1:
         raise CheckFailed(f"_eval len(state.queues) {WHEN_UNUSED_S + WHEN_UNUSED_MARGIN_S} s after the last consumer "
                           f"of a {flags} queue left", f"at most {before - 1}", after)
-    m3, m4 = t.ident("m3"), t.ident("m4")
-    t.publish(event, "lost", m3)
-    conn = t.connect("consumer 4")
-    t.consume(conn, c4, f"{queue} {event} {flags}")
-    t.publish(event, "d4", m4)
-    conn.expect_line(f"{c4}: first delivery on the re-created queue (FIFO: a kept {m3} would come first)",
-                     delivery(c4, m4, event, "d4"))
+    _recreated(t, queue, event, flags, 4, t.ident("m3"), t.ident("m4"))
 
 
 # =============================================================================================
@@ -1150,33 +1059,18 @@ def _eval_events_of_queue(t: Target) -> None:
 
 
 def make_context_factory(address: tuple[str, int], timeout: float) -> Callable[[str], AbstractContextManager[Target]]:
-    run = RunState()
-
-    @contextmanager
-    def make(name: str) -> Iterator[Target]:
-        target = Target(address, timeout, name, run)
-        try:
-            yield target
-        finally:
-            with contextlib.suppress(OSError):
-                target.cleanup()
-
-    return make
+    run = runner.RunState()
+    return runner.contexts(lambda name: Target(address, timeout, name, run), Target.cleanup, (OSError,))
 
 
 @click.command()
 @click.option("--addr", "address", default=DEFAULT_ADDRESS, show_default=True, help="MQKS server address HOST:PORT")
-@click.option("--only", default=None, help="run only checks whose name contains this substring")
-@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=float,
-              help="seconds to wait for any one expected reply")
+@runner.only_option()
+@runner.timeout_option("reply")
 def command(address: str, only: str | None, timeout: float) -> None:
     """Check that an MQKS server behaves like MQKS v0.4.3 (one worker).
 
     Prints `PASS name` or `FAIL name: reason` per check, then `N passed, M failed`;
     exits 0 only if every check passed.
     """
-    selected = checks.select(only)
-    if not selected:
-        raise click.UsageError(f"no check name contains {only!r}")
-    summary = run_checks(selected, make_context_factory(parse_address(address), timeout), lambda line: click.echo(line))
-    raise SystemExit(0 if summary.failed == 0 else 1)
+    runner.run_command(checks, only, make_context_factory(runner.parse_address(address), timeout))

@@ -4,9 +4,10 @@ Every check is written from how nsqd v1.3.0 behaves on the wire, so the suite pa
 the original nsqd with default options as well as against polymq (docs/protocols/nsq.md). Where
 polymq deliberately differs from a defect of nsqd, both forms are accepted.
 
-Each check opens its own connections (blocking sockets with timeouts, so a broken server makes
-a check fail rather than hang), uses topic names unique to the run, and deletes its topics
-through the HTTP API afterwards. Only `polymq.codecs` is imported (docs/architecture.md).
+Each check opens its own connections (the blocking client of `polymq.clients.nsq`, every read with
+a deadline, so a broken server makes a check fail rather than hang), uses topic names unique to the
+run, and deletes its topics through the HTTP API afterwards. Only `polymq.clients`, `polymq.codecs`
+and the shared runner are imported (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -20,36 +21,31 @@ import socket
 import struct
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
 import click
 
+from polymq.clients import nsq
+from polymq.clients.tcp import Closed
 from polymq.codecs import nsq_client as nc
-from polymq.codecs.compression import (
-    SNAPPY_STREAM_IDENTIFIER,
-    DecompressionError,
-    DeflateCompressor,
-    DeflateDecompressor,
-    SnappyCompressor,
-    SnappyDecompressor,
-)
+from polymq.codecs.compression import SNAPPY_STREAM_IDENTIFIER, DecompressionError
 from polymq.codecs.nsq import (
     CLOSE_WAIT,
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
     FRAME_TYPE_RESPONSE,
     HEARTBEAT,
-    MAGIC_V2,
     MAX_LINE_LENGTH,
     MAX_NAME_LENGTH,
     MESSAGE_OVERHEAD,
     MSG_ID_LENGTH,
     OK,
 )
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, recv_before, run_checks
+from polymq.conformance import runner
+from polymq.conformance.runner import CheckFailed, Registry, expect_equal
 
 # ---------------------------------------------------------------------------------------------
 # What nsqd v1.3.0 does with default options (docs/protocols/nsq.md)
@@ -119,7 +115,6 @@ SILENT_CLOSE_SLACK_S = 1.5
 DEFER_MS = 1000
 # Accepted difference between the message timestamp and this machine's clock.
 CLOCK_SKEW_S = 60.0
-DEFAULT_TIMEOUT_S = 5.0
 # Cleanup must not make a run slow when the HTTP side is broken.
 CLEANUP_TIMEOUT_S = 2.0
 
@@ -149,126 +144,30 @@ def describe(frame: nc.Frame | None) -> str:
     return f"frame type {frame.frame_type} {frame.data[:60]!r}"
 
 
-class Closed(Exception):
-    """The server closed (or reset) the connection."""
-
-
 # ---------------------------------------------------------------------------------------------
 # One TCP connection
 
 
-class Conn:
-    """A client connection with blocking reads bounded by deadlines."""
-
-    def __init__(self, address: tuple[str, int], timeout: float) -> None:
-        self.timeout = timeout
-        try:
-            self.sock = socket.create_connection(address, timeout=timeout)
-        except OSError as exc:
-            raise CheckFailed(f"cannot connect to {address[0]}:{address[1]}", got=str(exc)) from exc
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._raw = bytearray()  # received, not yet decompressed / framed
-        self._reader = nc.FrameReader()
-        self._frames: list[nc.Frame] = []
-        self._inflate: DeflateDecompressor | SnappyDecompressor | None = None
-        self._deflate: DeflateCompressor | SnappyCompressor | None = None
-        self.compressed_in = bytearray()  # raw bytes received since compression started
-
-    def close(self) -> None:
-        self.sock.close()
-
-    # -- output --------------------------------------------------------------------------------
+class Conn(runner.CheckedConnection, nsq.Connection):
+    """The NSQ client, its failures told as CheckFailed."""
 
     def send(self, data: bytes) -> None:
-        if self._deflate is not None:
-            data = self._deflate.compress(data)
         try:
-            self.sock.sendall(data)
+            nsq.Connection.send(self, data)
         except OSError as exc:
             # The server may close while we write (it errors early on a size). Reading tells
             # what it said before closing, so a send failure is not itself a verdict.
             if isinstance(exc, TimeoutError):
                 raise CheckFailed("server stopped reading", got=str(exc)) from exc
 
-    # -- input ---------------------------------------------------------------------------------
-
-    def _recv(self, deadline: float) -> bool:
-        """One read into the raw buffer; False when the deadline passed first."""
-        try:
-            data = recv_before(self.sock, deadline)
-        except OSError as exc:  # a reset after the server closed with our bytes unread
-            raise Closed(str(exc)) from exc
-        if data is None:
-            return False
-        if not data:
-            raise Closed("connection closed")
-        self._raw += data
-        return True
-
-    def _feed(self) -> None:
-        if not self._raw:
-            return
-        data = bytes(self._raw)
-        self._raw.clear()
-        if self._inflate is not None:
-            self.compressed_in += data
-            try:
-                data = self._inflate.decompress(data)
-            except DecompressionError as exc:
-                raise CheckFailed("server's compressed stream does not decode", got=str(exc)) from exc
-        self._reader.receive_data(data)
-        try:
-            self._frames.extend(self._reader.frames())
-        except nc.FrameError as exc:
-            raise CheckFailed("server sent bytes that are not NSQ frames", got=str(exc)) from exc
-
     def poll(self, seconds: float, *, heartbeats: bool = False) -> nc.Frame | None:
         """The next frame within `seconds`, or None. Raises Closed. Heartbeats are skipped unless asked."""
-        deadline = time.monotonic() + seconds
-        while True:
-            self._feed()
-            while self._frames:
-                frame = self._frames.pop(0)
-                if heartbeats or not (frame.frame_type == FRAME_TYPE_RESPONSE and frame.data == HEARTBEAT):
-                    return frame
-            if not self._recv(deadline):
-                return None
-
-    def read_raw_frame(self, what: str) -> nc.Frame:
-        """Read exactly one uncompressed frame and leave later bytes undecoded (before compression starts)."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            if len(self._raw) >= 8:
-                size = _SIZE.unpack_from(self._raw)[0]
-                if size < 4 or size > nc.MAX_FRAME_SIZE:
-                    raise CheckFailed(what, "a frame", f"frame size {size} (bytes {bytes(self._raw[:16])!r})")
-                if len(self._raw) >= 4 + size:
-                    frame = nc.Frame(_SIZE.unpack_from(self._raw, 4)[0], bytes(self._raw[8 : 4 + size]))
-                    del self._raw[: 4 + size]
-                    return frame
-            try:
-                if not self._recv(deadline):
-                    raise CheckFailed(what, "a frame", f"nothing within {self.timeout} s")
-            except Closed as exc:
-                raise CheckFailed(what, "a frame", f"connection closed ({exc})") from exc
-
-    def read_until_closed(self) -> tuple[bytes, bool]:
-        """Every raw byte until the server closes (True) or the timeout passes (False)."""
-        deadline = time.monotonic() + self.timeout
         try:
-            while self._recv(deadline):
-                pass
-        except Closed:
-            return bytes(self._raw), True
-        return bytes(self._raw), False
-
-    def start_compression(self, kind: str) -> None:
-        if kind == "deflate":
-            self._inflate = DeflateDecompressor(nc.MAX_FRAME_SIZE)
-            self._deflate = DeflateCompressor(MAX_DEFLATE_LEVEL)
-        else:
-            self._inflate = SnappyDecompressor()
-            self._deflate = SnappyCompressor()
+            return self.next_frame(seconds, heartbeats=heartbeats)
+        except DecompressionError as exc:
+            raise CheckFailed("server's compressed stream does not decode", got=str(exc)) from exc
+        except nc.FrameError as exc:
+            raise CheckFailed("server sent bytes that are not NSQ frames", got=str(exc)) from exc
 
     # -- expectations --------------------------------------------------------------------------
 
@@ -386,15 +285,6 @@ class HTTPReply:
 
 
 @attrs.define(slots=True)
-class RunState:
-    """Shared by the checks of one run."""
-
-    # Set when a cleanup request failed: later checks skip cleanup instead of waiting on a
-    # broken HTTP side again (their own HTTP checks still report it).
-    http_cleanup_failed: bool = False
-
-
-@attrs.define(slots=True)
 class Target:
     """What a check gets: the server's addresses, the timeout, unique names and cleanup."""
 
@@ -402,7 +292,7 @@ class Target:
     http: tuple[str, int]
     timeout: float
     check_name: str
-    run: RunState = attrs.Factory(lambda: RunState())
+    run: runner.RunState = attrs.Factory(lambda: runner.RunState())
     topics: list[str] = attrs.Factory(list)
     conns: list[Conn] = attrs.Factory(list)
 
@@ -410,7 +300,7 @@ class Target:
 
     def topic(self, suffix: str = "") -> str:
         """A topic name no other check or run uses; it is deleted when the check ends."""
-        stem = re.sub(r"[^a-z0-9-]", "", self.check_name)[:30]
+        stem = runner.name_stem(self.check_name, 30)
         name = f"cf-{stem}-{secrets.token_hex(4)}{suffix}"
         self.topics.append(name)
         return name
@@ -422,10 +312,15 @@ class Target:
     # -- TCP -----------------------------------------------------------------------------------
 
     def connect(self, *, magic: bool = True) -> Conn:
-        conn = Conn(self.tcp, self.timeout)
+        conn = Conn(self.tcp, self.timeout, magic=magic)
         self.conns.append(conn)
-        if magic:
-            conn.send(MAGIC_V2)
+        return conn
+
+    def refused(self, command: bytes, what: str, *texts: str | bytes, fatal: bool = True) -> Conn:
+        """A new connection sends `command` and gets an error frame with one of `texts` (fatal: then it is closed)."""
+        conn = self.connect()
+        conn.send(command)
+        conn.expect_error(what, *texts, fatal=fatal)
         return conn
 
     def consumer(
@@ -539,21 +434,16 @@ class Target:
         for conn in self.conns:
             conn.close()
         for topic in self.topics:
-            if self.run.http_cleanup_failed:
+            if self.run.cleanup_failed:
                 return
             try:
                 self.request("POST", "/topic/delete", {"topic": topic}, timeout=CLEANUP_TIMEOUT_S)
             except CheckFailed:
-                self.run.http_cleanup_failed = True
+                self.run.cleanup_failed = True
 
 
 checks: Registry[Target] = Registry()
 check = checks.check
-
-
-def expect_equal(what: str, expected: Any, got: Any) -> None:
-    if expected != got:
-        raise CheckFailed(what, expected, got)
 
 
 def expect_keys(what: str, obj: Any, keys: tuple[str, ...]) -> None:
@@ -597,19 +487,13 @@ def _ok_frame_bytes(t: Target) -> None:
 
 @check("command-case-sensitive")
 def _case_sensitive(t: Target) -> None:
-    conn = t.connect()
-    conn.send(b"nop\n")
-    conn.expect_error("'nop' (lower case)", "E_INVALID invalid command nop")
-    conn = t.connect()
-    conn.send(b"pub " + t.topic().encode() + b"\n")
-    conn.expect_error("'pub t' (lower case)", "E_INVALID invalid command pub")
+    t.refused(b"nop\n", "'nop' (lower case)", "E_INVALID invalid command nop")
+    t.refused(b"pub " + t.topic().encode() + b"\n", "'pub t' (lower case)", "E_INVALID invalid command pub")
 
 
 @check("command-invalid")
 def _command_invalid(t: Target) -> None:
-    conn = t.connect()
-    conn.send(b"FOO bar\n")
-    conn.expect_error("'FOO bar'", "E_INVALID invalid command FOO")
+    t.refused(b"FOO bar\n", "'FOO bar'", "E_INVALID invalid command FOO")
 
 
 @check("crlf-accepted")
@@ -711,16 +595,13 @@ def _identify_echo(t: Target) -> None:
 
 @check("identify-bad-json")
 def _identify_bad_json(t: Target) -> None:
-    conn = t.connect()
-    conn.send(b"IDENTIFY\n" + _SIZE.pack(9) + b"{not json")
-    conn.expect_error("IDENTIFY body '{not json'", "E_BAD_BODY IDENTIFY failed to decode JSON body")
+    t.refused(b"IDENTIFY\n" + _SIZE.pack(9) + b"{not json", "IDENTIFY body '{not json'",
+              "E_BAD_BODY IDENTIFY failed to decode JSON body")
 
 
 @check("identify-body-size")
 def _identify_body_size(t: Target) -> None:
-    conn = t.connect()
-    conn.send(b"IDENTIFY\n" + _SIZE.pack(0))
-    conn.expect_error("IDENTIFY with body size 0", "E_BAD_BODY IDENTIFY invalid body size 0")
+    t.refused(b"IDENTIFY\n" + _SIZE.pack(0), "IDENTIFY with body size 0", "E_BAD_BODY IDENTIFY invalid body size 0")
     conn = t.connect()
     # Only the size: nsqd refuses it before reading any body.
     conn.send(b"IDENTIFY\n" + _SIZE.pack(MAX_BODY_SIZE + 1))
@@ -743,17 +624,14 @@ def _identify_bad_fields(t: Target) -> None:
         ({"output_buffer_timeout": 30001}, "output buffer timeout (30001) is invalid"),
     ]
     for fields, text in cases:
-        conn = t.connect()
-        conn.send(nc.identify({"feature_negotiation": True, **fields}))
-        conn.expect_error(f"IDENTIFY {json.dumps(fields)}", f"E_BAD_BODY IDENTIFY {text}")
+        t.refused(nc.identify({"feature_negotiation": True, **fields}), f"IDENTIFY {json.dumps(fields)}",
+                  f"E_BAD_BODY IDENTIFY {text}")
 
 
 @check("identify-deflate-and-snappy")
 def _identify_both(t: Target) -> None:
-    conn = t.connect()
-    conn.send(nc.identify({"feature_negotiation": True, "deflate": True, "snappy": True}))
-    conn.expect_error("IDENTIFY deflate+snappy",
-                      "E_IDENTIFY_FAILED cannot enable both deflate and snappy compression")
+    t.refused(nc.identify({"feature_negotiation": True, "deflate": True, "snappy": True}), "IDENTIFY deflate+snappy",
+              "E_IDENTIFY_FAILED cannot enable both deflate and snappy compression")
 
 
 @check("identify-after-sub")
@@ -773,9 +651,7 @@ def _sub_no_heartbeats(t: Target) -> None:
 
 @check("auth-disabled")
 def _auth_disabled(t: Target) -> None:
-    conn = t.connect()
-    conn.send(nc.auth(b"secret"))
-    conn.expect_error("AUTH on a server without an auth server", "E_AUTH_DISABLED AUTH disabled")
+    t.refused(nc.auth(b"secret"), "AUTH on a server without an auth server", "E_AUTH_DISABLED AUTH disabled")
 
 
 # =============================================================================================
@@ -874,10 +750,8 @@ def _names_length(t: Target) -> None:
     conn.send(nc.pub(eph65, b"x"))
     conn.expect_error(f"PUB to a {MAX_NAME_LENGTH + 1}-character '#ephemeral' topic",
                       f'E_BAD_TOPIC PUB topic name "{eph65}" is not valid')
-    conn = t.connect()
-    conn.send(nc.sub(base, channel64 + "z"))
-    conn.expect_error(f"SUB with a {MAX_NAME_LENGTH + 1}-character channel",
-                      f'E_BAD_CHANNEL SUB channel name "{channel64}z" is not valid')
+    t.refused(nc.sub(base, channel64 + "z"), f"SUB with a {MAX_NAME_LENGTH + 1}-character channel",
+              f'E_BAD_CHANNEL SUB channel name "{channel64}z" is not valid')
 
 
 @check("names-invalid")
@@ -895,16 +769,13 @@ def _names_invalid(t: Target) -> None:
         (nc.sub(topic, "c#ephemeralx"), ('E_BAD_CHANNEL SUB channel name "c#ephemeralx" is not valid',)),
     ]
     for command, texts in cases:
-        conn = t.connect()
-        conn.send(command)
-        conn.expect_error(repr(command.split(b"\n")[0].decode()), *texts)
+        t.refused(command, repr(command.split(b"\n")[0].decode()), *texts)
 
 
 @check("sub-insufficient-params")
 def _sub_params(t: Target) -> None:
-    conn = t.connect()
-    conn.send(b"SUB " + t.topic().encode() + b"\n")
-    conn.expect_error("'SUB t' (no channel)", "E_INVALID SUB insufficient number of parameters")
+    t.refused(b"SUB " + t.topic().encode() + b"\n", "'SUB t' (no channel)",
+              "E_INVALID SUB insufficient number of parameters")
 
 
 @check("sub-twice")
@@ -920,9 +791,8 @@ def _pub_size(t: Target) -> None:
     topic = t.topic()
     for name in ("PUB", "DPUB"):
         line = f"PUB {topic}\n" if name == "PUB" else f"DPUB {topic} 0\n"
-        conn = t.connect()
-        conn.send(line.encode() + _SIZE.pack(0))
-        conn.expect_error(f"{name} with body size 0", f"E_BAD_MESSAGE {name} invalid message body size 0")
+        t.refused(line.encode() + _SIZE.pack(0), f"{name} with body size 0",
+                  f"E_BAD_MESSAGE {name} invalid message body size 0")
         conn = t.connect()
         # Only the size: nsqd refuses it before reading the body.
         conn.send(line.encode() + _SIZE.pack(MAX_MSG_SIZE + 1))
@@ -955,21 +825,15 @@ def _mpub_errors(t: Target) -> None:
          f"E_BAD_MESSAGE MPUB message too big {MAX_MSG_SIZE + 1} > {MAX_MSG_SIZE}"),
     ]
     for label, data, text in cases:
-        conn = t.connect()
-        conn.send(data)
-        conn.expect_error(f"MPUB with {label}", text)
+        t.refused(data, f"MPUB with {label}", text)
 
 
 @check("dpub-timeout")
 def _dpub_timeout(t: Target) -> None:
     topic = t.topic()
-    conn = t.connect()
-    conn.send(f"DPUB {topic} -1\n".encode())
-    conn.expect_error("'DPUB t -1'", "E_INVALID DPUB could not parse timeout -1")
-    conn = t.connect()
-    conn.send(f"DPUB {topic} {MAX_REQ_TIMEOUT_MS + 1}\n".encode())
-    conn.expect_error(f"'DPUB t {MAX_REQ_TIMEOUT_MS + 1}'",
-                      f"E_INVALID DPUB timeout {MAX_REQ_TIMEOUT_MS + 1} out of range 0-{MAX_REQ_TIMEOUT_MS}")
+    t.refused(f"DPUB {topic} -1\n".encode(), "'DPUB t -1'", "E_INVALID DPUB could not parse timeout -1")
+    t.refused(f"DPUB {topic} {MAX_REQ_TIMEOUT_MS + 1}\n".encode(), f"'DPUB t {MAX_REQ_TIMEOUT_MS + 1}'",
+              f"E_INVALID DPUB timeout {MAX_REQ_TIMEOUT_MS + 1} out of range 0-{MAX_REQ_TIMEOUT_MS}")
     conn = t.connect()
     conn.send(nc.dpub(topic, MAX_REQ_TIMEOUT_MS, b"late"))
     conn.expect_ok(f"'DPUB t {MAX_REQ_TIMEOUT_MS}'")
@@ -979,9 +843,7 @@ def _dpub_timeout(t: Target) -> None:
 
 @check("rdy-state")
 def _rdy_state(t: Target) -> None:
-    conn = t.connect()
-    conn.send(nc.rdy(1))
-    conn.expect_error("RDY before SUB", "E_INVALID cannot RDY in current state")
+    t.refused(nc.rdy(1), "RDY before SUB", "E_INVALID cannot RDY in current state")
 
 
 @check("rdy-range")
@@ -1014,9 +876,7 @@ def _rdy_default(t: Target) -> None:
 def _fin_state(t: Target) -> None:
     for command, name in ((nc.fin(_UNKNOWN_ID), "FIN"), (nc.req(_UNKNOWN_ID, 0), "REQ"),
                           (nc.touch(_UNKNOWN_ID), "TOUCH")):
-        conn = t.connect()
-        conn.send(command)
-        conn.expect_error(f"{name} before SUB", f"E_INVALID cannot {name} in current state")
+        t.refused(command, f"{name} before SUB", f"E_INVALID cannot {name} in current state")
 
 
 @check("fin-req-touch-invalid-id")
@@ -1094,9 +954,7 @@ def _cls(t: Target) -> None:
     conn.expect_quiet("after CLOSE_WAIT and RDY 5 (ignored): socket open, nothing delivered")
     conn.send(nc.sub(topic, t.channel()))
     conn.expect_error("SUB after CLS", "E_INVALID cannot SUB in current state")
-    conn = t.connect()
-    conn.send(nc.cls())
-    conn.expect_error("CLS before SUB", "E_INVALID cannot CLS in current state")
+    t.refused(nc.cls(), "CLS before SUB", "E_INVALID cannot CLS in current state")
 
 
 # =============================================================================================
@@ -1346,14 +1204,14 @@ def _compressed_round_trip(t: Target, kind: str) -> None:
     if kind == "deflate":
         asked["deflate_level"] = 9
     conn.send(nc.identify(asked))
-    reply = parse_identify_reply(f"IDENTIFY {kind}", conn.read_raw_frame(f"IDENTIFY {kind}"))
+    reply = parse_identify_reply(f"IDENTIFY {kind}", conn.expect_frame(f"IDENTIFY {kind}", "a frame"))
     expect_equal(f"IDENTIFY {kind}: reply {kind}", True, reply.get(kind))
     if kind == "deflate":
         expect_equal("IDENTIFY deflate_level 9: clamped to max_deflate_level", MAX_DEFLATE_LEVEL,
                      reply.get("deflate_level"))
     conn.start_compression(kind)
     conn.expect_ok(f"the OK after the IDENTIFY reply, {kind}-compressed")
-    raw = bytes(conn.compressed_in)
+    raw = bytes(conn.compressed_received)
     if kind == "snappy" and not raw.startswith(SNAPPY_STREAM_IDENTIFIER):
         raise CheckFailed("snappy stream start", SNAPPY_STREAM_IDENTIFIER, raw[:10])
     if kind == "deflate" and not raw.endswith(b"\x00\x00\xff\xff"):
@@ -1650,35 +1508,21 @@ def _http_stats_text(t: Target) -> None:
 def make_context_factory(
     tcp: tuple[str, int], http_address: tuple[str, int], timeout: float
 ) -> Callable[[str], AbstractContextManager[Target]]:
-    run = RunState()
-
-    @contextmanager
-    def make(name: str) -> Iterator[Target]:
-        target = Target(tcp, http_address, timeout, name, run)
-        try:
-            yield target
-        finally:
-            target.cleanup()
-
-    return make
+    run = runner.RunState()
+    return runner.contexts(lambda name: Target(tcp, http_address, timeout, name, run), Target.cleanup)
 
 
 @click.command()
 @click.option("--tcp", "tcp", default="127.0.0.1:4150", show_default=True, help="nsqd TCP address HOST:PORT")
 @click.option("--http", "http_address", default="127.0.0.1:4151", show_default=True,
               help="nsqd HTTP API address HOST:PORT")
-@click.option("--only", default=None, help="run only checks whose name contains this substring")
-@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=float,
-              help="seconds to wait for any one expected reply")
+@runner.only_option()
+@runner.timeout_option("reply")
 def command(tcp: str, http_address: str, only: str | None, timeout: float) -> None:
     """Check that an nsqd-compatible server behaves like nsqd v1.3.0 (TCP V2 and HTTP API).
 
     Prints `PASS name` or `FAIL name: reason` per check, then `N passed, M failed`;
     exits 0 only if every check passed.
     """
-    selected = checks.select(only)
-    if not selected:
-        raise click.UsageError(f"no check name contains {only!r}")
-    summary = run_checks(selected, make_context_factory(parse_address(tcp), parse_address(http_address), timeout),
-                         lambda line: click.echo(line))
-    raise SystemExit(0 if summary.failed == 0 else 1)
+    contexts = make_context_factory(runner.parse_address(tcp), runner.parse_address(http_address), timeout)
+    runner.run_command(checks, only, contexts)

@@ -14,104 +14,67 @@ is proven with a barrier: that connection sends a message to a fresh queue which
 connection consumes; once it arrives, everything sent before it was handled (a connection is read
 in order). "Nothing more arrives" waits `--quiet` seconds (the original sleeps 200 ms per loop, so
 its default is generous). Every message a check sends is consumed and acknowledged before it ends.
-Only `polymq.codecs` and the shared runner are imported (docs/architecture.md).
+Only `polymq.clients`, `polymq.codecs` and the shared runner are imported (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
-import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import click
 
+from polymq.clients import phpmq as phpmq_client
+from polymq.clients.tcp import Closed
 from polymq.codecs import phpmq
-from polymq.conformance.runner import CheckFailed, Registry, parse_address, recv_before, run_checks
+from polymq.conformance import runner
+from polymq.conformance.runner import CheckFailed, Registry, expect_equal
 
 # The original's message-queue port (its config/phpmq.default.xml).
 DEFAULT_ADDRESS = "127.0.0.1:9100"
-DEFAULT_TIMEOUT_S = 5.0
 # Watching for "nothing arrives": the original adds up to ~0.4 s per loop turn (docs/protocols/phpmq.md).
 DEFAULT_QUIET_S = 0.8
 # A large content, to check that contents of any length pass whole.
 LARGE_CONTENT = 1024 * 1024
 
 
-class Conn:
-    """One PHPMQ connection with blocking reads bounded by deadlines."""
+class Conn(runner.CheckedConnection, phpmq_client.Connection):
+    """The blocking PHPMQ client, its failures told as CheckFailed."""
+
+    shows_sent = False
 
     def __init__(self, address: tuple[str, int], timeout: float, label: str) -> None:
-        self.address = address
-        self.timeout = timeout
         self.label = label
-        try:
-            self.sock = socket.create_connection(address, timeout=timeout)
-        except OSError as exc:
-            raise CheckFailed(f"cannot connect to {address[0]}:{address[1]}", got=str(exc)) from exc
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.codec = phpmq.ClientConnection()
-        self.received: list[phpmq.Delivery] = []
-        self.raw = bytearray()
+        super().__init__(address, timeout)
 
-    def close(self) -> None:
-        self.sock.close()
-
-    def send(self, data: bytes) -> None:
+    def read_deliveries(self, deadline: float) -> bool:
         try:
-            self.sock.sendall(data)
-        except OSError as exc:
-            raise CheckFailed(f"{self.label}: sending", "the server reading", str(exc)) from exc
-
-    def _read(self, deadline: float) -> bool:
-        """One read; False when the deadline passed first. Raises CheckFailed if the server closed."""
-        try:
-            data = recv_before(self.sock, deadline)
+            return super().read_deliveries(deadline)
+        except Closed as exc:
+            raise CheckFailed(f"{self.label}: the server closed the connection") from exc
         except OSError as exc:
             raise CheckFailed(f"{self.label}: the connection failed", got=str(exc)) from exc
-        if data is None:
-            return False
-        if not data:
-            raise CheckFailed(f"{self.label}: the server closed the connection")
-        self.raw += data
-        self.codec.receive_data(data)
-        while True:
-            event = self.codec.next_event()
-            if event is phpmq.NEED_DATA:
-                return True
-            if isinstance(event, phpmq.ProtocolError):
-                raise CheckFailed(f"{self.label}: a delivery that is not PHPMQ", got=event.reason)
-            assert isinstance(event, phpmq.Delivery)
-            self.received.append(event)
+        except phpmq_client.BadDelivery as exc:
+            raise CheckFailed(f"{self.label}: a delivery that is not PHPMQ", got=str(exc)) from exc
 
-    def deliveries(self, count: int, what: str) -> list[phpmq.Delivery]:
-        deadline = time.monotonic() + self.timeout
-        while len(self.received) < count:
-            if not self._read(deadline):
-                raise CheckFailed(f"{what}: deliveries", f"{count}", f"{len(self.received)}")
-        taken, self.received = self.received[:count], self.received[count:]
-        return taken
+    def expect_deliveries(self, count: int, what: str) -> list[phpmq.Delivery]:
+        try:
+            return self.deliveries(count)
+        except TimeoutError:
+            raise CheckFailed(f"{what}: deliveries", f"{count}", f"{len(self.received)}") from None
 
-    def quiet(self, seconds: float, what: str) -> None:
+    def take(self, queue: bytes, window: int, what: str, count: int | None = None) -> list[phpmq.Delivery]:
+        """Consume `queue` with a window of `window` and take `count` deliveries (the window's when not given)."""
+        self.send(phpmq.consume(queue, window))
+        return self.expect_deliveries(window if count is None else count, what)
+
+    def expect_quiet(self, seconds: float, what: str) -> None:
         """Nothing arrives within `seconds`."""
-        deadline = time.monotonic() + seconds
-        while self._read(deadline):
-            if self.received:
-                raise CheckFailed(f"{what}: nothing more", "no delivery", self.received[0].content[:60])
-
-    def closed_by_server(self) -> bool:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                data = recv_before(self.sock, deadline)
-            except OSError:
-                return True  # reset
-            if data is None:
-                return False
-            if not data:
-                return True
+        if not self.quiet(seconds):
+            raise CheckFailed(f"{what}: nothing more", "no delivery", self.received[0].content[:60])
 
 
 class Target:
@@ -136,14 +99,35 @@ class Target:
 
     def barrier(self, conn: Conn) -> None:
         """Returns once the server has handled everything `conn` sent so far."""
-        queue = self.queue("barrier")
         watcher = self.conn("barrier watcher")
-        watcher.send(phpmq.consume(queue.encode(), 1))
-        conn.send(phpmq.send(queue.encode(), b"barrier"))
-        [marker] = watcher.deliveries(1, "barrier")
-        # Read in order: the server handles this ack before it sees the connection close.
-        watcher.send(phpmq.ack(queue.encode(), marker.message_id))
-        watcher.close()
+        try:
+            conn.barrier(self.queue("barrier"), watcher)
+        except TimeoutError:
+            raise CheckFailed("barrier: deliveries", "1", f"{len(watcher.received)}") from None
+
+    def held(self, purpose: str, content: bytes, holder: str, what: str) -> tuple[bytes, Conn, Conn, phpmq.Delivery]:
+        """A producer sends `content` to a fresh queue and a holder, consuming it with a window of 1,
+        takes it (`what`): (queue, producer, holder, delivery)."""
+        queue = self.queue(purpose).encode()
+        producer, holding = self.conn("producer"), self.conn(holder)
+        producer.send(phpmq.send(queue, content))
+        [delivery] = holding.take(queue, 1, what)
+        return queue, producer, holding, delivery
+
+    def stored_and_taken(self, purpose: str, content: bytes, ttl: int,
+                         what: str) -> tuple[Conn, bytes, phpmq.Delivery]:
+        """A current-generation client sends `content` with a TTL to a fresh queue and takes it back
+        (`what`): (client, queue, delivery)."""
+        queue = self.queue(purpose).encode()
+        client = self.conn("current client")
+        client.send(phpmq.send(queue, content, ttl))
+        [delivery] = client.take(queue, 1, what)
+        return client, queue, delivery
+
+    def done(self, conn: Conn, queue: bytes, *deliveries: phpmq.Delivery) -> None:
+        """`conn` acknowledges what the check took and the server handles it: the check's queues end empty."""
+        conn.send(b"".join(phpmq.ack(queue, delivery.message_id) for delivery in deliveries))
+        self.barrier(conn)
 
     def close(self) -> None:
         for conn in self._conns:
@@ -154,11 +138,6 @@ class Target:
 checks: Registry[Target] = Registry()
 
 
-def expect(what: str, expected: object, got: object) -> None:
-    if expected != got:
-        raise CheckFailed(what, expected, got)
-
-
 # -- core: the original's behaviour -------------------------------------------------------------
 
 
@@ -167,14 +146,12 @@ def _send_consume(t: Target) -> None:
     queue = t.queue("basic").encode()
     producer, consumer = t.conn("producer"), t.conn("consumer")
     producer.send(phpmq.send(queue, b"Hello World"))
-    consumer.send(phpmq.consume(queue, 5))
-    [delivery] = consumer.deliveries(1, "003")
-    expect("003 header", b"H0100303", bytes(consumer.raw[:8]))
-    expect("queue and content", (queue.decode(), b"Hello World"), (delivery.queue, delivery.content))
-    expect("id is 32 lowercase hex", True, phpmq.parse_message_id(delivery.message_id) is not None)
-    expect("the whole 003", phpmq.delivery(queue, b"Hello World", delivery.message_id, None), bytes(consumer.raw))
-    consumer.send(phpmq.ack(queue, delivery.message_id))
-    t.barrier(consumer)
+    [delivery] = consumer.take(queue, 5, "003", 1)
+    expect_equal("003 header", b"H0100303", bytes(consumer.raw[:8]))
+    expect_equal("queue and content", (queue.decode(), b"Hello World"), (delivery.queue, delivery.content))
+    expect_equal("id is 32 lowercase hex", True, phpmq.parse_message_id(delivery.message_id) is not None)
+    expect_equal("the whole 003", phpmq.delivery(queue, b"Hello World", delivery.message_id, None), bytes(consumer.raw))
+    t.done(consumer, queue, delivery)
 
 
 @checks.check("core a window of N holds N unacknowledged and each ack lets one more flow")
@@ -184,16 +161,13 @@ def _window(t: Target) -> None:
     for body in (b"1", b"2", b"3"):
         producer.send(phpmq.send(queue, body))
     t.barrier(producer)
-    consumer.send(phpmq.consume(queue, 2))
-    first, second = consumer.deliveries(2, "window of 2")
-    expect("oldest first", [b"1", b"2"], [first.content, second.content])
-    consumer.quiet(t.quiet_s, "window of 2, 2 unacknowledged")
+    first, second = consumer.take(queue, 2, "window of 2")
+    expect_equal("oldest first", [b"1", b"2"], [first.content, second.content])
+    consumer.expect_quiet(t.quiet_s, "window of 2, 2 unacknowledged")
     consumer.send(phpmq.ack(queue, first.message_id))
-    [third] = consumer.deliveries(1, "after one ack")
-    expect("after one ack", b"3", third.content)
-    for delivery in (second, third):
-        consumer.send(phpmq.ack(queue, delivery.message_id))
-    t.barrier(consumer)
+    [third] = consumer.expect_deliveries(1, "after one ack")
+    expect_equal("after one ack", b"3", third.content)
+    t.done(consumer, queue, second, third)
 
 
 @checks.check("core contents are raw bytes of any length")
@@ -204,60 +178,41 @@ def _binary(t: Target) -> None:
     for content in contents:
         producer.send(phpmq.send(queue, content))
     consumer.send(phpmq.consume(queue, len(contents)))
-    got = consumer.deliveries(len(contents), "binary contents")
-    expect("contents byte for byte", [len(c) for c in contents], [len(d.content) for d in got])
-    expect("contents byte for byte", True, [d.content for d in got] == contents)
-    for delivery in got:
-        consumer.send(phpmq.ack(queue, delivery.message_id))
-    t.barrier(consumer)
+    got = consumer.expect_deliveries(len(contents), "binary contents")
+    expect_equal("contents byte for byte", [len(c) for c in contents], [len(d.content) for d in got])
+    expect_equal("contents byte for byte", True, [d.content for d in got] == contents)
+    t.done(consumer, queue, *got)
 
 
 @checks.check("core a disconnect returns unacknowledged messages with the same id and content")
 def _disconnect(t: Target) -> None:
-    queue = t.queue("disconnect").encode()
-    producer, leaving = t.conn("producer"), t.conn("leaving consumer")
-    producer.send(phpmq.send(queue, b"held"))
-    leaving.send(phpmq.consume(queue, 1))
-    [held] = leaving.deliveries(1, "before the disconnect")
+    queue, _, leaving, held = t.held("disconnect", b"held", "leaving consumer", "before the disconnect")
     leaving.close()
     next_one = t.conn("next consumer")
-    next_one.send(phpmq.consume(queue, 1))
-    [again] = next_one.deliveries(1, "after the disconnect")
-    expect("same id and content", (held.message_id, b"held"), (again.message_id, again.content))
-    next_one.send(phpmq.ack(queue, again.message_id))
-    t.barrier(next_one)
+    [again] = next_one.take(queue, 1, "after the disconnect")
+    expect_equal("same id and content", (held.message_id, b"held"), (again.message_id, again.content))
+    t.done(next_one, queue, again)
 
 
 @checks.check("core a new consume replaces the window and releases what it held")
 def _replace(t: Target) -> None:
-    queue, other = t.queue("replace").encode(), t.queue("replace-other").encode()
-    producer, consumer = t.conn("producer"), t.conn("consumer")
-    producer.send(phpmq.send(queue, b"released"))
-    consumer.send(phpmq.consume(queue, 1))
-    [held] = consumer.deliveries(1, "first window")
-    consumer.send(phpmq.consume(other, 1))
+    queue, _, consumer, held = t.held("replace", b"released", "consumer", "first window")
+    consumer.send(phpmq.consume(t.queue("replace-other").encode(), 1))
     t.barrier(consumer)
     rival = t.conn("rival")
-    rival.send(phpmq.consume(queue, 1))
-    [again] = rival.deliveries(1, "released by the new window")
-    expect("same message", held.message_id, again.message_id)
-    rival.send(phpmq.ack(queue, again.message_id))
-    t.barrier(rival)
+    [again] = rival.take(queue, 1, "released by the new window")
+    expect_equal("same message", held.message_id, again.message_id)
+    t.done(rival, queue, again)
 
 
 @checks.check("core an ack from another connection finishes the message")
 def _ack_elsewhere(t: Target) -> None:
-    queue = t.queue("ack-elsewhere").encode()
-    producer, holder = t.conn("producer"), t.conn("holder")
-    producer.send(phpmq.send(queue, b"x"))
-    holder.send(phpmq.consume(queue, 1))
-    [delivery] = holder.deliveries(1, "delivery")
-    producer.send(phpmq.ack(queue, delivery.message_id))
-    t.barrier(producer)
+    queue, producer, holder, delivery = t.held("ack-elsewhere", b"x", "holder", "delivery")
+    t.done(producer, queue, delivery)
     holder.close()  # it is finished: nobody gets it again
     watcher = t.conn("watcher")
     watcher.send(phpmq.consume(queue, 1))
-    watcher.quiet(t.quiet_s, "an acknowledged message after its holder left")
+    watcher.expect_quiet(t.quiet_s, "an acknowledged message after its holder left")
 
 
 @checks.check("core consumers of one queue compete: each message goes to one")
@@ -275,12 +230,12 @@ def _compete(t: Target) -> None:
     deadline = time.monotonic() + t.timeout
     while len(got) < len(bodies) and time.monotonic() < deadline:
         for conn in (a, b):
-            conn._read(time.monotonic() + 0.05)
+            conn.read_deliveries(time.monotonic() + 0.05)
             got += conn.received
             for delivery in conn.received:
                 conn.send(phpmq.ack(queue, delivery.message_id))
             conn.received = []
-    expect("every message once", sorted(bodies), sorted(d.content for d in got))
+    expect_equal("every message once", sorted(bodies), sorted(d.content for d in got))
     t.barrier(a)
     t.barrier(b)
 
@@ -290,15 +245,10 @@ def _compete(t: Target) -> None:
 
 @checks.check("current-generation a 001 with a TTL packet is stored and its 003 carries the TTL left")
 def _ttl_packet(t: Target) -> None:
-    queue = t.queue("ttl").encode()
-    client = t.conn("current client")
-    client.send(phpmq.send(queue, b"with ttl", 3600))
-    client.send(phpmq.consume(queue, 1))
-    [delivery] = client.deliveries(1, "003 with TTL")
-    expect("003 header", b"H0100304", bytes(client.raw[:8]))
-    expect("TTL left", True, delivery.ttl is not None and 3590 <= delivery.ttl <= 3600)
-    client.send(phpmq.ack(queue, delivery.message_id))
-    t.barrier(client)
+    client, queue, delivery = t.stored_and_taken("ttl", b"with ttl", 3600, "003 with TTL")
+    expect_equal("003 header", b"H0100304", bytes(client.raw[:8]))
+    expect_equal("TTL left", True, delivery.ttl is not None and 3590 <= delivery.ttl <= 3600)
+    t.done(client, queue, delivery)
 
 
 @checks.check("current-generation a TTL that ran out is never delivered")
@@ -309,7 +259,7 @@ def _ttl_expiry(t: Target) -> None:
     t.barrier(client)
     time.sleep(1.1)  # TTLs are whole seconds
     client.send(phpmq.consume(queue, 1))
-    client.quiet(t.quiet_s, "an expired message")
+    client.expect_quiet(t.quiet_s, "an expired message")
 
 
 @checks.check("current-generation 005 puts the message at the tail with its new TTL")
@@ -317,34 +267,26 @@ def _requeue(t: Target) -> None:
     queue = t.queue("requeue").encode()
     client = t.conn("current client")
     client.send(phpmq.send(queue, b"a", 60) + phpmq.send(queue, b"b", 60))
-    client.send(phpmq.consume(queue, 1))
-    [a] = client.deliveries(1, "first")
+    [a] = client.take(queue, 1, "first")
     client.send(phpmq.requeue(queue, a.message_id, 900))
-    [b] = client.deliveries(1, "behind it")
-    expect("next", b"b", b.content)
+    [b] = client.expect_deliveries(1, "behind it")
+    expect_equal("next", b"b", b.content)
     client.send(phpmq.ack(queue, b.message_id))
-    [again] = client.deliveries(1, "requeued")
-    expect("requeued at the tail with its new TTL", (b"a", a.message_id, 900),
-           (again.content, again.message_id, again.ttl))
-    client.send(phpmq.ack(queue, again.message_id))
-    t.barrier(client)
+    [again] = client.expect_deliveries(1, "requeued")
+    expect_equal("requeued at the tail with its new TTL", (b"a", a.message_id, 900),
+                 (again.content, again.message_id, again.ttl))
+    t.done(client, queue, again)
 
 
 @checks.check("current-generation 006 moves the message to <queue>.dead")
 def _dead_letter(t: Target) -> None:
-    queue = t.queue("dead").encode()
-    client = t.conn("current client")
-    client.send(phpmq.send(queue, b"poison", 60))
-    client.send(phpmq.consume(queue, 1))
-    [poison] = client.deliveries(1, "delivery")
+    client, queue, poison = t.stored_and_taken("dead", b"poison", 60, "delivery")
     client.send(phpmq.dead_letter(queue, poison.message_id))
     t.barrier(client)
     reader = t.conn("dead-letter reader")
-    reader.send(phpmq.consume(queue + b".dead", 1))
-    [letter] = reader.deliveries(1, "dead letter")
-    expect("the same message", (b"poison", poison.message_id), (letter.content, letter.message_id))
-    reader.send(phpmq.ack(queue + b".dead", letter.message_id))
-    t.barrier(reader)
+    [letter] = reader.take(queue + b".dead", 1, "dead letter")
+    expect_equal("the same message", (b"poison", poison.message_id), (letter.content, letter.message_id))
+    t.done(reader, queue + b".dead", letter)
 
 
 @checks.check("current-generation an ack from another connection frees the holder's window slot")
@@ -352,13 +294,11 @@ def _slot_freed(t: Target) -> None:
     queue = t.queue("slot").encode()
     producer, holder = t.conn("producer"), t.conn("holder")
     producer.send(phpmq.send(queue, b"1") + phpmq.send(queue, b"2"))
-    holder.send(phpmq.consume(queue, 1))
-    [first] = holder.deliveries(1, "first")
+    [first] = holder.take(queue, 1, "first")
     producer.send(phpmq.ack(queue, first.message_id))
-    [second] = holder.deliveries(1, "the slot freed by another connection's ack")
-    expect("next", b"2", second.content)
-    holder.send(phpmq.ack(queue, second.message_id))
-    t.barrier(holder)
+    [second] = holder.expect_deliveries(1, "the slot freed by another connection's ack")
+    expect_equal("next", b"2", second.content)
+    t.done(holder, queue, second)
 
 
 # -- robustness ---------------------------------------------------------------------------------
@@ -381,11 +321,9 @@ def _robustness(description: str, data: bytes) -> Callable[[Target], None]:
         culprit.send(data)
         if not culprit.closed_by_server():
             raise CheckFailed(f"after {description}", "the connection closed", "still open")
-        bystander.send(phpmq.consume(queue, 1))
-        [kept] = bystander.deliveries(1, "another client's message after the bad input")
-        expect("kept", b"kept", kept.content)
-        bystander.send(phpmq.ack(queue, kept.message_id))
-        t.barrier(bystander)
+        [kept] = bystander.take(queue, 1, "another client's message after the bad input")
+        expect_equal("kept", b"kept", kept.content)
+        t.done(bystander, queue, kept)
 
     return check
 
@@ -400,23 +338,13 @@ for _description, _data in BAD_INPUT.items():
 def make_context_factory(address: tuple[str, int], timeout: float,
                          quiet: float) -> Callable[[str], AbstractContextManager[Target]]:
     run_id = secrets.token_hex(4)
-
-    @contextmanager
-    def make(name: str) -> Iterator[Target]:
-        target = Target(address, timeout, quiet, run_id)
-        try:
-            yield target
-        finally:
-            target.close()
-
-    return make
+    return runner.contexts(lambda _: Target(address, timeout, quiet, run_id), Target.close)
 
 
 @click.command()
 @click.option("--addr", "address", default=DEFAULT_ADDRESS, show_default=True, help="PHPMQ server address HOST:PORT")
-@click.option("--only", default=None, help="run only checks whose name contains this substring (e.g. core)")
-@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=float,
-              help="seconds to wait for any one expected delivery")
+@runner.only_option("core")
+@runner.timeout_option("delivery")
 @click.option("--quiet", default=DEFAULT_QUIET_S, show_default=True, type=float,
               help="seconds to watch for a delivery that must not come")
 def command(address: str, only: str | None, timeout: float, quiet: float) -> None:
@@ -426,9 +354,4 @@ def command(address: str, only: str | None, timeout: float, quiet: float) -> Non
     `robustness` (bad input closes one connection), which the original fails. Prints `PASS name`
     or `FAIL name: reason` per check, then `N passed, M failed`; exits 0 only if every check passed.
     """
-    selected = checks.select(only)
-    if not selected:
-        raise click.UsageError(f"no check name contains {only!r}")
-    summary = run_checks(selected, make_context_factory(parse_address(address), timeout, quiet),
-                         lambda line: click.echo(line))
-    raise SystemExit(0 if summary.failed == 0 else 1)
+    runner.run_command(checks, only, make_context_factory(runner.parse_address(address), timeout, quiet))

@@ -12,29 +12,31 @@ the first word of a check's name:
 
 The suite must have the server to itself: a PZQ server has one queue, and every check starts by
 taking (and acknowledging) whatever is left in it. "Stored" and "removed" are read from the
-monitor's `messages`. Only `polymq.codecs` and the shared runner are imported (docs/architecture.md).
+monitor's `messages`. Only `polymq.clients`, `polymq.codecs` and the shared runner are imported
+(docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TypeVar
 
 import click
 import zmq
 
+from polymq.clients import pzq_blocking
 from polymq.codecs import pzq
-from polymq.conformance.runner import CheckFailed, Registry, address_option, run_checks
+from polymq.conformance import runner
+from polymq.conformance.runner import CheckFailed, Registry, expect_equal
 
 DEFAULT_RECEIVE = "127.0.0.1:11131"
 DEFAULT_SEND = "127.0.0.1:11132"
 DEFAULT_MONITOR = "127.0.0.1:11133"
-DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_ACK_TIMEOUT_S = 5.0  # the original's --ack-timeout
 # The original's reaper notices a missed ACK up to this long after the timeout (its --reaper-frequency).
 REAPER_S = 2.5
@@ -45,6 +47,9 @@ PIPELINE_DEPTH = 64
 QUIET_S = 0.5
 
 
+PeerT = TypeVar("PeerT", bound=pzq_blocking.Peer)
+
+
 class Target:
     def __init__(self, receive: str, send: str, monitor: str, timeout: float, ack_timeout: float,
                  restart: str | None, run_id: str) -> None:
@@ -52,23 +57,22 @@ class Target:
         self.timeout, self.ack_timeout, self.restart_command = timeout, ack_timeout, restart
         self.run_id = run_id
         self.context = zmq.Context()
-        self._sockets: list[zmq.Socket] = []
+        self._peers: list[pzq_blocking.Peer] = []
         self._ids = 0
 
-    def socket(self, kind: int, address: str) -> zmq.Socket:
-        sock = self.context.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVTIMEO, int(self.timeout * 1000))
-        sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
-        sock.connect(f"tcp://{address}")
-        self._sockets.append(sock)
-        return sock
+    def _peer(self, kind: type[PeerT], address: str) -> PeerT:
+        peer = kind(self.context, address, self.timeout)
+        self._peers.append(peer)
+        return peer
 
-    def producer(self) -> zmq.Socket:
-        return self.socket(zmq.DEALER, self.receive)
+    def producer(self) -> pzq_blocking.Producer:
+        return self._peer(pzq_blocking.Producer, self.receive)
 
-    def consumer(self) -> zmq.Socket:
-        return self.socket(zmq.ROUTER, self.send)
+    def consumer(self) -> pzq_blocking.Consumer:
+        return self._peer(pzq_blocking.Consumer, self.send)
+
+    def monitor(self) -> pzq_blocking.Monitor:
+        return self._peer(pzq_blocking.Monitor, self.monitor_address)
 
     def producer_id(self) -> bytes:
         self._ids += 1
@@ -77,25 +81,39 @@ class Target:
     def body(self, text: str) -> bytes:
         return f"conformance {self.run_id} {text}".encode()
 
-    def recv(self, sock: zmq.Socket, what: str, timeout: float | None = None) -> list[bytes]:
-        wait = self.timeout if timeout is None else timeout
-        if not sock.poll(int(wait * 1000)):
-            raise CheckFailed(f"{what}: nothing came", got=f"nothing within {wait} s")
-        return sock.recv_multipart()
+    def recv(self, peer: pzq_blocking.Peer, what: str, timeout: float | None = None) -> list[bytes]:
+        try:
+            return peer.receive(timeout)
+        except TimeoutError as error:
+            raise CheckFailed(f"{what}: nothing came", got=str(error)) from None
 
-    def produce(self, producer: zmq.Socket, *bodies: bytes) -> list[bytes]:
+    def produce(self, producer: pzq_blocking.Producer, *bodies: bytes) -> list[bytes]:
         producer_id = self.producer_id()
-        producer.send_multipart([producer_id, pzq.DELIMITER, *bodies])
+        producer.send([producer_id, pzq.DELIMITER, *bodies])
         answer = self.recv(producer, "producer ACK")
         if answer[:2] != [producer_id, pzq.ACK_OK]:
             raise CheckFailed("producer ACK", [producer_id, b"1", b""], answer)
         return answer
 
+    def delivery(self, consumer: pzq_blocking.Consumer, what: str, timeout: float | None = None) -> list[bytes]:
+        frames = self.recv(consumer, what, timeout)
+        if len(frames) < 6 or frames[4] != pzq.DELIMITER:
+            raise CheckFailed(f"{what}: frames", "[pzq, key, sent_us, timeout_us, '', body…]", frames[:6])
+        return frames
+
+    def one_delivered(self, text: str) -> tuple[pzq_blocking.Consumer, list[bytes]]:
+        """The queue emptied, one message produced, and its delivery to a new consumer."""
+        self.empty_queue()
+        consumer = self.consumer()
+        self.produce(self.producer(), self.body(text))
+        return consumer, self.delivery(consumer, "delivery")
+
     def stats(self) -> dict[str, int]:
-        monitor = self.socket(zmq.REQ, self.monitor_address)
-        monitor.send(pzq.MONITOR)
+        monitor = self.monitor()
+        monitor.send([pzq.MONITOR])
         text = self.recv(monitor, "MONITOR")[-1]
-        monitor.close(linger=0)
+        monitor.close()
+        self._peers.remove(monitor)
         try:
             return pzq.parse_monitor_text(text)
         except ValueError as error:
@@ -116,30 +134,18 @@ class Target:
         consumer = self.consumer()
         deadline = time.monotonic() + self.timeout + self.ack_timeout + REAPER_S
         while self.stats()["messages"] and time.monotonic() < deadline:
-            if consumer.poll(100):
-                frames = consumer.recv_multipart()
-                consumer.send_multipart([frames[0], frames[1], pzq.ACK_OK])
-        consumer.close(linger=0)
+            if not consumer.quiet(0.1):
+                consumer.ack(consumer.receive())
+        consumer.close()
+        self._peers.remove(consumer)
 
     def close(self) -> None:
-        for sock in self._sockets:
-            sock.close(linger=0)
+        for peer in self._peers:
+            peer.close()
         self.context.term()
 
 
 checks: Registry[Target] = Registry()
-
-
-def expect(what: str, expected: object, got: object) -> None:
-    if expected != got:
-        raise CheckFailed(what, expected, got)
-
-
-def _delivery(t: Target, consumer: zmq.Socket, what: str, timeout: float | None = None) -> list[bytes]:
-    frames = t.recv(consumer, what, timeout)
-    if len(frames) < 6 or frames[4] != pzq.DELIMITER:
-        raise CheckFailed(f"{what}: frames", "[pzq, key, sent_us, timeout_us, '', body…]", frames[:6])
-    return frames
 
 
 # -- core -----------------------------------------------------------------------------------------
@@ -151,12 +157,12 @@ def _produce_consume(t: Target) -> None:
     producer, consumer = t.producer(), t.consumer()
     body = [t.body("first"), b"", t.body("third frame")]
     answer = t.produce(producer, *body)
-    expect("producer ACK", [answer[0], b"1", b""], answer)
-    delivery = _delivery(t, consumer, "delivery")
-    expect("body frames", body, delivery[5:])
-    expect("sent_us and ack timeout are decimal", True, delivery[2].isdigit() and delivery[3].isdigit())
-    expect("sent_us is about now", True, abs(int(delivery[2]) - time.time_ns() // 1000) < 60_000_000)
-    consumer.send_multipart([delivery[0], delivery[1], pzq.ACK_OK])
+    expect_equal("producer ACK", [answer[0], b"1", b""], answer)
+    delivery = t.delivery(consumer, "delivery")
+    expect_equal("body frames", body, delivery[5:])
+    expect_equal("sent_us and ack timeout are decimal", True, delivery[2].isdigit() and delivery[3].isdigit())
+    expect_equal("sent_us is about now", True, abs(int(delivery[2]) - time.time_ns() // 1000) < 60_000_000)
+    consumer.ack(delivery)
     t.wait_messages(0, "after the ACK")
 
 
@@ -164,11 +170,11 @@ def _produce_consume(t: Target) -> None:
 def _headers(t: Target) -> None:
     t.empty_queue()
     producer, consumer = t.producer(), t.consumer()
-    producer.send_multipart([t.producer_id(), b"header", pzq.DELIMITER, t.body("body")])
-    expect("producer ACK status", pzq.ACK_OK, t.recv(producer, "producer ACK")[1])
-    delivery = _delivery(t, consumer, "delivery")
-    expect("delivered", [t.body("body")], delivery[5:])
-    consumer.send_multipart([delivery[0], delivery[1], pzq.ACK_OK])
+    producer.send([t.producer_id(), b"header", pzq.DELIMITER, t.body("body")])
+    expect_equal("producer ACK status", pzq.ACK_OK, t.recv(producer, "producer ACK")[1])
+    delivery = t.delivery(consumer, "delivery")
+    expect_equal("delivered", [t.body("body")], delivery[5:])
+    consumer.ack(delivery)
     t.wait_messages(0, "after the ACK")
 
 
@@ -176,9 +182,9 @@ def _headers(t: Target) -> None:
 def _refused(t: Target) -> None:
     producer = t.producer()
     for frames, reason in (([b"x", b"no delimiter"], pzq.MALFORMED), ([b"y", pzq.DELIMITER], pzq.EMPTY)):
-        producer.send_multipart(frames)
-        expect(f"answer to {frames!r}", [frames[0], pzq.ACK_FAILED, pzq.DELIMITER, reason],
-               t.recv(producer, "refusal"))
+        producer.send(frames)
+        expect_equal(f"answer to {frames!r}", [frames[0], pzq.ACK_FAILED, pzq.DELIMITER, reason],
+                     t.recv(producer, "refusal"))
 
 
 @checks.check("core oldest first")
@@ -190,48 +196,42 @@ def _order(t: Target) -> None:
         t.produce(producer, body)
     got = []
     for _ in bodies:
-        delivery = _delivery(t, consumer, "delivery")
+        delivery = t.delivery(consumer, "delivery")
         got.append(delivery[5])
-        consumer.send_multipart([delivery[0], delivery[1], pzq.ACK_OK])
-    expect("order", bodies, got)
+        consumer.ack(delivery)
+    expect_equal("order", bodies, got)
     t.wait_messages(0, "after the ACKs")
 
 
 @checks.check("core an ACK other than 1 sends the message again at once")
 def _nack(t: Target) -> None:
-    t.empty_queue()
-    producer, consumer = t.producer(), t.consumer()
-    t.produce(producer, t.body("nack"))
-    first = _delivery(t, consumer, "delivery")
-    consumer.send_multipart([first[0], first[1], pzq.ACK_FAILED])
-    again = _delivery(t, consumer, "sent again", timeout=1.0)
-    expect("the same body", first[5:], again[5:])
-    consumer.send_multipart([again[0], again[1], pzq.ACK_OK])
+    consumer, first = t.one_delivered("nack")
+    consumer.ack(first, pzq.ACK_FAILED)
+    again = t.delivery(consumer, "sent again", timeout=1.0)
+    expect_equal("the same body", first[5:], again[5:])
+    consumer.ack(again)
     t.wait_messages(0, "after the ACK")
 
 
 @checks.check("core no-ack: without an ACK the message is sent again after the ACK timeout")
 def _no_ack(t: Target) -> None:
-    t.empty_queue()
-    producer, consumer = t.producer(), t.consumer()
-    t.produce(producer, t.body("no ack"))
-    first = _delivery(t, consumer, "delivery")
+    consumer, first = t.one_delivered("no ack")
     started = time.monotonic()
-    again = _delivery(t, consumer, "sent again", timeout=t.ack_timeout + REAPER_S + t.timeout)
+    again = t.delivery(consumer, "sent again", timeout=t.ack_timeout + REAPER_S + t.timeout)
     waited = time.monotonic() - started
-    expect("the same body", first[5:], again[5:])
-    expect("not before the ACK timeout", True, waited >= t.ack_timeout * 0.9)
-    consumer.send_multipart([again[0], again[1], pzq.ACK_OK])
+    expect_equal("the same body", first[5:], again[5:])
+    expect_equal("not before the ACK timeout", True, waited >= t.ack_timeout * 0.9)
+    consumer.ack(again)
     t.wait_messages(0, "after the ACK")
 
 
 @checks.check("core the monitor answers MONITOR with six lines in order")
 def _monitor(t: Target) -> None:
-    monitor = t.socket(zmq.REQ, t.monitor_address)
-    monitor.send(pzq.MONITOR)
+    monitor = t.monitor()
+    monitor.send([pzq.MONITOR])
     text = t.recv(monitor, "MONITOR")[-1]
     keys = [line.split(": ", 1)[0] for line in text.decode(errors="replace").splitlines()]
-    expect("keys", list(pzq.MONITOR_KEYS), keys)
+    expect_equal("keys", list(pzq.MONITOR_KEYS), keys)
     t.empty_queue()
     producer = t.producer()
     t.produce(producer, t.body("counted"))
@@ -251,9 +251,9 @@ def _restart(t: Target) -> None:
     bodies = [t.body(f"kept {number}") for number in range(3)]
     for body in bodies:
         t.produce(producer, body)
-    first = _delivery(t, consumer, "before the restart")
-    consumer.send_multipart([first[0], first[1], pzq.ACK_OK])
-    _delivery(t, consumer, "in flight at the restart")
+    first = t.delivery(consumer, "before the restart")
+    consumer.ack(first)
+    t.delivery(consumer, "in flight at the restart")
     t.wait_messages(2, "before the restart")
     done = subprocess.run(shlex.split(t.restart_command), capture_output=True, text=True, timeout=120, check=False)
     if done.returncode != 0:
@@ -261,10 +261,10 @@ def _restart(t: Target) -> None:
     after = t.consumer()
     got = []
     for _ in range(2):
-        delivery = _delivery(t, after, "after the restart")
+        delivery = t.delivery(after, "after the restart")
         got.append(delivery[5])
-        after.send_multipart([delivery[0], delivery[1], pzq.ACK_OK])
-    expect("sent again", sorted(bodies[1:]), sorted(got))
+        after.ack(delivery)
+    expect_equal("sent again", sorted(bodies[1:]), sorted(got))
     t.wait_messages(0, "after the ACKs")
 
 
@@ -274,8 +274,8 @@ def _restart(t: Target) -> None:
 @checks.check("robustness a one-frame producer message gets an answer")
 def _one_frame(t: Target) -> None:
     producer = t.producer()
-    producer.send_multipart([b"alone"])
-    expect("answer", [b"alone", pzq.ACK_FAILED, pzq.DELIMITER, pzq.MALFORMED], t.recv(producer, "answer"))
+    producer.send([b"alone"])
+    expect_equal("answer", [b"alone", pzq.ACK_FAILED, pzq.DELIMITER, pzq.MALFORMED], t.recv(producer, "answer"))
 
 
 @checks.check("robustness every ACK of a pipelined producer comes")
@@ -285,20 +285,20 @@ def _pipelined(t: Target) -> None:
     sent, answered = 0, set()
     while len(answered) < PIPELINED:
         while sent < PIPELINED and sent - len(answered) < PIPELINE_DEPTH:
-            producer.send_multipart([b"%s-%d" % (t.run_id.encode(), sent), pzq.DELIMITER, t.body(f"p{sent}")])
+            producer.send([b"%s-%d" % (t.run_id.encode(), sent), pzq.DELIMITER, t.body(f"p{sent}")])
             sent += 1
         frames = t.recv(producer, f"ACK {len(answered) + 1} of {PIPELINED}")
         answered.add(frames[0])
-    expect("answered", PIPELINED, len(answered))
+    expect_equal("answered", PIPELINED, len(answered))
     t.empty_queue()
 
 
 @checks.check("robustness the monitor answers an unknown request")
 def _unknown_monitor_request(t: Target) -> None:
-    monitor = t.socket(zmq.REQ, t.monitor_address)
-    monitor.send(b"STATUS")
+    monitor = t.monitor()
+    monitor.send([b"STATUS"])
     answer = t.recv(monitor, "an answer", timeout=1.0)
-    expect("an answer that is not the stats", False, answer[-1].startswith(b"messages: "))
+    expect_equal("an answer that is not the stats", False, answer[-1].startswith(b"messages: "))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,29 +307,16 @@ def _unknown_monitor_request(t: Target) -> None:
 def make_context_factory(receive: str, send: str, monitor: str, timeout: float, ack_timeout: float,
                          restart: str | None) -> Callable[[str], AbstractContextManager[Target]]:
     run_id = secrets.token_hex(4)
-
-    @contextmanager
-    def make(name: str) -> Iterator[Target]:
-        target = Target(receive, send, monitor, timeout, ack_timeout, restart, run_id)
-        try:
-            yield target
-        finally:
-            with contextlib.suppress(zmq.ZMQError):
-                target.close()
-
-    return make
+    return runner.contexts(lambda _: Target(receive, send, monitor, timeout, ack_timeout, restart, run_id),
+                           Target.close, (zmq.ZMQError,))
 
 
 @click.command()
-@click.option("--receive", default=DEFAULT_RECEIVE, show_default=True, callback=address_option,
-              help="The receive socket (producers), HOST:PORT.")
-@click.option("--send", default=DEFAULT_SEND, show_default=True, callback=address_option,
-              help="The send socket (consumers), HOST:PORT.")
-@click.option("--monitor", default=DEFAULT_MONITOR, show_default=True, callback=address_option,
-              help="The monitor socket, HOST:PORT.")
-@click.option("--only", default=None, help="run only checks whose name contains this substring (e.g. core)")
-@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=float,
-              help="seconds to wait for any one expected answer")
+@runner.address_options(("--receive", DEFAULT_RECEIVE, "The receive socket (producers), HOST:PORT."),
+                 ("--send", DEFAULT_SEND, "The send socket (consumers), HOST:PORT."),
+                 ("--monitor", DEFAULT_MONITOR, "The monitor socket, HOST:PORT."))
+@runner.only_option("core")
+@runner.timeout_option("answer")
 @click.option("--ack-timeout", default=DEFAULT_ACK_TIMEOUT_S, show_default=True, type=float,
               help="the server's ACK timeout in seconds (the no-ack check waits it out)")
 @click.option("--restart-command", default=None,
@@ -342,10 +329,6 @@ def command(receive: str, send: str, monitor: str, only: str | None, timeout: fl
     (what the original gets wrong). It needs the server to itself. Prints `PASS name` or
     `FAIL name: reason` per check, then `N passed, M failed`; exits 0 only if every check passed.
     """
-    selected = [check for check in checks.select(only)
-                if restart_command or not check.name.startswith("restart ")]
-    if not selected:
-        raise click.UsageError(f"no check name contains {only!r}" if only else "no check to run")
-    summary = run_checks(selected, make_context_factory(receive, send, monitor, timeout, ack_timeout, restart_command),
-                         lambda line: click.echo(line))
-    raise SystemExit(0 if summary.failed == 0 else 1)
+    contexts = make_context_factory(receive, send, monitor, timeout, ack_timeout, restart_command)
+    runner.run_command(checks, only, contexts,
+                       lambda check: bool(restart_command) or not check.name.startswith("restart "))

@@ -1,115 +1,26 @@
-"""A blocking raw PHPMQ client for integration tests: exact frames, explicit deadlines.
-
-PHPMQ never answers, so "the gateway has handled what this connection sent" is proven with
-`barrier`: the connection sends a message to a fresh queue that a watcher connection consumes;
-once the watcher has it, everything sent before it was handled (a connection is read in order).
+"""PHPMQ for integration tests: the blocking client (`polymq.clients.phpmq`), whose `barrier()`
+proves the gateway handled what a connection sent (PHPMQ never answers), and the /stats views
+that show what a queue holds.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.request
-import uuid
 from typing import Any
 
-from polymq.codecs import phpmq
+from polymq.clients.phpmq import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT
+from polymq.clients.phpmq import Connection
+from polymq.clients.tcp import Closed
 
-DEFAULT_TIMEOUT = 3.0
-
-
-class Closed(Exception):
-    """The server closed the connection."""
+__all__ = ["DEFAULT_TIMEOUT", "Closed", "PHPMQWire", "queue_stats", "wait_until_handed_back"]
 
 
-class PHPMQWire:
-    def __init__(self, host_port: tuple[str, int], timeout: float = DEFAULT_TIMEOUT) -> None:
-        self.host_port = host_port
-        self.sock = socket.create_connection(host_port, timeout=timeout)
-        self.timeout = timeout
-        self.raw = bytearray()  # every byte received, for exact-bytes assertions
-        self._codec = phpmq.ClientConnection()
-        self._deliveries: list[phpmq.Delivery] = []
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def publish(self, queue: str, content: bytes, ttl: int | None = None) -> None:
-        self.send(phpmq.send(queue.encode(), content, ttl))
-
-    def consume(self, queue: str, count: int) -> None:
-        self.send(phpmq.consume(queue.encode(), count))
-
-    def ack(self, queue: str, message_id: bytes) -> None:
-        self.send(phpmq.ack(queue.encode(), message_id))
-
-    def requeue(self, queue: str, message_id: bytes, ttl: int) -> None:
-        self.send(phpmq.requeue(queue.encode(), message_id, ttl))
-
-    def dead_letter(self, queue: str, message_id: bytes) -> None:
-        self.send(phpmq.dead_letter(queue.encode(), message_id))
-
-    def _receive(self, deadline: float) -> bytes:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("nothing more from the server")
-        self.sock.settimeout(remaining)
-        data = self.sock.recv(65536)
-        if not data:
-            raise Closed
-        self.raw += data
-        return data
-
-    def deliveries(self, count: int, timeout: float | None = None) -> list[phpmq.Delivery]:
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        while len(self._deliveries) < count:
-            self._codec.receive_data(self._receive(deadline))
-            while True:
-                event = self._codec.next_event()
-                if event is phpmq.NEED_DATA:
-                    break
-                assert isinstance(event, phpmq.Delivery), event
-                self._deliveries.append(event)
-        taken, self._deliveries = self._deliveries[:count], self._deliveries[count:]
-        return taken
-
+class PHPMQWire(Connection):
     def nothing_more(self, wait: float = 0.2) -> bool:
         """True if no delivery arrives within `wait` (use after the gateway's state proved none is due)."""
-        try:
-            self.deliveries(1, timeout=wait)
-        except TimeoutError:
-            return True
-        return False
-
-    def closed_by_server(self, timeout: float | None = None) -> bool:
-        """Waits for the server to close the connection; True if it did (by EOF or a reset)."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        try:
-            while True:
-                self._receive(deadline)
-        except (Closed, ConnectionResetError):
-            return True
-        except TimeoutError:
-            return False
-
-    def barrier(self) -> None:
-        """Returns once the gateway has handled everything this connection sent so far."""
-        queue = f"barrier-{uuid.uuid4().hex}"
-        with PHPMQWire(self.host_port, self.timeout) as watcher:
-            watcher.consume(queue, 1)
-            self.publish(queue, b"barrier")
-            [delivery] = watcher.deliveries(1)
-            watcher.ack(queue, delivery.message_id)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> PHPMQWire:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        return self.quiet(wait)
 
 
 def queue_stats(http: str, queue: str) -> dict[str, Any]:

@@ -1,0 +1,80 @@
+"""Blocking ZeroMQ plumbing of the clients: a connected socket, multipart messages at the cost of
+their frames only, one receive within a deadline.
+
+pyzmq's send_multipart/recv_multipart pay an enum operation per frame (flags, RCVMORE); a load
+generator on the gateway's machine takes its CPU from the broker it measures, so these use plain
+int flags and `Frame.more`, as the gateway's pump does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import zmq
+
+NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+
+
+def open_socket(context: zmq.Context, kind: int, address: str, *, timeout: float | None = None,
+                identity: bytes | None = None, linger_ms: int = 0) -> zmq.Socket:
+    """A socket of `kind` connected to `HOST:PORT`; with `timeout`, a blocking send or receive gives
+    up after that long (zmq.Again)."""
+    sock = context.socket(kind)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    if timeout is not None:
+        sock.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+        sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
+    sock.connect(f"tcp://{address}")
+    return sock
+
+
+@contextlib.contextmanager
+def own_socket(kind: int, address: str, **options: Any) -> Iterator[zmq.Socket]:
+    """A socket (`open_socket`'s options) in a context of its own, for a process that has no other
+    ZeroMQ use; on leaving, the socket is closed (it gets its linger) and the context ended."""
+    with zmq.Context() as context:
+        sock = open_socket(context, kind, address, **options)
+        try:
+            yield sock
+        finally:
+            sock.close()
+
+
+def send(sock: zmq.Socket, frames: Sequence[bytes]) -> None:
+    """Send a multipart message (blocking, as send_multipart)."""
+    last = len(frames) - 1
+    for index, frame in enumerate(frames):
+        sock.send(frame, _SNDMORE if index < last else 0)
+
+
+def receive(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
+    """Receive a multipart message; with NOBLOCK, zmq.Again when none waits."""
+    frame = sock.recv(flags, copy=False)
+    frames = [frame.bytes]
+    while frame.more:
+        frame = sock.recv(0, copy=False)
+        frames.append(frame.bytes)
+    return frames
+
+
+def waiting(sock: zmq.Socket) -> Iterator[list[bytes]]:
+    """The messages waiting on the socket, one at a time, until it has none (no wait)."""
+    while True:
+        try:
+            yield receive(sock, NOBLOCK)
+        except zmq.Again:
+            return
+
+
+def receive_before(sock: zmq.Socket, deadline: float) -> list[bytes] | None:
+    """The next message, or None when the deadline (time.monotonic) passed first."""
+    remaining_ms = int((deadline - time.monotonic()) * 1000)
+    if remaining_ms < 0 or not sock.poll(remaining_ms, zmq.POLLIN):
+        return None
+    return receive(sock)
