@@ -174,7 +174,8 @@ class Progress:
 
     def __init__(self, enabled: bool | None = None, stream: Any = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
+        # Asked for or not, a line rewritten with \r is for a terminal only (a log file gets none).
+        self.enabled = enabled is not False and self.stream.isatty()
         self._last_draw = 0.0
         self._width = 0
 
@@ -268,13 +269,27 @@ ERROR = "error"
 
 def worker_entry(main: Callable[[Any, SharedState, int], Any], plan: Any, shared: SharedState, index: int) -> None:
     """Process target: run `main(plan, shared, index)`, which reports READY itself once
-    connected; send back its result or the traceback of what it raised."""
+    connected; send back its result, one line for a server that is not there or went away, or the
+    traceback of anything else it raised (a defect of the bench)."""
     try:
         result = main(plan, shared, index)
+    except WorkerFailed as failed:
+        shared.results.put((index, ERROR, str(failed)))
+    except OSError as error:
+        shared.results.put((index, ERROR, f"{_address_of(plan)}{error.strerror or error}: is the server running "
+                                          "there (`.venv/bin/polymq serve` starts one), and is it the address?"))
     except BaseException:
         shared.results.put((index, ERROR, traceback.format_exc()))
     else:
         shared.results.put((index, RESULT, result))
+
+
+def _address_of(plan: Any) -> str:
+    """`host:port: ` of the server a worker's plan names, when it names one that way."""
+    if hasattr(plan, "host") and hasattr(plan, "port"):
+        return f"{plan.host}:{plan.port}: "
+    address = getattr(plan, "address", None)
+    return f"{address}: " if address else ""
 
 
 def report_ready(shared: SharedState, index: int) -> None:

@@ -16,10 +16,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from polymq.codecs import nsq_client, phpmq
+from polymq.codecs import phpmq
 
 from support.browser import chromium
 from support.gateway import GatewayProcess, running_gateway
+from support.nsq_wire import subscribed_socket
 
 TOKEN = "page-test-token-0123456789"
 # Long enough for a loaded 2-core machine; every wait ends as soon as its condition holds.
@@ -54,15 +55,6 @@ def _nsq_channel(gateway: GatewayProcess, topic: str, channel: str) -> dict[str,
     return None
 
 
-def _subscribed(gateway: GatewayProcess, topic: str, channel: str) -> socket.socket:
-    client = socket.create_connection(gateway.host_port("nsq-tcp"), timeout=10)
-    client.sendall(nsq_client.magic() + nsq_client.sub(topic, channel))
-    reader = nsq_client.FrameReader()
-    while not (frames := reader.frames()):
-        reader.receive_data(client.recv(65536))
-    assert frames[0].data == b"OK"
-    return client
-
 
 def _bound(browser: WebDriver, topic: str) -> dict[str, str]:
     """The queues the page lists for `topic`, with the protocol it says made each."""
@@ -92,7 +84,7 @@ def test_the_page_shows_protocols_side_by_side_and_pauses_a_channel(tmp_path: Pa
         php.sendall(phpmq.send(b"orders", b"one") + phpmq.send(HOSTILE.encode(), b"x"))
         # PHPMQ publishes get no answer: the topic is PHPMQ's once the gateway shows it.
         _until("the PHPMQ publishes", lambda: {"orders", HOSTILE} <= {t["name"] for t in _state(gateway)["topics"]})
-        with _subscribed(gateway, "orders", "billing"), chromium() as browser:
+        with subscribed_socket(gateway.host_port("nsq-tcp"), "orders", "billing"), chromium() as browser:
             browser.get(f"http://{gateway.http}/")
             wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=RETRIED)
             token_input = wait.until(lambda driver: driver.find_element(By.ID, "token-input"))

@@ -9,12 +9,13 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from polymq.codecs import nsq_client, phpmq
+from polymq.codecs import phpmq
 from polymq.core.engine import Engine
 from polymq.gateway import metrics as metrics_module
 from polymq.gateway.metrics import OTHER, Metrics
 
 from support.gateway import GatewayProcess, running_gateway
+from support.nsq_wire import subscribed_socket
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -28,19 +29,10 @@ def _scrape(gateway: GatewayProcess) -> dict[tuple[str, tuple[tuple[str, str], .
         return _samples(reply.read().decode())
 
 
-def _nsq_subscribed(gateway: GatewayProcess, topic: str, channel: str) -> socket.socket:
-    client = socket.create_connection(gateway.host_port("nsq-tcp"), timeout=10)
-    client.sendall(nsq_client.magic() + nsq_client.sub(topic, channel))
-    reader = nsq_client.FrameReader()
-    while not (frames := reader.frames()):
-        reader.receive_data(client.recv(65536))
-    assert frames[0].data == b"OK"
-    return client
-
 
 def test_a_scrape_shows_topics_queues_connections_and_the_store(tmp_path) -> None:
     with running_gateway(data_dir=tmp_path) as gateway:
-        consumer = _nsq_subscribed(gateway, "orders", "billing")
+        consumer = subscribed_socket(gateway.host_port("nsq-tcp"), "orders", "billing")
         with consumer, socket.create_connection(gateway.host_port("phpmq"), timeout=10) as php:
             for body in (b"one", b"two", b"three"):
                 php.sendall(phpmq.send(b"orders", body))  # topic orders; its queue orders; channel billing

@@ -21,13 +21,10 @@ import attrs
 import trio
 import zmq
 
-from polymq.adapters.emqp import PROTOCOL as EMQP
 from polymq.adapters.emqp.broker import EMQPBroker, EMQPLimits
 from polymq.adapters.emqp.pubsub import EMQPPubSub
-from polymq.adapters.protocol import Protocol
-from polymq.adapters.pzq import PROTOCOL as PZQ
 from polymq.adapters.pzq.service import PZQLimits, PZQServer
-from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
+from polymq.adapters.zmq_sockets import ZmqSockets
 from polymq.codecs import emqp, pzq
 from polymq.core import records
 from polymq.core.clock import SystemClock
@@ -36,19 +33,7 @@ from polymq.core.engine import Engine, Message
 from polymq.gateway.committer import Committer
 from polymq.gateway.serve import TimerTask
 
-
-def _specs(unit: Protocol, ports: dict[str, int], max_message: int, *_: str) -> dict[str, SocketSpec]:
-    """The unit's ZeroMQ sockets named in `ports`, their messages bounded at `max_message`."""
-    return unit.socket_specs(attrs.evolve(unit.defaults(), max_message=max_message), ports)
-
-
-def pzq_specs(ports: dict[str, int], max_message: int) -> dict[str, SocketSpec]:
-    return _specs(PZQ, ports, max_message)
-
-
-def emqp_specs(ports: dict[str, int], max_message: int, *_: str) -> dict[str, SocketSpec]:
-    return _specs(EMQP, ports, max_message)
-
+from support.zmq_units import emqp_specs, pzq_specs
 
 MAX_MESSAGE = 1024 * 1024
 # Bounds of waiting for what must come (a loaded CI machine may be slow; nothing waits this long

@@ -8,34 +8,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import attrs
 import trio
 import zmq
 
-from polymq.adapters.emqp import PROTOCOL as EMQP
 from polymq.adapters.emqp.broker import EMQPBroker
-from polymq.adapters.protocol import Protocol
-from polymq.adapters.pzq import PROTOCOL as PZQ
 from polymq.adapters.pzq.service import PZQServer
-from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
+from polymq.adapters.zmq_sockets import ZmqSockets
 from polymq.codecs import emqp
 from polymq.core.clock import SystemClock
 from polymq.core.engine import Engine
 from polymq.core.storage import MemoryStorage, SyncCallback
 
-
-def _specs(unit: Protocol, ports: dict[str, int], max_message: int, *_: str) -> dict[str, SocketSpec]:
-    """The unit's ZeroMQ sockets named in `ports`, their messages bounded at `max_message`."""
-    return unit.socket_specs(attrs.evolve(unit.defaults(), max_message=max_message), ports)
-
-
-def pzq_specs(ports: dict[str, int], max_message: int) -> dict[str, SocketSpec]:
-    return _specs(PZQ, ports, max_message)
-
-
-def emqp_specs(ports: dict[str, int], max_message: int, *_: str) -> dict[str, SocketSpec]:
-    return _specs(EMQP, ports, max_message)
-
+from support.zmq_units import emqp_specs, pzq_specs
 
 MAX_MESSAGE = 1024 * 1024
 STEP_TIMEOUT_S = 10.0

@@ -6,6 +6,7 @@ Every read has a deadline: a test never hangs, it fails with `TimeoutError`.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import time
 from typing import Any
@@ -19,7 +20,7 @@ from polymq.codecs.nsq import HEARTBEAT
 OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
 
 __all__ = ["DEFAULT_TIMEOUT", "HEARTBEAT", "OK_FRAME", "Closed", "RawClient", "consumer", "publish", "publisher",
-           "split_address"]
+           "split_address", "subscribed_socket"]
 
 
 class RawClient(Connection):
@@ -96,3 +97,14 @@ def publish(address: str, topic: str, bodies: list[bytes]) -> None:
         for body in bodies:
             conn.send(client.pub(topic, body))
             conn.expect_response(b"OK")
+
+
+def subscribed_socket(address: tuple[str, int], topic: str, channel: str) -> socket.socket:
+    """A plain socket subscribed to `topic`/`channel` (RDY 0: it holds the channel's consumer only)."""
+    sock = socket.create_connection(address, timeout=10)
+    sock.sendall(client.magic() + client.sub(topic, channel))
+    reader = client.FrameReader()
+    while not (frames := reader.frames()):
+        reader.receive_data(sock.recv(65536))
+    assert frames[0].data == b"OK"
+    return sock
