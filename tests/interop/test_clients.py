@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import collections
-import json
 import os
 import random
 import re
@@ -27,11 +26,11 @@ from pathlib import Path
 import pytest
 
 from support.gateway import running_gateway
+from support.interop_drivers import run_driver_script
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 INTEROP_DIR = Path(os.environ.get("INTEROP_DIR", ROOT / ".interop"))
-DRIVERS = HERE / "drivers"
 
 ALL = ("pub", "mpub", "dpub", "http_pub", "http_mpub", "fin", "req", "touch", "timeout",
        "deflate", "snappy", "ephemeral")
@@ -103,22 +102,10 @@ def interop_envs() -> Path:
 
 
 def run_driver(client: str, request: dict) -> dict:
-    if client == "nsqjs":
-        cmd = ["node", str(DRIVERS / "nsqjs_driver.js")]
-    else:
-        cmd = [str(INTEROP_DIR / client / "bin" / "python"), str(DRIVERS / f"{client}_driver.py")]
-    env = {**os.environ, "NODE_PATH": str(INTEROP_DIR / "node" / "node_modules")}
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run(cmd, input=json.dumps(request), capture_output=True, text=True,
-                          timeout=request["deadline_s"] + 15, env=env, cwd=str(DRIVERS))
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise AssertionError(f"{client} driver printed no result (exit {proc.returncode}):\n"
-                             f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-4000:]}")
-    result = json.loads(lines[-1])
+    result, stderr = run_driver_script(client, "driver", request, request["deadline_s"] + 15)
     for message in result["received"]:
         message["body"] = base64.b64decode(message["body"])
-    result["stderr"] = proc.stderr[-4000:]
+    result["stderr"] = stderr
     return result
 
 

@@ -7,7 +7,6 @@ docs/cluster.md
 from __future__ import annotations
 
 import base64
-import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -17,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from support.gateway import GatewayProcess, running_gateway
+from support.interop_drivers import run_driver_script
 from support.nsq_cluster import Lookupd, http, running_lookupd, wait_until
 
 HERE = Path(__file__).resolve().parent
-DRIVERS = HERE / "drivers"
 INTEROP_DIR = Path(os.environ.get("INTEROP_DIR", HERE.parent.parent / ".interop"))
 DEADLINE_S = 60.0
 
@@ -45,17 +44,7 @@ def cluster(request: pytest.FixtureRequest, client_envs: Path) -> Iterator[tuple
 
 
 def run_reader(client: str, request: dict) -> dict:
-    if client == "nsqjs":
-        command = ["node", str(DRIVERS / "nsqjs_lookupd_reader.js")]
-    else:
-        command = [str(INTEROP_DIR / client / "bin" / "python"), str(DRIVERS / f"{client}_lookupd_reader.py")]
-    env = {**os.environ, "NODE_PATH": str(INTEROP_DIR / "node" / "node_modules")}
-    env.pop("PYTHONPATH", None)
-    done = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True, env=env,
-                          timeout=DEADLINE_S + 30, cwd=str(DRIVERS))
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"{client} printed no result (exit {done.returncode}):\n{done.stdout}\n{done.stderr[-3000:]}"
-    return json.loads(lines[-1])
+    return run_driver_script(client, "lookupd_reader", request, DEADLINE_S + 30)[0]
 
 
 @pytest.mark.interop
