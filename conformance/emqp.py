@@ -166,7 +166,8 @@ class Target:
         self.context.term()
 
 
-checks: Registry[Target] = Registry()
+checks: Registry[Target] = Registry(original_fails={
+    "robustness": "EventMQ 0.3.13 crashes, stops or loses jobs on these (module docstring)"})
 
 
 def job_payload(tag: str) -> bytes:
@@ -442,12 +443,12 @@ def make_context_factory(frontend: str, backend: str, admin: str | None, pubsub:
                  ("--pubsub-in", None,
                   "The pub/sub device's input (PUBLISH), HOST:PORT: runs the pubsub checks with --pubsub-out."),
                  ("--pubsub-out", None, "The pub/sub device's PUB socket, HOST:PORT."))
-@runner.only_option("core")
+@runner.selection_options("core")
 @runner.timeout_option("answer")
 @click.option("--heartbeat-interval", default=HEARTBEAT_INTERVAL_S, show_default=True, type=float,
               help="the broker's heartbeat interval in seconds (the heartbeat check waits for one)")
 def command(frontend: str, backend: str, admin: str, pubsub_in: str | None, pubsub_out: str | None,
-            only: str | None, timeout: float, heartbeat_interval: float) -> None:
+            timeout: float, heartbeat_interval: float) -> None:
     """Check that an eMQP broker behaves like EventMQ 0.3.13's router.
 
     Groups: `core` (the original's behaviour), `pubsub` (needs --pubsub-in and --pubsub-out) and
@@ -456,4 +457,4 @@ def command(frontend: str, backend: str, admin: str, pubsub_in: str | None, pubs
     """
     pubsub = (pubsub_in, pubsub_out) if pubsub_in and pubsub_out else None
     contexts = make_context_factory(frontend, backend, admin, pubsub, timeout, heartbeat_interval)
-    runner.run_command(checks, only, contexts, lambda check: pubsub is not None or not check.name.startswith("pubsub "))
+    runner.run_command(checks, contexts, lambda check: pubsub is not None or not check.name.startswith("pubsub "))
