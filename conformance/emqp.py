@@ -38,8 +38,10 @@ HEARTBEAT_INTERVAL_S = 3.0  # the original's HEARTBEAT_INTERVAL
 HEARTBEAT_TIMEOUT_S = 5.0  # the original's HEARTBEAT_TIMEOUT
 # The original drops requests past this many waiting for one queue (its HWM).
 HIGH_WATER_MARK = 10_000
-# How long a check watches for something that must not come.
+# How long a check watches for something that must not come (and the drain for one more job).
 QUIET_S = 0.5
+# The jobs the draining worker takes at once.
+DRAIN_SLOTS = 100
 
 
 class Checked:
@@ -89,9 +91,13 @@ class Target:
         self.context = zmq.Context()
         self.peers: list[Peer | Worker] = []
         self.workers: list[Worker] = []
+        self.queues: set[str] = set()
 
     def queue(self, name: str) -> str:
-        return f"{self.prefix}-{name}"
+        """A queue of this check's own, drained when the check ends."""
+        queue = f"{self.prefix}-{name}"
+        self.queues.add(queue)
+        return queue
 
     def peer(self, address: str, identity: bytes | None = None) -> Peer:
         peer = Peer(self.context, address, identity, self.timeout)
@@ -163,7 +169,28 @@ class Target:
         time.sleep(0.05 if self.workers else 0)  # the KBYEs leave before the sockets close
         for peer in self.peers:
             peer.close()
-        self.context.term()
+        try:
+            if self.queues:
+                self.drain()
+        finally:
+            self.context.term()
+
+    def drain(self) -> None:
+        """eMQP has no delete: a worker of this check's queues finishes every job left in them
+        (unanswered requests, jobs its workers took without a REPLY) until none comes for a
+        while, then says KBYE, so the broker holds nothing of the check."""
+        worker = Worker(self.context, self.backend, None, self.timeout)
+        try:
+            worker.inform([(10, name) for name in sorted(self.queues)])
+            worker.ready(DRAIN_SLOTS)
+            while (frames := worker.next_message(QUIET_S)) is not None:
+                if frames[2:3] == [emqp.REQUEST] and len(frames) == 7:
+                    worker.reply(frames)
+                    worker.ready()
+            worker.send(emqp.KBYE)
+            time.sleep(0.05)  # the KBYE leaves before the socket closes
+        finally:
+            worker.close()
 
 
 checks: Registry[Target] = Registry(original_fails={
