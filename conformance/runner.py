@@ -312,9 +312,11 @@ def run_command(checks: Registry[ContextT], make_context: Callable[[str], Abstra
     selection: Selection = ctx.meta.get(SELECTION_KEY, Selection())
     collector: list[tuple[str, Summary]] | None = ctx.meta.get(COLLECTOR_KEY)
     suite = ctx.info_name or "conformance"
-    selected = [check for check in checks.select(selection.only, selection.skip) if runs(check)]
+    chosen = checks.select(selection.only, selection.skip)
+    selected = [check for check in chosen if runs(check)]
     if selection.list_only:
-        click.echo(listing(suite, checks, selected))
+        if chosen or collector is None:  # `all` lists only the suites that have some
+            click.echo(listing(suite, checks, chosen, runs))
         return
     if not selected:
         if collector is not None:  # another suite of `all` may have the checks asked for
@@ -332,8 +334,10 @@ def run_command(checks: Registry[ContextT], make_context: Callable[[str], Abstra
     raise SystemExit(0 if summary.failed == 0 else 1)
 
 
-def listing(suite: str, checks: Registry[Any], selected: list[Check[Any]]) -> str:
-    """The selected checks by group, the groups the original server is known to fail marked."""
+def listing(suite: str, checks: Registry[Any], selected: list[Check[Any]],
+            runs: Callable[[Check[Any]], bool] = lambda _: True) -> str:
+    """The selected checks by group, the groups the original server is known to fail marked, and
+    the checks these options leave out (they need one more, as the suite's help says)."""
     lines = [f"{suite}:"]
     for group in checks.groups():
         members = [check for check in selected if check.group == group]
@@ -342,7 +346,7 @@ def listing(suite: str, checks: Registry[Any], selected: list[Check[Any]]) -> st
         why = checks.original_fails.get(group)
         lines.append(f"  {group}" + (f"  [the original server fails these: {why}]" if why else ""))
         lines.extend(f"    {check.name}" + (f" — {check.about}" if check.about != check.name else "")
-                     for check in members)
+                     + ("" if runs(check) else "  [left out: needs another option]") for check in members)
     return "\n".join(lines)
 
 

@@ -98,8 +98,15 @@ def test_all_lists_every_units_suite() -> None:
     result = CliRunner().invoke(main, ["conformance", "all", "--list", "--only", "core"], catch_exceptions=False)
     assert result.exit_code == 0
     suites = [line for line in result.output.splitlines() if line and not line.startswith(" ")]
-    assert suites == ["nsq:", "mqks:", "phpmq:", "pzq:", "emqp:"]
+    assert suites == ["phpmq:", "pzq:", "emqp:"]  # NSQ's and MQKS's groups are others
     assert "  robustness" not in result.output
+    assert "core oldest first" in result.output
+
+
+def test_list_shows_the_checks_an_option_is_missing_for() -> None:
+    result = CliRunner().invoke(main, ["conformance", "emqp", "--list", "--only", "pubsub"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert "[left out: needs another option]" in result.output
 
 
 def test_all_writes_one_testsuite_per_suite_and_fails_when_a_server_is_missing(tmp_path: Path) -> None:
