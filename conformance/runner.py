@@ -433,7 +433,7 @@ def combined_command(suites: dict[str, click.Command]) -> click.Command:
             words = only + skip
             raise click.UsageError(f"no check matches {' '.join(map(repr, words))}" if words else "no check to run")
         total = Summary([result for _, summary in collected for result in summary.results])
-        click.echo(f"== all: {total.line()} ({', '.join(f'{name} {s.line()}' for name, s in collected)})")
+        click.echo(f"== all: {total.line()} ({'; '.join(f'{name}: {s.line()}' for name, s in collected)})")
         if junit:
             write_junit(junit, collected)
         raise SystemExit(0 if total.failed == 0 else 1)
