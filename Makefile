@@ -69,9 +69,4 @@ example-spark: install
 	$(BIN)/python examples/spark_orders/run.py
 
 conformance: install
-	$(BIN)/polymq conformance nsq --tcp 127.0.0.1:4150 --http 127.0.0.1:4151
-	$(BIN)/polymq conformance mqks --addr 127.0.0.1:25000
-	$(BIN)/polymq conformance phpmq --addr 127.0.0.1:9100
-	$(BIN)/polymq conformance pzq --receive 127.0.0.1:11131 --send 127.0.0.1:11132 --monitor 127.0.0.1:11133
-	$(BIN)/polymq conformance emqp --frontend 127.0.0.1:47291 --backend 127.0.0.1:47290 --admin 127.0.0.1:47293 \
-		--pubsub-in 127.0.0.1:47298 --pubsub-out 127.0.0.1:47299
+	$(BIN)/polymq conformance all --emqp-pubsub-in 127.0.0.1:47298 --emqp-pubsub-out 127.0.0.1:47299

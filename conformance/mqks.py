@@ -1065,12 +1065,12 @@ def make_context_factory(address: tuple[str, int], timeout: float) -> Callable[[
 
 @click.command()
 @click.option("--addr", "address", default=DEFAULT_ADDRESS, show_default=True, help="MQKS server address HOST:PORT")
-@runner.only_option()
+@runner.selection_options()
 @runner.timeout_option("reply")
-def command(address: str, only: str | None, timeout: float) -> None:
+def command(address: str, timeout: float) -> None:
     """Check that an MQKS server behaves like MQKS v0.4.3 (one worker).
 
     Prints `PASS name` or `FAIL name: reason` per check, then `N passed, M failed`;
     exits 0 only if every check passed.
     """
-    runner.run_command(checks, only, make_context_factory(runner.parse_address(address), timeout))
+    runner.run_command(checks, make_context_factory(runner.parse_address(address), timeout))

@@ -1516,13 +1516,13 @@ def make_context_factory(
 @click.option("--tcp", "tcp", default="127.0.0.1:4150", show_default=True, help="nsqd TCP address HOST:PORT")
 @click.option("--http", "http_address", default="127.0.0.1:4151", show_default=True,
               help="nsqd HTTP API address HOST:PORT")
-@runner.only_option()
+@runner.selection_options()
 @runner.timeout_option("reply")
-def command(tcp: str, http_address: str, only: str | None, timeout: float) -> None:
+def command(tcp: str, http_address: str, timeout: float) -> None:
     """Check that an nsqd-compatible server behaves like nsqd v1.3.0 (TCP V2 and HTTP API).
 
     Prints `PASS name` or `FAIL name: reason` per check, then `N passed, M failed`;
     exits 0 only if every check passed.
     """
     contexts = make_context_factory(runner.parse_address(tcp), runner.parse_address(http_address), timeout)
-    runner.run_command(checks, only, contexts)
+    runner.run_command(checks, contexts)

@@ -7,16 +7,22 @@ context object made by the suite (addresses, timeout, cleanup) and signals a fai
 `CheckFailed`; any other exception is also reported as a failure, never as a crash of the run.
 Output is one line per check, `PASS name` or `FAIL name: reason (expected …, got …)`, then
 `N passed, M failed` alone on the last line.
+
+A check's group is the first word of its name (up to a space, else up to a hyphen). A suite marks
+the groups the protocol's original server is known to fail (`Registry.original_fails`), so a run
+against the original can `--skip` them and `--list` says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 import click
@@ -58,10 +64,30 @@ def _show(value: Any) -> str:
     return value if isinstance(value, str) else repr(value)
 
 
+def group_of(name: str) -> str:
+    """A check's group: the first word of its name (`robustness …`, `http-pub` → `http`)."""
+    head = name.split(" ", 1)[0]
+    return head if " " in name else head.split("-", 1)[0]
+
+
 @attrs.frozen(slots=True)
 class Check(Generic[ContextT]):
     name: str
     func: Callable[[ContextT], None]
+
+    @property
+    def group(self) -> str:
+        return group_of(self.name)
+
+    @property
+    def about(self) -> str:
+        """What the check checks: its function's docstring's first line, else its name."""
+        doc = (self.func.__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else self.name
+
+    def matches(self, word: str) -> bool:
+        """`word` names the check's group, or is part of its name."""
+        return word == self.group or word in self.name
 
 
 @attrs.frozen(slots=True)
@@ -70,6 +96,8 @@ class Result:
     passed: bool
     detail: str
     seconds: float
+    group: str = ""
+    about: str = ""
 
     def line(self) -> str:
         return f"PASS {self.name}" if self.passed else f"FAIL {self.name}: {self.detail}"
@@ -96,6 +124,8 @@ class Registry(Generic[ContextT]):
     """Checks in registration order (the order they run and print in)."""
 
     checks: list[Check[ContextT]] = attrs.Factory(list)
+    # group → why the protocol's original server fails it (robustness, newer protocol revisions)
+    original_fails: dict[str, str] = attrs.Factory(dict)
 
     def check(self, name: str) -> Callable[[Callable[[ContextT], None]], Callable[[ContextT], None]]:
         def register(func: Callable[[ContextT], None]) -> Callable[[ContextT], None]:
@@ -106,11 +136,14 @@ class Registry(Generic[ContextT]):
 
         return register
 
-    def select(self, only: str | None) -> list[Check[ContextT]]:
-        """`only` is a plain substring of the check name (no globbing)."""
-        if not only:
-            return list(self.checks)
-        return [c for c in self.checks if only in c.name]
+    def select(self, only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> list[Check[ContextT]]:
+        """Each of `only` and `skip` is a group name or a plain substring of a check's name (no
+        globbing): the checks any `only` matches (all without one), less those any `skip` matches."""
+        return [c for c in self.checks
+                if (not only or any(c.matches(word) for word in only)) and not any(c.matches(word) for word in skip)]
+
+    def groups(self) -> list[str]:
+        return list(dict.fromkeys(c.group for c in self.checks))
 
 
 def run_one(check: Check[ContextT], make_context: Callable[[str], AbstractContextManager[ContextT]]) -> Result:
@@ -119,10 +152,11 @@ def run_one(check: Check[ContextT], make_context: Callable[[str], AbstractContex
         with make_context(check.name) as context:
             check.func(context)
     except CheckFailed as exc:
-        return Result(check.name, False, exc.line(), time.monotonic() - start)
+        return Result(check.name, False, exc.line(), time.monotonic() - start, check.group, check.about)
     except Exception as exc:  # a check must report, never crash the run
-        return Result(check.name, False, f"{type(exc).__name__}: {exc}", time.monotonic() - start)
-    return Result(check.name, True, "", time.monotonic() - start)
+        return Result(check.name, False, f"{type(exc).__name__}: {exc}", time.monotonic() - start, check.group,
+                      check.about)
+    return Result(check.name, True, "", time.monotonic() - start, check.group, check.about)
 
 
 def run_checks(
@@ -135,6 +169,8 @@ def run_checks(
         result = run_one(check, make_context)
         summary.results.append(result)
         echo(result.line())
+        if check.about != check.name:
+            echo(f"     checks: {check.about}")
     echo(summary.line())
     return summary
 
@@ -201,10 +237,52 @@ class CheckedConnection:
 # -- the command ------------------------------------------------------------------------------
 
 
-def only_option(example: str | None = None) -> Callable[[F], F]:
-    """--only SUBSTRING."""
-    return click.option("--only", default=None, help="run only checks whose name contains this substring"
-                        + (f" (e.g. {example})" if example else ""))
+@attrs.frozen(slots=True)
+class Selection:
+    """What the command line asks of a run besides the addresses: which checks, list or run,
+    where to write JUnit XML."""
+
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    list_only: bool = False
+    junit: str | None = None
+
+
+# Where a suite's command leaves its Selection for `run_command` (the click context's meta).
+SELECTION_KEY = "polymq.conformance.selection"
+# Set by `polymq conformance all` in the click context's meta: a list each suite appends its
+# (name, Summary) to instead of exiting.
+COLLECTOR_KEY = "polymq.conformance.collector"
+
+
+def selection_options(example: str | None = None) -> Callable[[F], F]:
+    """--only, --skip (group names or parts of check names, repeatable), --list and --junit FILE.
+    The wrapped command receives none of them: `run_command` finds them in the click context."""
+
+    def add(function: F) -> F:
+        @functools.wraps(function)
+        def wrapper(*args: Any, only: tuple[str, ...], skip: tuple[str, ...], list_only: bool, junit: str | None,
+                    **kwargs: Any) -> Any:
+            click.get_current_context().meta[SELECTION_KEY] = Selection(only, skip, list_only, junit)
+            return function(*args, **kwargs)
+
+        for option in reversed(_selection_option_list(example)):
+            wrapper = option(wrapper)
+        return wrapper  # type: ignore[return-value]
+
+    return add
+
+
+def _selection_option_list(example: str | None = None) -> list[Callable[[F], F]]:
+    hint = f" (e.g. {example})" if example else ""
+    return [
+        click.option("--only", multiple=True, help="run only the checks of this group or whose name contains this"
+                     + hint + "; repeatable"),
+        click.option("--skip", multiple=True, help="leave out the checks of this group or whose name contains this;"
+                     " repeatable"),
+        click.option("--list", "list_only", is_flag=True, help="print the checks by group and run nothing"),
+        click.option("--junit", default=None, metavar="FILE", help="also write the results as JUnit XML to FILE"),
+    ]
 
 
 def timeout_option(what: str) -> Callable[[F], F]:
@@ -225,16 +303,75 @@ def address_options(*options: tuple[str, str | None, str]) -> Callable[[F], F]:
     return add
 
 
-def run_command(checks: Registry[ContextT], only: str | None,
-                make_context: Callable[[str], AbstractContextManager[ContextT]],
-                runs: Callable[[Check[ContextT]], bool] = lambda _: True) -> NoReturn:
-    """Run the checks `--only` selects (and `runs` lets run), print their lines, exit 0 only if
-    every one passed."""
-    selected = [check for check in checks.select(only) if runs(check)]
+def run_command(checks: Registry[ContextT], make_context: Callable[[str], AbstractContextManager[ContextT]],
+                runs: Callable[[Check[ContextT]], bool] = lambda _: True) -> None:
+    """Run the checks the command line selects (and `runs` lets run), print their lines and exit
+    0 only if every one passed; or print them with --list; or, under `polymq conformance all`,
+    hand the summary to it."""
+    ctx = click.get_current_context()
+    selection: Selection = ctx.meta.get(SELECTION_KEY, Selection())
+    collector: list[tuple[str, Summary]] | None = ctx.meta.get(COLLECTOR_KEY)
+    suite = ctx.info_name or "conformance"
+    chosen = checks.select(selection.only, selection.skip)
+    selected = [check for check in chosen if runs(check)]
+    if selection.list_only:
+        if chosen or collector is None:  # `all` lists only the suites that have some
+            click.echo(listing(suite, checks, chosen, runs))
+        return
     if not selected:
-        raise click.UsageError(f"no check name contains {only!r}" if only else "no check to run")
+        if collector is not None:  # another suite of `all` may have the checks asked for
+            return
+        words = selection.only + selection.skip
+        raise click.UsageError(f"no check matches {' '.join(map(repr, words))}" if words else "no check to run")
+    if collector is not None:
+        click.echo(f"== {suite}")
     summary = run_checks(selected, make_context, lambda line: click.echo(line))
+    if collector is not None:
+        collector.append((suite, summary))
+        return
+    if selection.junit:
+        write_junit(selection.junit, [(suite, summary)])
     raise SystemExit(0 if summary.failed == 0 else 1)
+
+
+def listing(suite: str, checks: Registry[Any], selected: list[Check[Any]],
+            runs: Callable[[Check[Any]], bool] = lambda _: True) -> str:
+    """The selected checks by group, the groups the original server is known to fail marked, and
+    the checks these options leave out (they need one more, as the suite's help says)."""
+    lines = [f"{suite}:"]
+    for group in checks.groups():
+        members = [check for check in selected if check.group == group]
+        if not members:
+            continue
+        why = checks.original_fails.get(group)
+        lines.append(f"  {group}" + (f"  [the original server fails these: {why}]" if why else ""))
+        lines.extend(f"    {check.name}" + (f" — {check.about}" if check.about != check.name else "")
+                     + ("" if runs(check) else "  [left out: needs another option]") for check in members)
+    return "\n".join(lines)
+
+
+def junit_tree(suites: list[tuple[str, Summary]]) -> ET.ElementTree:
+    """One <testsuite> per protocol, one <testcase> per check, a <failure> with expected/got."""
+    root = ET.Element("testsuites", name="polymq conformance", tests=str(sum(len(s.results) for _, s in suites)),
+                      failures=str(sum(s.failed for _, s in suites)))
+    for suite, summary in suites:
+        element = ET.SubElement(root, "testsuite", name=suite, tests=str(len(summary.results)),
+                                failures=str(summary.failed), errors="0", skipped="0",
+                                time=f"{sum(r.seconds for r in summary.results):.3f}")
+        for result in summary.results:
+            case = ET.SubElement(element, "testcase", classname=f"{suite}.{result.group or group_of(result.name)}",
+                                 name=result.name, time=f"{result.seconds:.3f}")
+            if result.about and result.about != result.name:
+                ET.SubElement(case, "system-out").text = result.about
+            if not result.passed:
+                failure = ET.SubElement(case, "failure", message=result.detail, type="CheckFailed")
+                failure.text = result.detail
+    ET.indent(root)
+    return ET.ElementTree(root)
+
+
+def write_junit(path: str, suites: list[tuple[str, Summary]]) -> None:
+    junit_tree(suites).write(path, encoding="utf-8", xml_declaration=True)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -251,3 +388,60 @@ def address_option(_ctx: click.Context, _param: click.Parameter, value: str | No
         return None
     host, port = parse_address(value)
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# -- every suite in one run -------------------------------------------------------------------
+
+# The options a suite's command shares with `all` (not prefixed there).
+_SHARED_OPTIONS = ("only", "skip", "list_only", "junit")
+
+
+def combined_command(suites: dict[str, click.Command]) -> click.Command:
+    """`all`: every suite in `suites` in turn, each with its default addresses unless
+    `--SUITE-OPTION` (its own option, prefixed by its name) says otherwise; the selection options
+    shared; one report, one JUnit file with one testsuite per suite, exit 1 if any check failed."""
+    passed_on: dict[str, tuple[str, str, bool]] = {}  # parameter → (suite, its own flag, is a flag)
+    params: list[click.Parameter] = []
+    for suite, command in suites.items():
+        for param in command.params:
+            if not isinstance(param, click.Option) or param.name in _SHARED_OPTIONS or param.name is None:
+                continue
+            own = max(param.opts, key=len)
+            dest = f"{suite}_{param.name}".replace("-", "_")
+            passed_on[dest] = (suite, own, param.is_flag)
+            shown = "" if param.is_flag or param.default is None else f" [default: {param.default}]"
+            params.append(click.Option([f"--{suite}-{own.lstrip('-')}", dest], is_flag=param.is_flag,
+                                       default=False if param.is_flag else None,
+                                       help=f"{suite}: {param.help or ''}{shown}"))
+
+    def run(only: tuple[str, ...], skip: tuple[str, ...], list_only: bool, junit: str | None, **given: Any) -> None:
+        ctx = click.get_current_context()
+        collected: list[tuple[str, Summary]] = []
+        ctx.meta[COLLECTOR_KEY] = collected
+        for suite, command in suites.items():
+            args = [word for w in only for word in ("--only", w)] + [word for w in skip for word in ("--skip", w)]
+            args += ["--list"] if list_only else []
+            for dest, (owner, own, is_flag) in passed_on.items():
+                value = given.get(dest)
+                if owner == suite and value not in (None, False):
+                    args += [own] if is_flag else [own, str(value)]
+            with command.make_context(suite, args, parent=ctx) as sub:
+                command.invoke(sub)
+        if list_only:
+            return
+        if not collected:
+            words = only + skip
+            raise click.UsageError(f"no check matches {' '.join(map(repr, words))}" if words else "no check to run")
+        total = Summary([result for _, summary in collected for result in summary.results])
+        click.echo(f"== all: {total.line()} ({'; '.join(f'{name}: {s.line()}' for name, s in collected)})")
+        if junit:
+            write_junit(junit, collected)
+        raise SystemExit(0 if total.failed == 0 else 1)
+
+    command = click.Command("all", callback=run, params=params, help=(
+        "Run every protocol's suite in turn, each against its default addresses unless one of its"
+        " options (prefixed by its name) is given. Prints each suite's report and a total; exits"
+        " non-zero if any check failed."))
+    for option in reversed(_selection_option_list()):
+        command = option(command)  # type: ignore[arg-type]
+    return command

@@ -46,7 +46,14 @@ def _bench_targets() -> dict[str, str]:
 
 
 def _conformance_targets() -> dict[str, str]:
-    return {unit.name: unit.conformance for unit in protocols() if unit.conformance is not None}
+    found = {unit.name: unit.conformance for unit in protocols() if unit.conformance is not None}
+    found[ALL] = ALL_TARGET
+    return found
+
+
+# `polymq conformance all`: every unit's suite in turn (gateway/conformance_all.py names none).
+ALL = "all"
+ALL_TARGET = "polymq.gateway.conformance_all:command"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -101,7 +101,7 @@ def test_only_filters_by_substring(module_gateway: GatewayProcess) -> None:
 def test_unknown_only_pattern_is_a_usage_error() -> None:
     code, lines = run_suite("--only", "no-such-check")
     assert code == 2
-    assert any("no check name contains" in line for line in lines)
+    assert any("no check matches" in line for line in lines)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_suite_fails_against_a_server_that_says_ok_to_everything() -> None:
 def test_unknown_only_pattern_is_a_usage_error() -> None:
     code, lines = run_suite("--only", "no-such-check")
     assert code == 2
-    assert any("no check name contains" in line for line in lines)
+    assert any("no check matches" in line for line in lines)
 
 
 def test_the_suite_leaves_nothing_behind(tmp_path: Path) -> None:

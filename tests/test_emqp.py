@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -476,3 +477,36 @@ def test_with_an_emq_scheduler_connected_schedules_go_to_it_as_in_the_original(g
         assert newest.receive()[2:4] == [emqp.UNSCHEDULE, msgid]
         assert older.receive()[2:4] == [emqp.UNSCHEDULE, msgid]
         assert gateway_schedules(context, gateway) == {}
+
+
+def _queue_names(gateway: GatewayProcess) -> set[str]:
+    with urllib.request.urlopen(f"http://{gateway.http}/api/state", timeout=5) as response:
+        return {queue["name"] for queue in json.loads(response.read())["queues"]}
+
+
+def test_an_emptied_queue_no_worker_serves_is_forgotten_one_that_holds_jobs_is_kept(
+        tmp_path: Path, context: zmq.Context) -> None:
+    with running_gateway("--emqp-forget-empty", "0", data_dir=tmp_path) as gateway, \
+            Client(context, frontend(gateway)) as client:
+        with Worker(context, backend(gateway)) as worker:
+            worker.inform([(10, "emptied"), (5, "kept")])
+            worker.ready()
+            wait_until(lambda: slots(context, gateway, worker) == 1, "the READY")
+            client.request("emptied", JOB)
+            worker.reply(worker.job())  # and no READY: the next request waits
+            client.request("kept", JOB)
+            wait_until(lambda: admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)[
+                "waiting_messages_by_queue"] == {"kept": 1}, "the waiting request")
+            worker.send(emqp.KBYE)
+            wait_until(lambda: not workers(context, gateway), "the KBYE")
+        wait_until(lambda: "emptied" not in _queue_names(gateway), "the emptied queue forgotten")
+        assert "kept" in _queue_names(gateway)
+
+
+def test_forget_empty_minus_one_keeps_every_queue(tmp_path: Path, context: zmq.Context) -> None:
+    with running_gateway("--emqp-forget-empty", "-1", data_dir=tmp_path) as gateway:
+        with Worker(context, backend(gateway)) as worker:
+            worker.inform([(10, "stays")])
+            worker.send(emqp.KBYE)
+            wait_until(lambda: not workers(context, gateway), "the KBYE")
+        assert "stays" in _queue_names(gateway)

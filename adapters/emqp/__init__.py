@@ -13,6 +13,7 @@ from polymq.adapters.emqp.broker import (
     ADMIN_MAX_MESSAGE,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_MESSAGE,
+    FORGET_EMPTY_AFTER_S,
     HEARTBEAT_INTERVAL_S,
     HEARTBEAT_TIMEOUT_S,
     EMQPBroker,
@@ -65,6 +66,9 @@ SETTINGS = (
     Setting("max_attempts", "--emqp-max-attempts", click.IntRange(min=0), DEFAULT_MAX_ATTEMPTS,
            "Deliveries after which a job whose worker went is moved to <queue>.dead instead of being handed "
            "out again (0 = no limit); set on the queues eMQP creates."),
+    Setting("forget_empty_after_s", "--emqp-forget-empty", click.FloatRange(min=-1), FORGET_EMPTY_AFTER_S,
+           "Seconds after its last worker left that an empty queue eMQP created is deleted, with its topic "
+           "when nothing else uses it (the original keeps no queue objects; -1 = keep them)."),
     Setting("max_message", "--emqp-max-message", click.IntRange(min=1), DEFAULT_MAX_MESSAGE,
            "Largest eMQP message (all its frames) in bytes; ZeroMQ drops a larger one as it arrives."),
 )
@@ -86,7 +90,8 @@ def start(context: Context) -> ServersService:
             heartbeat_interval=options.heartbeat_interval_ms / 1000,
             heartbeat_timeout=options.heartbeat_timeout_ms / 1000, max_message=options.max_message,
             max_depth=options.max_depth, reroute_unknown=options.reroute_unknown,
-            admin_disconnect=options.admin_disconnect, max_attempts=options.max_attempts),
+            admin_disconnect=options.admin_disconnect, max_attempts=options.max_attempts,
+            forget_empty_after=None if options.forget_empty_after_s < 0 else options.forget_empty_after_s),
             stop_gateway=context.gateway.stop))
     if any(name in sockets.sockets for name in PUBSUB_SOCKETS):
         servers.append(EMQPPubSub(context.engine, sockets))

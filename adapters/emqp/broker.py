@@ -36,7 +36,16 @@ from polymq.adapters.zmq_pump import Frames
 from polymq.adapters.zmq_service import ZmqService
 from polymq.adapters.zmq_sockets import ZmqSockets
 from polymq.codecs import emqp
-from polymq.core.engine import MAX_ATTEMPTS_OPTION, Consumer, CreditMode, CreditPool, Engine, Message, Queue
+from polymq.core.engine import (
+    AUTO_DELETE_EMPTY_OPTION,
+    MAX_ATTEMPTS_OPTION,
+    Consumer,
+    CreditMode,
+    CreditPool,
+    Engine,
+    Message,
+    Queue,
+)
 from polymq.core.schedules import FOREVER, InvalidSchedule, Schedule
 from polymq.core.timers import Timer
 
@@ -55,6 +64,8 @@ DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
 # being handed out once more: a job that kills its jobmanager (a malformed one makes it reconnect)
 # must not go round forever. The original never hands a job out twice.
 DEFAULT_MAX_ATTEMPTS = 5
+# The PHPMQ unit's default: a minute for a worker to come back before its empty queue goes.
+FORGET_EMPTY_AFTER_S = 60.0
 # Admin commands are a word and a msgid.
 ADMIN_MAX_MESSAGE = 64 * 1024
 # Where a message's eMQP fields travel in the engine (any protocol's consumer sees them as headers).
@@ -83,6 +94,9 @@ class EMQPLimits:
     admin_disconnect: bool = False
     # Set on the queues eMQP makes (0: no limit).
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    # Seconds after its last worker left that an empty queue eMQP made is deleted, with its topic
+    # when nothing else uses it (None: kept). The original keeps no queue objects at all.
+    forget_empty_after: float | None = FORGET_EMPTY_AFTER_S
 
 
 def _text(raw: bytes) -> str:
@@ -362,9 +376,13 @@ class EMQPBroker(ZmqService):
         queue = engine.queue(name)
         if queue is None or name not in queue.topics:
             if queue is None:
-                attempts = self.limits.max_attempts
-                queue = engine.ensure_queue(name, options={MAX_ATTEMPTS_OPTION: attempts} if attempts else None,
-                                           origin=ORIGIN)
+                options: dict[str, object] = {}
+                if self.limits.max_attempts:
+                    options[MAX_ATTEMPTS_OPTION] = self.limits.max_attempts
+                forget = self.limits.forget_empty_after
+                if forget is not None:
+                    options[AUTO_DELETE_EMPTY_OPTION] = True
+                queue = engine.ensure_queue(name, auto_delete=forget, options=options, origin=ORIGIN)
             engine.bind(name, name)
         return queue
 

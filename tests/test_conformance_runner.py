@@ -1,0 +1,123 @@
+"""The suites' shared command line: --list, --only/--skip by group or name, --junit, the exit
+code, and `polymq conformance all` over every unit's suite."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+from click.testing import CliRunner
+
+from polymq.conformance import runner
+from polymq.conformance.runner import CheckFailed, Registry
+from polymq.gateway.cli import main
+
+checks: Registry[None] = Registry(original_fails={"robustness": "the original crashes"})
+
+
+@checks.check("core one passes")
+def _passes(_: None) -> None:
+    """A check that passes."""
+
+
+@checks.check("core two fails")
+def _fails(_: None) -> None:
+    raise CheckFailed("the answer", "b'OK'", "b'E_INVALID'")
+
+
+@checks.check("robustness three passes")
+def _robust(_: None) -> None:
+    pass
+
+
+@contextmanager
+def _context(_name: str) -> Iterator[None]:
+    yield None
+
+
+@click.command()
+@runner.selection_options("core")
+def toy() -> None:
+    runner.run_command(checks, _context)
+
+
+def invoke(*args: str) -> tuple[int, list[str]]:
+    result = CliRunner().invoke(toy, list(args), catch_exceptions=False)
+    return result.exit_code, result.output.splitlines()
+
+
+def test_report_names_what_each_check_checks_and_fails_with_expected_and_got() -> None:
+    code, lines = invoke()
+    assert code == 1
+    assert "PASS core one passes" in lines
+    assert "     checks: A check that passes." in lines
+    assert "FAIL core two fails: the answer (expected b'OK', got b'E_INVALID')" in lines
+    assert lines[-1] == "2 passed, 1 failed"
+
+
+def test_only_and_skip_take_groups_and_parts_of_names_and_repeat() -> None:
+    assert invoke("--only", "robustness") == (0, ["PASS robustness three passes", "1 passed, 0 failed"])
+    code, lines = invoke("--skip", "robustness", "--skip", "two")
+    assert (code, lines[-1]) == (0, "1 passed, 0 failed")
+    code, lines = invoke("--only", "one", "--only", "three")
+    assert (code, [line for line in lines if line.startswith(("PASS", "FAIL"))]) == (
+        0, ["PASS core one passes", "PASS robustness three passes"])
+
+
+def test_nothing_selected_is_a_usage_error() -> None:
+    code, lines = invoke("--only", "no-such-check")
+    assert code == 2 and "no check matches 'no-such-check'" in "\n".join(lines)
+
+
+def test_list_prints_groups_and_marks_what_the_original_fails_without_running() -> None:
+    code, lines = invoke("--list")
+    assert code == 0
+    assert lines == ["toy:", "  core", "    core one passes — A check that passes.", "    core two fails",
+                     "  robustness  [the original server fails these: the original crashes]",
+                     "    robustness three passes"]
+
+
+def test_junit_has_one_testcase_per_check_and_the_failure_with_expected_and_got(tmp_path: Path) -> None:
+    report = tmp_path / "report.xml"
+    code, _ = invoke("--junit", str(report))
+    assert code == 1
+    suite = ET.parse(report).getroot().find("testsuite")
+    assert suite is not None and suite.get("name") == "toy"
+    assert (suite.get("tests"), suite.get("failures")) == ("3", "1")
+    cases = {case.get("name"): case for case in suite.iter("testcase")}
+    assert set(cases) == {"core one passes", "core two fails", "robustness three passes"}
+    failure = cases["core two fails"].find("failure")
+    assert failure is not None and failure.get("message") == "the answer (expected b'OK', got b'E_INVALID')"
+    assert cases["core one passes"].find("failure") is None
+
+
+def test_all_lists_every_units_suite() -> None:
+    result = CliRunner().invoke(main, ["conformance", "all", "--list", "--only", "core"], catch_exceptions=False)
+    assert result.exit_code == 0
+    suites = [line for line in result.output.splitlines() if line and not line.startswith(" ")]
+    assert suites == ["phpmq:", "pzq:", "emqp:"]  # NSQ's and MQKS's groups are others
+    assert "  robustness" not in result.output
+    assert "core oldest first" in result.output
+
+
+def test_list_shows_the_checks_an_option_is_missing_for() -> None:
+    result = CliRunner().invoke(main, ["conformance", "emqp", "--list", "--only", "pubsub"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert "[left out: needs another option]" in result.output
+
+
+def test_all_writes_one_testsuite_per_suite_and_fails_when_a_server_is_missing(tmp_path: Path) -> None:
+    # Nothing listens on these ports: every selected check fails, and each suite reports.
+    report = tmp_path / "all.xml"
+    dead = "127.0.0.1:9"
+    result = CliRunner().invoke(main, [
+        "conformance", "all", "--only", "ping", "--only", "magic-bad", "--junit", str(report),
+        "--nsq-tcp", dead, "--nsq-http", dead, "--nsq-timeout", "0.3", "--mqks-addr", dead, "--mqks-timeout", "0.3",
+    ], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    names = [suite.get("name") for suite in ET.parse(report).getroot().iter("testsuite")]
+    assert names == ["nsq", "mqks"]
+    assert "FAIL magic-bad" in result.output and "FAIL ping" in result.output
