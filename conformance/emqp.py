@@ -340,6 +340,34 @@ def _admin(t: Target) -> None:
     expect_equal("ROUTER_SHOW_SCHEDULERS", True, isinstance(schedulers, dict) and "connected_schedulers" in schedulers)
 
 
+@checks.check("core STATUS counts a request as processed only when it was handed to a worker as it arrived")
+def _status_counts(t: Target) -> None:
+    # The original counts a request in processed_messages_by_queue and _by_worker when it dispatches it
+    # on arrival; one that waited in its queue for a READY is not counted.
+    if t.admin_address is None:
+        raise CheckFailed("this check reads STATUS: give --admin", "an admin address", None)
+    name = t.queue("counted")
+    waiting = t.worker([(10, name)])  # no free slot: the request waits in its queue
+    t.client().send(emqp.REQUEST, name.encode(), b"", job_payload("waits"))
+    waiting.expect_quiet("a request for a worker without a free slot")
+    waiting.ready()
+    waiting.expect_job("the request that waited")
+    status = t.admin(emqp.STATUS)
+    counts = status.get("processed_messages_by_queue") if isinstance(status, dict) else status
+    expect_equal("processed_messages_by_queue after a request that waited", None,
+                 counts.get(name) if isinstance(counts, dict) else counts)
+    ready = t.serving([(10, name)], slots=1)
+    t.client().send(emqp.REQUEST, name.encode(), b"", job_payload("at once"))
+    ready.expect_job("the request handed over as it arrived")
+    status = t.admin(emqp.STATUS)
+    counts = status.get("processed_messages_by_queue") if isinstance(status, dict) else status
+    expect_equal("processed_messages_by_queue after a request handed over at once", 1,
+                 counts.get(name) if isinstance(counts, dict) else counts)
+    workers = status.get("processed_messages_by_worker") if isinstance(status, dict) else None
+    expect_equal("processed_messages_by_worker", 1,
+                 workers.get(ready.identity.decode()) if isinstance(workers, dict) else workers)
+
+
 @checks.check("core a scheduler's INFORM on the frontend is answered ACK")
 def _scheduler(t: Target) -> None:
     scheduler = t.client()

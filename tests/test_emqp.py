@@ -326,6 +326,27 @@ def test_admin_status_workers_and_schedulers(gateway: GatewayProcess, context: z
             assert json.loads(cli.receive()[4])["processed_messages_by_queue"] == {"a": 1}
 
 
+def test_status_counts_as_processed_only_a_request_handed_over_as_it_arrived(gateway: GatewayProcess,
+                                                                           context: zmq.Context) -> None:
+    """The original's rule; every job handed out is in polymq's own `handed_out_by_queue`."""
+    address = gateway.addresses["emqp-admin"]
+    with Worker(context, backend(gateway)) as worker, Client(context, frontend(gateway)) as client:
+        worker.inform([(10, "counted")])
+        client.request("counted", b"[1]")  # no free slot yet: it waits in its queue
+        wait_until(lambda: admin_json(context, address, emqp.STATUS)["waiting_messages_by_queue"].get("counted"),
+                   "the request waiting")
+        worker.ready(1)
+        worker.job()
+        worker.ready(1)  # ends that job and offers a slot
+        wait_until(lambda: slots(context, gateway, worker) == 1, "a free slot")
+        client.request("counted", b"[2]")  # handed over as it arrives
+        worker.job()
+        status = admin_json(context, address, emqp.STATUS)
+        assert status["processed_messages_by_queue"].get("counted") == 1
+        assert status["processed_messages_by_worker"].get(worker.identity.decode()) == 1
+        assert status["polymq"]["handed_out_by_queue"]["counted"] == 2
+
+
 def test_a_job_whose_workers_keep_going_is_dead_lettered_after_the_max_attempts(tmp_path: Path,
                                                                                  context: zmq.Context) -> None:
     with running_gateway("--emqp-max-attempts", "2", data_dir=tmp_path) as gateway, \

@@ -70,7 +70,7 @@ def advance(engine: Engine, clock: ManualClock, seconds: float) -> int:
 
 
 def sub(engine: Engine, topic: str, channel: str, **options: Any) -> tuple[Consumer, Recorder]:
-    """NSQ's way (adapters/nsq/tcp.py): queue `topic/channel`, owned by `topic` and bound to it, one consumer attached."""
+    """NSQ's way (adapters/nsq/tcp.py): queue `topic/channel`, owned by `topic` and bound to it, a consumer."""
     engine.ensure_topic(topic, ephemeral=topic.endswith("#ephemeral"))
     queue = ensure_channel(engine, topic, channel)
     return attach(engine, queue.name, **options)

@@ -164,10 +164,14 @@ class EMQPBroker(ZmqService):
         self.workers: dict[bytes, Worker] = {}
         self.schedulers: dict[bytes, float] = {}  # identity → last seen, the newest last
         self.counters = Counters()
+        # STATUS's processed counts, as the original keeps them: requests handed to a worker as they
+        # arrived (one that waited for a READY is not counted); every job handed out is in `handed_out`.
         self.processed_by_queue: Counter[str] = Counter()
         self.processed_by_worker: Counter[bytes] = Counter()
+        self.handed_out_by_queue: Counter[str] = Counter()
         self.known_queues: set[str] = set()  # the queues eMQP requests or workers named
-        self._delivered_now: list[int] | None = None  # ids delivered while a REQUEST is published
+        # Message id → worker of what was delivered while a REQUEST is published.
+        self._delivered_now: dict[int, bytes] | None = None
         self._timers: list[Timer] = []
         self.backend = self.add_pump("emqp-backend", sockets.get("emqp-backend"), self._backend)
         self.frontend = self.add_pump("emqp-frontend", sockets.get("emqp-frontend"), self._frontend)
@@ -358,10 +362,9 @@ class EMQPBroker(ZmqService):
         msgid, headers = _emqp_fields(message)
         worker.jobs[message] = (msgid, _REPLY_REQUESTED in headers.split(b","))
         worker.by_msgid[msgid] = message
-        self.processed_by_queue[name] += 1
-        self.processed_by_worker[worker.identity] += 1
+        self.handed_out_by_queue[name] += 1
         if self._delivered_now is not None:
-            self._delivered_now.append(message.id)
+            self._delivered_now[message.id] = worker.identity
         assert self.backend is not None  # a worker INFORMed on it
         # A durable queue's job leaves once its attempt is on record: --emqp-max-attempts counts every run.
         self.deliver(self.backend, emqp.request(worker.identity, msgid, name.encode(), headers, message.body),
@@ -453,14 +456,18 @@ class EMQPBroker(ZmqService):
         if self.limits.max_depth and queue.depth >= self.limits.max_depth:
             self._refuse(message, f"queue {name} holds {queue.depth} requests (the limit)", replies)
             return
-        self._delivered_now = delivered = []
+        self._delivered_now = delivered = {}
         try:
             message_id = engine.publish(name, request.payload, origin=ORIGIN, headers={
                 MSGID_HEADER: message.msgid.decode("latin-1"), HEADERS_HEADER: request.headers.decode("latin-1")})
         finally:
             self._delivered_now = None
-        if message_id in delivered:
-            # Handed to a worker at once: the original's "dispatched" REPLY (never for a buffered one).
+        worker = delivered.get(message_id)
+        if worker is not None:
+            # Handed to a worker at once: the original's "dispatched" REPLY and STATUS count (never for
+            # a buffered one).
+            self.processed_by_queue[name] += 1
+            self.processed_by_worker[worker] += 1
             replies.append(emqp.reply(message.identity, _msgid(), message.msgid))
 
     def _inform_scheduler(self, message: emqp.Message) -> None:
@@ -588,7 +595,8 @@ class EMQPBroker(ZmqService):
             "processed_messages_by_queue": dict(self.processed_by_queue),
             "processed_messages_by_worker": {_text(identity): count
                                              for identity, count in self.processed_by_worker.items()},
-            "polymq": {**attrs.asdict(self.counters), "schedules": self.schedules()},
+            "polymq": {**attrs.asdict(self.counters), "schedules": self.schedules(),
+                       "handed_out_by_queue": dict(self.handed_out_by_queue)},
         }
 
     def schedules(self) -> dict[str, dict[str, Any]]:
