@@ -148,6 +148,7 @@ class FileWriter:
         self._zeroed: dict[Path, int] = {}
         self._unsynced: set[Path] = set()  # written since their last fsync
         self._new_dirs: set[Path] = set()  # gained an entry since their last fsync
+        self.bytes_written = 0  # records appended so far (the zeros written ahead not counted)
 
     def run(self, job: CommitJob) -> CommitJob:
         """The whole commit inline: appends, then (if `job.fsync`) the sync, then removals."""
@@ -165,6 +166,7 @@ class FileWriter:
                 self._append(path, data)
                 job.sizes[path] = self._sizes[path]
                 job.appended += 1
+                self.bytes_written += len(data)
         except OSError as error:
             job.error = error
         return job

@@ -9,16 +9,20 @@ that asks to sleep `LAG_INTERVAL_S` and counts how late it wakes.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from polymq.adapters.protocol import Service
+from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import Engine
+from polymq.gateway.committer import SYNC_BUCKETS_S, Committer
 
 # Topics and queues with series of their own; past it the rest are summed as `_other`.
 MAX_LABELLED = 1000
@@ -39,9 +43,11 @@ def _limited(items: Iterable[Any], depth: Callable[[Any], int]) -> tuple[list[An
 class EngineCollector(Collector):
     """Topics, queues, connections per protocol and the store, read when scraped."""
 
-    def __init__(self, engine: Engine, services: Callable[[], Mapping[str, Service]]) -> None:
+    def __init__(self, engine: Engine, services: Callable[[], Mapping[str, Service]],
+                 committer: Committer | None = None) -> None:
         self.engine = engine
         self.services = services
+        self.committer = committer
 
     def collect(self) -> Iterator[Metric]:
         yield from self._topics()
@@ -52,6 +58,30 @@ class EngineCollector(Collector):
                                   value=getattr(storage, "syncs", 0))
         yield GaugeMetricFamily("polymq_store_failing", "1 while the store's writes or syncs fail.",
                                 value=1 if getattr(storage, "failure", None) is not None else 0)
+        yield from self._disk(storage)
+
+    def _disk(self, storage: Any) -> Iterator[Metric]:
+        """What the embedded store wrote and holds, and how long its fdatasyncs took (none in memory)."""
+        if self.committer is None or not isinstance(storage, DiskStorage):
+            return
+        yield CounterMetricFamily("polymq_store_written_bytes", "Bytes of records the store appended.",
+                                  value=storage.files.bytes_written)
+        size = files = 0
+        for folder, _, names in os.walk(storage.dir):
+            for name in names:
+                with contextlib.suppress(OSError):  # a segment removed meanwhile
+                    size += os.stat(os.path.join(folder, name)).st_blocks * 512
+                    files += 1
+        yield GaugeMetricFamily("polymq_store_disk_bytes", "Disk space the data dir's files take.", value=size)
+        yield GaugeMetricFamily("polymq_store_files", "Files in the data dir (segments, journal, locks).",
+                                value=files)
+        latencies = self.committer.latencies
+        cumulative, buckets = 0, []
+        for bound, count in zip((*SYNC_BUCKETS_S, float("inf")), latencies.counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+        yield HistogramMetricFamily("polymq_store_fdatasync_seconds", "How long the store's fdatasync jobs took, "
+                                    "from hand-over to their end.", buckets=buckets, sum_value=latencies.total_s)
 
     def _protocols(self) -> Iterator[Metric]:
         connections = GaugeMetricFamily("polymq_connections", "Clients connected now, by protocol "
@@ -131,10 +161,11 @@ class EngineCollector(Collector):
 class Metrics:
     """The registry `/metrics` answers from, and the loop-lag task that feeds it."""
 
-    def __init__(self, engine: Engine, services: Callable[[], Mapping[str, Service]]) -> None:
+    def __init__(self, engine: Engine, services: Callable[[], Mapping[str, Service]],
+                 committer: Committer | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)  # resident memory, CPU seconds, open file descriptors
-        self.registry.register(EngineCollector(engine, services))
+        self.registry.register(EngineCollector(engine, services, committer))
         self.loop_lag = Histogram("polymq_event_loop_lag_seconds", "How late the event loop ran a task that asked "
                                   f"to wake every {LAG_INTERVAL_S} s.", buckets=LAG_BUCKETS, registry=self.registry)
 

@@ -306,7 +306,7 @@ async def run_gateway(
             Context(engine, bound.options, bound.listeners, bound.zmq, bound.checked, gateway))
         for bound in prepared.bound}
     services = list(by_protocol.values())
-    metrics = Metrics(engine, lambda: by_protocol)
+    metrics = Metrics(engine, lambda: by_protocol, committer)
     in_flight = 0
     # Installed before any listener serves, so a signal at any moment after start-up is a clean stop.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

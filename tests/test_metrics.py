@@ -57,6 +57,14 @@ def test_a_scrape_shows_topics_queues_connections_and_the_store(tmp_path) -> Non
             assert scraped[("polymq_bytes_sent_total", (("protocol", "nsq"),))] == 10  # the OK to SUB: size, type, OK
             assert scraped[("polymq_store_failing", ())] == 0
             assert scraped[("polymq_store_syncs_total", ())] >= 1  # the publishes were acknowledged after one
+            fsyncs = scraped[("polymq_store_fdatasync_seconds_count", ())]
+            assert fsyncs >= 1 and scraped[("polymq_store_fdatasync_seconds_bucket", (("le", "+Inf"),))] == fsyncs
+            assert scraped[("polymq_store_fdatasync_seconds_sum", ())] > 0
+            # Four bodies went into two queues and a topic's records at least once each.
+            assert scraped[("polymq_store_written_bytes_total", ())] >= 2 * len(b"onetwothreefour")
+            on_disk = sum(path.stat().st_blocks * 512 for path in tmp_path.rglob("*") if path.is_file())
+            assert 0 < scraped[("polymq_store_disk_bytes", ())] <= on_disk + (1 << 20)  # what has grown since
+            assert scraped[("polymq_store_files", ())] >= 1
             assert scraped[("process_resident_memory_bytes", ())] > 0
 
 
