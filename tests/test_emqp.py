@@ -245,7 +245,7 @@ def test_malformed_messages_are_counted_and_the_broker_carries_on(gateway: Gatew
         assert worker.job()[3] == sent
     counters = admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)["polymq"]
     assert counters == {"invalid": 5, "unknown_peer": 0, "refused": 2, "redelivered": 0,  # type: ignore[comparison-overlap]
-                        "ignored_disconnects": 0, "schedules": {}}
+                        "ignored_disconnects": 0, "schedules": {}, "handed_out_by_queue": {"q": 1}}
 
 
 def test_a_depth_limit_refuses_with_a_reply_instead_of_dropping(tmp_path: Path, context: zmq.Context) -> None:
