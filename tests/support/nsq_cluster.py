@@ -28,6 +28,8 @@ import pytest
 from support.fake_lookupd import FakeLookupd
 
 NSQ_BIN = Path(os.environ.get("POLYMQ_NSQ_BIN", "~/ref/nsq/bin")).expanduser()
+# Named on purpose, the folder must hold the programs: a missing one is then a failure, not a skip.
+NSQ_BIN_REQUIRED = "POLYMQ_NSQ_BIN" in os.environ
 START_TIMEOUT_S = 30.0
 WAIT_TIMEOUT_S = 60.0
 _LISTENING = re.compile(r"(TCP|HTTP): listening on (\S+:\d+)")
@@ -37,6 +39,8 @@ def nsq_program(name: str) -> Path:
     """The path of one of NSQ's programs, or a skip saying it is missing."""
     path = NSQ_BIN / name
     if not os.access(path, os.X_OK):
+        if NSQ_BIN_REQUIRED:
+            pytest.fail(f"{name} not found in POLYMQ_NSQ_BIN={NSQ_BIN}")
         pytest.skip(f"{name} not found in {NSQ_BIN} (set POLYMQ_NSQ_BIN to the folder of nsq's binaries; "
                     "docs/cluster.md): the test against the real program is skipped")
     return path
