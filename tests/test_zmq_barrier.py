@@ -25,6 +25,7 @@ from polymq.adapters.emqp.broker import EMQPBroker, EMQPLimits
 from polymq.adapters.emqp.pubsub import EMQPPubSub
 from polymq.adapters.pzq.service import PZQLimits, PZQServer
 from polymq.adapters.zmq_sockets import ZmqSockets
+from polymq.clients.zmq_socket import open_socket
 from polymq.codecs import emqp, pzq
 from polymq.core import records
 from polymq.core.clock import SystemClock
@@ -149,12 +150,7 @@ async def durable_engine(directory: Path) -> AsyncIterator[tuple[Store, trio.Nur
 
 
 def connect(context: zmq.Context, kind: int, address: str, identity: bytes | None = None) -> zmq.Socket:
-    sock = context.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    if identity is not None:
-        sock.setsockopt(zmq.IDENTITY, identity)
-    sock.connect(f"tcp://{address}")
-    return sock
+    return open_socket(context, kind, address, identity=identity)
 
 
 async def test_pzq_deliveries_reach_the_consumer_only_after_their_records_are_written(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import zmq
 from polymq.adapters.emqp.broker import EMQPBroker
 from polymq.adapters.pzq.service import PZQServer
 from polymq.adapters.zmq_sockets import ZmqSockets
+from polymq.clients.zmq_socket import open_socket
 from polymq.codecs import emqp
 from polymq.core.clock import SystemClock
 from polymq.core.engine import Engine
@@ -47,12 +48,7 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 def connect(context: zmq.Context, kind: int, address: str, identity: bytes | None = None) -> zmq.Socket:
-    sock = context.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    if identity is not None:
-        sock.setsockopt(zmq.IDENTITY, identity)
-    sock.connect(f"tcp://{address}")
-    return sock
+    return open_socket(context, kind, address, identity=identity)
 
 
 async def test_pzq_acks_become_refusals_with_the_stores_error_in_order() -> None:

@@ -32,13 +32,12 @@ from typing import Any
 
 import attrs
 
+from polymq.adapters.named_queue import named_queue
 from polymq.adapters.zmq_pump import Frames
 from polymq.adapters.zmq_service import ZmqService
 from polymq.adapters.zmq_sockets import ZmqSockets
 from polymq.codecs import emqp
 from polymq.core.engine import (
-    AUTO_DELETE_EMPTY_OPTION,
-    MAX_ATTEMPTS_OPTION,
     Consumer,
     CreditMode,
     CreditPool,
@@ -374,20 +373,9 @@ class EMQPBroker(ZmqService):
 
     def _queue(self, name: str) -> Queue:
         """Queue `name`, bound to topic `name`, made (with the max attempts) if missing."""
-        engine = self.engine
         self.known_queues.add(name)
-        queue = engine.queue(name)
-        if queue is None or name not in queue.topics:
-            if queue is None:
-                options: dict[str, object] = {}
-                if self.limits.max_attempts:
-                    options[MAX_ATTEMPTS_OPTION] = self.limits.max_attempts
-                forget = self.limits.forget_empty_after
-                if forget is not None:
-                    options[AUTO_DELETE_EMPTY_OPTION] = True
-                queue = engine.ensure_queue(name, auto_delete=forget, options=options, origin=ORIGIN)
-            engine.bind(name, name)
-        return queue
+        return named_queue(self.engine, name, origin=ORIGIN, max_attempts=self.limits.max_attempts,
+                           forget_empty_after=self.limits.forget_empty_after)
 
     def _frontend(self, batch: list[Frames]) -> None:
         replies: list[list[bytes]] = []

@@ -25,10 +25,11 @@ from typing import Any
 
 import attrs
 
+from polymq.adapters.named_queue import named_queue
 from polymq.adapters.session import Listener, StreamSession
 from polymq.adapters.transport import Transport
 from polymq.codecs import phpmq
-from polymq.core.engine import AUTO_DELETE_EMPTY_OPTION, MAX_ATTEMPTS_OPTION, Consumer, Engine, Message, Queue
+from polymq.core.engine import Consumer, Engine, Message, Queue
 
 ORIGIN = "phpmq"  # the protocol the engine keeps with what comes in here
 
@@ -75,19 +76,8 @@ class PHPMQServer(Listener):
 
     def queue(self, name: str) -> Queue:
         """Queue `name`, bound to topic `name`, made (with this listener's max_attempts) if missing."""
-        engine = self.engine
-        queue = engine.queue(name)
-        if queue is None or name not in queue.topics:
-            if queue is None:
-                options: dict[str, object] = {}
-                if self.limits.max_attempts:
-                    options[MAX_ATTEMPTS_OPTION] = self.limits.max_attempts
-                forget = self.limits.forget_empty_after
-                if forget is not None:
-                    options[AUTO_DELETE_EMPTY_OPTION] = True
-                queue = engine.ensure_queue(name, auto_delete=forget, options=options, origin=ORIGIN)
-            engine.bind(name, name)
-        return queue
+        return named_queue(self.engine, name, origin=ORIGIN, max_attempts=self.limits.max_attempts,
+                           forget_empty_after=self.limits.forget_empty_after)
 
 
 class PHPMQSession(StreamSession):

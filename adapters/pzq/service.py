@@ -29,6 +29,7 @@ import attrs
 import zmq
 import zmq.utils.monitor
 
+from polymq.adapters.named_queue import named_queue
 from polymq.adapters.zmq_pump import Frames
 from polymq.adapters.zmq_service import ZmqService
 from polymq.adapters.zmq_sockets import PEER_CONNECTED, PEER_GONE, ZmqSockets
@@ -79,12 +80,7 @@ class PZQServer(ZmqService):
 
     @property
     def queue(self) -> Queue:
-        engine, name = self.engine, self.limits.queue
-        queue = engine.queue(name)
-        if queue is None or name not in queue.topics:
-            queue = queue or engine.ensure_queue(name, origin=ORIGIN)
-            engine.bind(name, name)
-        return queue
+        return named_queue(self.engine, self.limits.queue, origin=ORIGIN)
 
     def _attach(self) -> None:
         """The engine consumer that serves the send socket's consumers (the queue made if missing)."""
