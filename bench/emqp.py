@@ -86,6 +86,11 @@ def client_main(plan: Plan, shared: common.SharedState, index: int) -> dict[str,
             shared.counters[plan.slot] = sent
         seconds = time.monotonic() - started
         shared.done[plan.slot] = 1
+        # Open until every request is done: a socket closed at once drops what its linger did not
+        # get out, and on a loaded machine the broker may not have read it all by then.
+        while not shared.stop.value:
+            if sock.poll(POLL_MS):
+                dispatched += sum(1 for _ in zmq_socket.waiting(sock))
     return {"sent": sent, "dispatched": dispatched, "seconds": seconds}
 
 

@@ -119,8 +119,11 @@ def _run(name: str, opts: Options, producers: int, consumers: int, per_producer:
         total = expect_consumed if consumers else produce_total
         done = consumed if consumers else produced
         progress.update(name, done / max(1, total), f"{produced:,} produced, {consumed:,} consumed")
+        # A delivery may reach its consumer before its ACK reaches the producer: the run ends when
+        # both sides have seen everything.
+        finished = done >= total and produced >= produce_total
         # ZeroMQ connects to nothing without an error: no answer at all is the sign of no server.
-        if done >= total or still > STALL_S or (consumed + produced == 0 and elapsed > NO_ANSWER_S):
+        if finished or still > STALL_S or (consumed + produced == 0 and elapsed > NO_ANSWER_S):
             shared.stop.value = 1
 
     start_ns, results = common.WorkerGroup(worker_main, plans, len(plans)).run(tick)
