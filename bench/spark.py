@@ -2,10 +2,13 @@
 
 Scenarios: `endpoints` (the gateway alone: rows/s its publish endpoint accepts, in batches of
 `--batch` rows, and rows/s its read endpoint serves, both over one HTTP connection, so that Spark's
-figures can be told from the gateway's), `stream-read` (a Structured Streaming query reading a
-stream of `--rows` messages to Spark's `noop` sink, Trigger.AvailableNow) and `batch-write` (a
-DataFrame of `--rows` rows written with `.write.format("polymq")`). Spark runs in this process on
-`--master` (local[2]); the JVM's start is not counted.
+figures can be told from the gateway's), `ceiling` (the same query over a trivial Python source
+that yields pre-built Arrow batches, bench/spark_ceiling.py: what any Python stream source can
+reach at this micro-batch size), `stream-read` (a Structured Streaming query reading a stream of
+`--rows` messages to Spark's `noop` sink, Trigger.AvailableNow) and `batch-write` (a DataFrame of
+`--rows` rows written with `.write.format("polymq")`). Spark runs in this process on `--master`
+(local[2]); the JVM's start is not counted, and a first query over both sources warms the JVM and
+the Python workers up unmeasured (the first query of a JVM runs several times slower).
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from polymq.bench import common
 from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import stream_rows
 
-SCENARIOS = ("endpoints", "stream-read", "batch-write")
+SCENARIOS = ("endpoints", "ceiling", "stream-read", "batch-write")
 DEFAULT_ROWS = 1_000_000
 DEFAULT_SIZE = 200
 DEFAULT_MAX_ROWS = 250_000  # per micro-batch of the stream read: four batches of the million
+WARM_UP_ROWS = 500_000  # rows of the unmeasured first queries (enough for the JVM's compiler to settle)
 DEFAULT_BATCH = 20_000  # rows per publish request (about 4.4 MB of 200-byte rows: under nsqd's 5 MiB)
 # What the gateway's endpoints are to sustain on a 2-core machine (so Spark, not the gateway, bounds a job).
 TARGET_ENDPOINT_ROWS_PER_S = 200_000
@@ -89,23 +93,43 @@ def endpoints(gateway: str, rows: int, size: int, batch: int) -> list[Result]:
             Result("read endpoint (again)", again, again_seconds)]
 
 
+def _noop_query(reader: Any, scenario: str) -> Result:
+    """Run a stream `reader` to the noop sink with Trigger.AvailableNow; the rows it read and when."""
+    with tempfile.TemporaryDirectory(prefix="polymq-bench-spark-") as checkpoint:
+        query = reader.load().writeStream.format("noop").option("checkpointLocation", checkpoint) \
+            .trigger(availableNow=True)
+        started = time.perf_counter()
+        running = query.start()
+        running.awaitTermination()
+        seconds = time.perf_counter() - started
+        got = sum(progress["numInputRows"] for progress in running.recentProgress)
+    return Result(scenario, got, seconds)
+
+
+def ceiling(spark: Any, rows: int, size: int, partitions: int, max_rows: int) -> Result:
+    from polymq.bench.spark_ceiling import NAME, CeilingSource
+
+    spark.dataSource.register(CeilingSource)
+    reader = (spark.readStream.format(NAME).option("rows", str(rows)).option("size", str(size))
+              .option("partitions", str(partitions)).option("maxRowsPerTrigger", str(max_rows)))
+    return _noop_query(reader, "ceiling (pre-built Arrow)")
+
+
 def stream_read(spark: Any, gateway: str, rows: int, size: int, batch: int, partitions: int,
                 max_rows: int) -> Result:
     name = f"bench-spark-{secrets.token_hex(4)}"
     with StreamClient(gateway) as client:
         client.open(name, [name])
         _fill(client, name, rows, size, batch)
-    with tempfile.TemporaryDirectory(prefix="polymq-bench-spark-") as checkpoint:
-        query = (spark.readStream.format("polymq").option("gateway", gateway).option("stream", name)
-                 .option("partitions", str(partitions)).option("maxRowsPerTrigger", str(max_rows)).load()
-                 .writeStream.format("noop")
-                 .option("checkpointLocation", checkpoint).trigger(availableNow=True))
-        started = time.perf_counter()
-        running = query.start()
-        running.awaitTermination()
-        seconds = time.perf_counter() - started
-        got = sum(progress["numInputRows"] for progress in running.recentProgress)
-    return Result("stream read (noop sink)", got, seconds)
+    reader = (spark.readStream.format("polymq").option("gateway", gateway).option("stream", name)
+              .option("partitions", str(partitions)).option("maxRowsPerTrigger", str(max_rows)))
+    return _noop_query(reader, "stream read (noop sink)")  # the query commits what it read
+
+
+def warm_up(spark: Any, gateway: str, size: int, batch: int, partitions: int, max_rows: int) -> None:
+    """Unmeasured: the JVM's first queries run several times slower than the ones after."""
+    ceiling(spark, WARM_UP_ROWS, size, partitions, max_rows)
+    stream_read(spark, gateway, WARM_UP_ROWS // 5, size, batch, partitions, max_rows)
 
 
 def batch_write(spark: Any, gateway: str, rows: int, size: int, partitions: int) -> Result:
@@ -154,18 +178,24 @@ def _spark(master: str) -> Any:
               help="Partitions of the read and of the DataFrame written.")
 @click.option("--max-rows-per-trigger", "max_rows", type=click.IntRange(min=1), default=DEFAULT_MAX_ROWS,
               show_default=True, help="The stream read's micro-batch size (the source's maxRowsPerTrigger).")
+@click.option("--warm-up/--no-warm-up", "warm", default=True, show_default=True,
+              help="Run an unmeasured first query over each source before the measured ones.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
 def command(gateway: str, scenarios: tuple[str, ...], rows: int, size: int, batch: int, master: str,
-            partitions: int, max_rows: int, as_json: bool) -> None:
+            partitions: int, max_rows: int, warm: bool, as_json: bool) -> None:
     """Measure the Spark data source and the gateway's stream endpoints: rows per second."""
     chosen = common.chosen_scenarios(scenarios, SCENARIOS)
     results: list[Result] = []
     try:
         if "endpoints" in chosen:
             results += endpoints(gateway, rows, size, batch)
-        if "stream-read" in chosen or "batch-write" in chosen:
+        if {"ceiling", "stream-read", "batch-write"} & set(chosen):
             spark = _spark(master)
             try:
+                if warm:
+                    warm_up(spark, gateway, size, batch, partitions, max_rows)
+                if "ceiling" in chosen:
+                    results.append(ceiling(spark, rows, size, partitions, max_rows))
                 if "stream-read" in chosen:
                     results.append(stream_read(spark, gateway, rows, size, batch, partitions, max_rows))
                 if "batch-write" in chosen:
@@ -180,6 +210,10 @@ def command(gateway: str, scenarios: tuple[str, ...], rows: int, size: int, batc
     click.echo(f"{'scenario':<28} {'rows':>10} {'seconds':>8} {'rows/s':>10}")
     for result in results:
         click.echo(f"{result.scenario:<28} {result.rows:>10,} {result.seconds:>8.2f} {result.rate:>10,.0f}")
+    by_name = {result.scenario: result for result in results}
+    top, read = by_name.get("ceiling (pre-built Arrow)"), by_name.get("stream read (noop sink)")
+    if top is not None and read is not None and top.rate:
+        click.echo(f"stream read: {read.rate / top.rate:.2f}x the ceiling at {max_rows:,} rows per micro-batch")
     for result in results:
         if "endpoint" in result.scenario:
             met = "met" if result.rate >= TARGET_ENDPOINT_ROWS_PER_S else "NOT met"
