@@ -105,6 +105,15 @@ class StreamClient:
             begin = batch[-1].position + 1
         return rows
 
+    def read_batch(self, stream: str, begin: int, until: int, limit: int | None = None,
+                   layout: str = "rows") -> bytes:
+        """One read answer of `[begin, until)` (fewer rows when the gateway's batch is full), in
+        `layout` (`rows` or `columns`, codecs/stream_rows.py)."""
+        params: list[tuple[str, Any]] = [("stream", stream), ("from", begin), ("to", until), ("layout", layout)]
+        if limit is not None:
+            params.append(("limit", limit))
+        return self.request("GET", "/stream/read", params)
+
     def publish(self, rows: list[bytes], topic: str | None = None, dedup: str | None = None,
                 first: int = 0) -> dict[str, Any]:
         """Publish encoded rows (`stream_rows.encode_publish_row`) in one request; with `dedup`, row n
@@ -119,9 +128,13 @@ class StreamClient:
         """Take a snapshot of what `queue` (any queue) holds: `{"snapshot": id, "rows": n}`."""
         return self._json("POST", "/stream/snapshot", [("queue", queue)])
 
-    def snapshot_rows(self, snapshot: str, begin: int, until: int) -> bytes:
+    def snapshot_rows(self, snapshot: str, begin: int, until: int, limit: int | None = None,
+                      layout: str = "rows") -> bytes:
         """One read batch of rows `[begin, until)` of a snapshot (fewer when the batch is full)."""
-        return self.request("GET", "/stream/snapshot/read", [("snapshot", snapshot), ("from", begin), ("to", until)])
+        params: list[tuple[str, Any]] = [("snapshot", snapshot), ("from", begin), ("to", until), ("layout", layout)]
+        if limit is not None:
+            params.append(("limit", limit))
+        return self.request("GET", "/stream/snapshot/read", params)
 
     def snapshot_close(self, snapshot: str) -> None:
         self.request("POST", "/stream/snapshot/close", [("snapshot", snapshot)])

@@ -15,8 +15,10 @@ joins a read's records in one `b"".join`, the writer sends a partition's rows in
 
 from __future__ import annotations
 
+import array
 import json
 import struct
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -176,3 +178,154 @@ def decode_publish_rows(data: bytes, max_body: int) -> PublishBatch | Invalid:
             return Invalid(number, "headers are not a JSON object")
         extras[number] = RowExtras(message_id, topic, headers)
     return batch
+
+
+# -- the column layout of a read batch -----------------------------------------------------------
+#
+# Asked for with `layout=columns`: the same rows, column by column, so a reader hands each column
+# to Arrow as one buffer instead of a Python object per row. Little-endian, every array aligned to
+# its item size:
+# `rows u32 | topics u16 | origins u8 | 0 u8`, then `positions i64[rows] | ids u64[rows] |
+# timestamps ns i64[rows] | attempts i32[rows] | body ends i32[rows] | headers ends i32[rows] |
+# topic numbers u16[rows] | origin numbers u8[rows]`, then the topics (`len u16` + UTF-8 each),
+# the origins (`len u8` + ASCII each; number 0 is "not known"), the headers (JSON objects, one
+# after another; empty: none) and the bodies, one after another.
+
+COLUMNS_CONTENT_TYPE = "application/x-polymq-columns"
+COLUMNS_HEAD = struct.Struct("<IHBx")
+# A batch names at most this many topics and origins (the widths of their numbers); a row that
+# would need one more starts the next batch.
+MAX_COLUMN_TOPICS = 0xFFFF
+MAX_COLUMN_ORIGINS = 0xFF
+# Bodies and headers are addressed by i32 offsets (Arrow's binary type).
+MAX_COLUMN_BYTES = 0x7FFF_FFFF
+
+
+@attrs.define(slots=True)
+class ColumnsWriter:
+    """Builds one column-layout batch row by row (the gateway's side)."""
+
+    positions: array.array[int] = attrs.Factory(lambda: array.array("q"))
+    ids: array.array[int] = attrs.Factory(lambda: array.array("Q"))
+    timestamps_ns: array.array[int] = attrs.Factory(lambda: array.array("q"))
+    attempts: array.array[int] = attrs.Factory(lambda: array.array("i"))
+    body_ends: array.array[int] = attrs.Factory(lambda: array.array("i"))
+    headers_ends: array.array[int] = attrs.Factory(lambda: array.array("i"))
+    topic_numbers: array.array[int] = attrs.Factory(lambda: array.array("H"))
+    origin_numbers: array.array[int] = attrs.Factory(lambda: array.array("B"))
+    topics: dict[bytes, int] = attrs.Factory(dict)
+    origins: dict[bytes, int] = attrs.Factory(lambda: {b"": 0})
+    bodies: list[bytes] = attrs.Factory(list)
+    headers: list[bytes] = attrs.Factory(list)
+    body_bytes: int = 0
+    headers_bytes: int = 0
+
+    def add(self, position: int, message_id: int, timestamp_ns: int, attempts: int, topic: bytes, headers: bytes,
+            body: bytes, origin: bytes) -> bool:
+        """Add a row; False (nothing added) when the batch cannot name one more topic or origin."""
+        topic_number = self.topics.get(topic)
+        if topic_number is None:
+            if len(self.topics) >= MAX_COLUMN_TOPICS:
+                return False
+            topic_number = self.topics[topic] = len(self.topics)
+        origin_number = self.origins.get(origin)
+        if origin_number is None:
+            if len(self.origins) > MAX_COLUMN_ORIGINS:
+                return False
+            origin_number = self.origins[origin] = len(self.origins)
+        self.positions.append(position)
+        self.ids.append(message_id)
+        self.timestamps_ns.append(timestamp_ns)
+        self.attempts.append(attempts)
+        self.topic_numbers.append(topic_number)
+        self.origin_numbers.append(origin_number)
+        self.body_bytes += len(body)
+        self.body_ends.append(self.body_bytes)
+        self.bodies.append(body)
+        if headers:
+            self.headers_bytes += len(headers)
+            self.headers.append(headers)
+        self.headers_ends.append(self.headers_bytes)
+        return True
+
+    @property
+    def size(self) -> int:
+        """Bytes of the rows so far (bodies and headers; the fixed columns are 39 bytes a row)."""
+        return self.body_bytes + self.headers_bytes + 39 * len(self.positions)
+
+    def encode(self) -> bytes:
+        if sys.byteorder != "little":  # the arrays are in the machine's order; the layout is little-endian
+            for column in (self.positions, self.ids, self.timestamps_ns, self.attempts, self.body_ends,
+                           self.headers_ends, self.topic_numbers):
+                column.byteswap()
+        tables = [struct.pack("<H", len(topic)) + topic for topic in self.topics]
+        tables += [struct.pack("<B", len(origin)) + origin for origin in list(self.origins)[1:]]
+        return b"".join([COLUMNS_HEAD.pack(len(self.positions), len(self.topics), len(self.origins) - 1),
+                         self.positions.tobytes(), self.ids.tobytes(), self.timestamps_ns.tobytes(),
+                         self.attempts.tobytes(), self.body_ends.tobytes(), self.headers_ends.tobytes(),
+                         self.topic_numbers.tobytes(), self.origin_numbers.tobytes(), *tables, *self.headers,
+                         *self.bodies])
+
+
+@attrs.frozen(slots=True)
+class ColumnBuffers:
+    """A column-layout batch as views of its buffer (the reader's side): `rows` items each."""
+
+    rows: int
+    positions: memoryview  # i64, little-endian
+    ids: memoryview  # u64
+    timestamps_ns: memoryview  # i64
+    attempts: memoryview  # i32
+    body_offsets: memoryview  # i32[rows + 1], from 0
+    headers_offsets: memoryview  # i32[rows + 1], from 0
+    topic_numbers: memoryview  # u16, into `topics`
+    origin_numbers: memoryview  # u8; 0 = not known, n = origins[n - 1]
+    topics: list[bytes]
+    origins: list[bytes]
+    headers: memoryview
+    bodies: memoryview
+
+    @property
+    def last_position(self) -> int:
+        return int(struct.unpack_from("<q", self.positions, 8 * (self.rows - 1))[0]) if self.rows else -1
+
+
+_ZERO_OFFSET = b"\0\0\0\0"
+
+
+def decode_read_column_buffers(data: bytes) -> ColumnBuffers:
+    """A column-layout batch; ValueError on a batch cut short or whose ends do not add up."""
+    view = memoryview(data)
+    if len(view) < COLUMNS_HEAD.size:
+        raise ValueError("column batch head cut short")
+    rows, topic_count, origin_count = COLUMNS_HEAD.unpack_from(view)
+    at = COLUMNS_HEAD.size
+
+    def take(size: int) -> memoryview:
+        nonlocal at
+        if size < 0 or at + size > len(view):
+            raise ValueError(f"column batch of {rows} rows cut short at byte {at}")
+        part = view[at:at + size]
+        at += size
+        return part
+
+    positions, ids, stamps = take(8 * rows), take(8 * rows), take(8 * rows)
+    attempts, body_ends, headers_ends = take(4 * rows), take(4 * rows), take(4 * rows)
+    topic_numbers, origin_numbers = take(2 * rows), take(rows)
+    topics = []
+    for _ in range(topic_count):
+        (length,) = struct.unpack("<H", take(2))
+        topics.append(bytes(take(length)))
+    origins = []
+    for _ in range(origin_count):
+        length = take(1)[0]
+        origins.append(bytes(take(length)))
+    headers_total = struct.unpack_from("<i", headers_ends, 4 * (rows - 1))[0] if rows else 0
+    body_total = struct.unpack_from("<i", body_ends, 4 * (rows - 1))[0] if rows else 0
+    headers, bodies = take(headers_total), take(body_total)
+    if at != len(view):
+        raise ValueError(f"column batch of {rows} rows has {len(view) - at} bytes past its bodies")
+    # Arrow's offsets start with the 0 before the first row: one copy of each ends column.
+    return ColumnBuffers(rows, positions, ids, stamps, attempts, memoryview(_ZERO_OFFSET + body_ends),
+                         memoryview(_ZERO_OFFSET + headers_ends), topic_numbers, origin_numbers, topics, origins,
+                         headers, bodies)

@@ -183,12 +183,21 @@ class StreamHttpApi:
             return failure(410, "OFFSET_GONE", f"positions below {floor} of stream {queue.name} were committed "
                                                f"(asked from {begin})")
         messages = streams.read(queue, begin, until, limit)
-        return self._rows(messages, [message.pos for message in messages], queue.name)
+        return self._rows(messages, [message.pos for message in messages], queue.name, self._columns(params))
 
-    def _rows(self, messages: list[Message], positions: Iterable[int], queue_name: str) -> Response:
+    @staticmethod
+    def _columns(params: Params) -> bool:
+        """The layout a read asks for: `rows` (the default) or `columns`."""
+        layout = params.get(b"layout", [b"rows"])[0]
+        if layout not in (b"rows", b"columns"):
+            raise BadRequest(failure(400, "INVALID_ARG_LAYOUT", "layout must be rows or columns"))
+        return layout == b"columns"
+
+    def _rows(self, messages: list[Message], positions: Iterable[int], queue_name: str, columns: bool) -> Response:
         """A read batch: each message under its position, up to MAX_READ_BYTES (at least one row)."""
         topic_bytes = self._topic_bytes
         encode = stream_rows.encode_read_row
+        writer = stream_rows.ColumnsWriter() if columns else None
         parts: list[bytes] = []
         size = 0
         for message, position in zip(messages, positions, strict=False):
@@ -198,13 +207,24 @@ class StreamHttpApi:
                 raw_topic = topic_bytes[topic] = topic.encode("utf-8", "surrogateescape")
             headers = message.headers
             origin = message.origin
-            row = encode(position, message.id, message.timestamp_ns, message.attempts, raw_topic,
-                         json.dumps(headers, separators=(",", ":")).encode() if headers else b"", message.body,
-                         origin.encode("ascii", "replace") if origin else b"")
+            raw_headers = json.dumps(headers, separators=(",", ":")).encode() if headers else b""
+            raw_origin = origin.encode("ascii", "replace") if origin else b""
+            if writer is not None:
+                before = writer.size
+                if before and before + len(message.body) + len(raw_headers) > MAX_READ_BYTES:
+                    break
+                if not writer.add(position, message.id, message.timestamp_ns, message.attempts, raw_topic, raw_headers,
+                                  message.body, raw_origin):
+                    break
+                continue
+            row = encode(position, message.id, message.timestamp_ns, message.attempts, raw_topic, raw_headers,
+                         message.body, raw_origin)
             size += len(row)
             if size > MAX_READ_BYTES and parts:
                 break
             parts.append(row)
+        if writer is not None:
+            return Response(200, writer.encode(), stream_rows.COLUMNS_CONTENT_TYPE)
         return Response(200, b"".join(parts), stream_rows.CONTENT_TYPE)
 
     # -- snapshots of any queue (batch reads) ---------------------------------------------------
@@ -248,7 +268,7 @@ class StreamHttpApi:
         begin, until = self._int(params, b"from"), self._int(params, b"to")
         limit = min(self._int(params, b"limit", MAX_READ_ROWS, minimum=1), MAX_READ_ROWS)
         until = min(until, len(taken.messages), begin + limit)
-        return self._rows(taken.messages[begin:until], range(begin, until), taken.queue)
+        return self._rows(taken.messages[begin:until], range(begin, until), taken.queue, self._columns(params))
 
     def _snapshot_close(self, params: Params) -> Response:
         snapshot_id, _ = self._taken(params)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import struct
 import time
 from pathlib import Path
 
@@ -69,6 +70,44 @@ def test_the_read_batch_is_the_documented_bytes(tmp_path: Path) -> None:
         position, message_id, timestamp_ns, *lengths = stream_rows.READ_HEAD.unpack_from(raw)
         assert (position, lengths) == (0, [0, 1, 0, 5, 3]) and message_id > 0 and timestamp_ns > 0
         assert raw[stream_rows.READ_HEAD.size:] == b"t" + b"nsq" + b"hello"  # /pub is the nsqd API: NSQ
+
+
+def _as_rows(buffers: stream_rows.ColumnBuffers) -> list[stream_rows.ReadRow]:
+    count = buffers.rows
+    body_at = struct.unpack(f"<{count + 1}i", buffers.body_offsets)
+    headers_at = struct.unpack(f"<{count + 1}i", buffers.headers_offsets)
+    columns = zip(struct.unpack(f"<{count}q", buffers.positions), struct.unpack(f"<{count}Q", buffers.ids),
+                  struct.unpack(f"<{count}q", buffers.timestamps_ns), struct.unpack(f"<{count}i", buffers.attempts),
+                  struct.unpack(f"<{count}H", buffers.topic_numbers), bytes(buffers.origin_numbers), strict=True)
+    return [stream_rows.ReadRow(position, message_id, stamp, attempts, buffers.topics[topic].decode(),
+                                bytes(buffers.headers[headers_at[n]:headers_at[n + 1]]),
+                                bytes(buffers.bodies[body_at[n]:body_at[n + 1]]),
+                                buffers.origins[origin - 1].decode() if origin else "")
+            for n, (position, message_id, stamp, attempts, topic, origin) in enumerate(columns)]
+
+
+def test_the_column_layout_answers_the_same_rows(tmp_path: Path) -> None:
+    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, StreamClient(gateway.http) as client:
+        client.open("s", ["t", "u"])
+        http_pub(gateway.nsq_http, "t", b"by nsq")
+        client.publish([stream_rows.encode_publish_row(b"by spark", headers={"k": "v"}),
+                        stream_rows.encode_publish_row(b"\x00\xff", topic="u")], "t")
+        end = client.offsets("s")["end"]
+        rows = client.read("s", 0, end)
+        assert [(row.topic, row.body, row.headers, row.origin) for row in rows] == [
+            ("t", b"by nsq", b"", "nsq"), ("t", b"by spark", b'{"k":"v"}', "http"), ("u", b"\x00\xff", b"", "http")]
+        columns = stream_rows.decode_read_column_buffers(client.read_batch("s", 0, end, layout="columns"))
+        assert _as_rows(columns) == rows
+        tail = stream_rows.decode_read_column_buffers(client.read_batch("s", rows[1].position, end, limit=1,
+                                                                        layout="columns"))
+        assert _as_rows(tail) == rows[1:2]
+        taken = client.snapshot("s")
+        snapshot = stream_rows.decode_read_column_buffers(client.snapshot_rows(taken["snapshot"], 0, 3,
+                                                                               layout="columns"))
+        assert [(row.position, row.body) for row in _as_rows(snapshot)] == [(n, row.body) for n, row in enumerate(rows)]
+        with pytest.raises(StreamClientError) as bad:
+            client.read_batch("s", 0, end, layout="arrow")
+        assert bad.value.status == 400 and bad.value.code == "INVALID_ARG_LAYOUT"
 
 
 def test_bad_requests_get_clear_answers(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ rows, and any bytes decoded to rows or one clear problem, never an exception."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -75,3 +77,81 @@ def test_publish_problems_name_the_row() -> None:
     assert stream_rows.decode_publish_rows(not_object, 4) == Invalid(0, "headers are not a JSON object")
     bad_text = stream_rows.PUBLISH_HEAD.pack(1, 0, 0, 1) + b"\xffx"
     assert stream_rows.decode_publish_rows(bad_text, 4) == Invalid(0, "id or topic is not UTF-8")
+
+
+# -- the column layout -------------------------------------------------------------------------
+
+Row = tuple[int, int, int, int, bytes, bytes, bytes, bytes]
+
+
+def _columns_of(rows: list[Row]) -> bytes:
+    writer = stream_rows.ColumnsWriter()
+    for row in rows:
+        assert writer.add(*row)
+    return writer.encode()
+
+
+def _rows_of(buffers: stream_rows.ColumnBuffers) -> list[Row]:
+    """Rows back from the column views, as a reader of the layout would read them."""
+    count = buffers.rows
+    positions = struct.unpack(f"<{count}q", buffers.positions)
+    ids = struct.unpack(f"<{count}Q", buffers.ids)
+    stamps = struct.unpack(f"<{count}q", buffers.timestamps_ns)
+    attempts = struct.unpack(f"<{count}i", buffers.attempts)
+    body_at = struct.unpack(f"<{count + 1}i", buffers.body_offsets)
+    headers_at = struct.unpack(f"<{count + 1}i", buffers.headers_offsets)
+    topics = [buffers.topics[n] for n in struct.unpack(f"<{count}H", buffers.topic_numbers)]
+    origins = [b"" if n == 0 else buffers.origins[n - 1] for n in bytes(buffers.origin_numbers)]
+    return [(positions[n], ids[n], stamps[n], attempts[n], topics[n],
+             bytes(buffers.headers[headers_at[n]:headers_at[n + 1]]), bytes(buffers.bodies[body_at[n]:body_at[n + 1]]),
+             origins[n]) for n in range(count)]
+
+
+def test_the_documented_bytes_of_the_column_layout() -> None:
+    data = _columns_of([(7, 9, 11, 2, b"t", b"{}", b"ab", b"nsq"), (8, 10, 12, 1, b"t", b"", b"c", b"")])
+    assert data == (
+        b"\x02\x00\x00\x00" + b"\x01\x00" + b"\x01" + b"\x00"  # 2 rows, 1 topic, 1 origin
+        + struct.pack("<2q", 7, 8) + struct.pack("<2Q", 9, 10) + struct.pack("<2q", 11, 12)
+        + struct.pack("<2i", 2, 1) + struct.pack("<2i", 2, 3) + struct.pack("<2i", 2, 2)  # attempts, ends
+        + b"\x00\x00\x00\x00" + b"\x01\x00"  # topic numbers, origin numbers
+        + b"\x01\x00t" + b"\x03nsq" + b"{}" + b"abc")
+
+
+@given(st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**64 - 1),
+                          st.integers(-(2**63), 2**63 - 1), st.integers(0, 65535), st.binary(max_size=8),
+                          st.binary(max_size=30), st.binary(max_size=50),
+                          st.sampled_from([b"", b"nsq", b"mqks", b"emqp"])), max_size=10))
+def test_column_layout_round_trip(rows: list[Row]) -> None:
+    buffers = stream_rows.decode_read_column_buffers(_columns_of(rows))
+    assert buffers.rows == len(rows) and _rows_of(buffers) == rows
+    assert buffers.last_position == (rows[-1][0] if rows else -1)
+
+
+def test_a_column_batch_cut_anywhere_or_padded_is_an_error() -> None:
+    whole = _columns_of([(1, 2, 3, 4, b"topic", b'{"k":"v"}', b"body", b"nsq")])
+    for cut in range(len(whole)):
+        with pytest.raises(ValueError, match="cut short"):
+            stream_rows.decode_read_column_buffers(whole[:cut])
+    with pytest.raises(ValueError, match="past its bodies"):
+        stream_rows.decode_read_column_buffers(whole + b"x")
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_give_columns_or_value_error(data: bytes) -> None:
+    try:
+        buffers = stream_rows.decode_read_column_buffers(data)
+    except ValueError:
+        return
+    count = buffers.rows  # what decodes is whole: every column has its rows' worth of bytes
+    assert (len(buffers.positions), len(buffers.attempts), len(buffers.origin_numbers)) == (8 * count, 4 * count,
+                                                                                             count)
+    assert len(buffers.body_offsets) == len(buffers.headers_offsets) == 4 * (count + 1)
+
+
+def test_a_batch_names_at_most_so_many_origins() -> None:
+    writer = stream_rows.ColumnsWriter()
+    for number in range(stream_rows.MAX_COLUMN_ORIGINS):
+        assert writer.add(number, 0, 0, 1, b"t", b"", b"x", b"o%d" % number)
+    assert not writer.add(999, 0, 0, 1, b"t", b"", b"x", b"one-too-many")
+    assert writer.add(999, 0, 0, 1, b"t", b"", b"x", b"o0")  # a known one still goes in
+    assert len(stream_rows.decode_read_column_buffers(writer.encode()).origins) == stream_rows.MAX_COLUMN_ORIGINS
