@@ -11,6 +11,7 @@ POLYMQ_MATRIX_RESULTS=FILE the run writes its results to FILE as JSON, which
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
@@ -61,6 +62,8 @@ ENDPOINTS = {
     "emqp": "eMQP",
     "stream": "Spark stream",
 }
+
+MQKS_PREFIX = b"polymq:base64:"
 
 # Endpoints that cannot consume, and why.
 NO_CONSUMER = {
@@ -182,9 +185,32 @@ def expected_stream_headers(cell: Cell, sent: Sent) -> dict[str, Any] | None:
     return None
 
 
-def check_delivery(cell: Cell, sent: Sent, got: Received, ttl_bound: int) -> None:
+# What docs/protocols/mqks.md says an MQKS line cannot carry verbatim: control characters (C0, DEL)
+# and the Unicode line breaks NEL, LS and PS.
+MQKS_UNSAFE = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def mqks_wire(body: bytes) -> bytes:
+    """The data of an MQKS delivery of `body`, by the rules of docs/protocols/mqks.md: verbatim, or
+    `polymq:base64:` and the base64 of the bytes for a body that is empty, not UTF-8, holds an unsafe
+    character, ends in whitespace or starts with the prefix."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or not text or MQKS_UNSAFE.search(text) or text[-1].isspace() \
+            or body.startswith(MQKS_PREFIX):
+        return MQKS_PREFIX + base64.b64encode(body)
+    return body
+
+
+def check_delivery(cell: Cell, sent: Sent, got: Received, ttl_bound: int, published_ns: tuple[int, int]) -> None:
     consumer = cell.consumer
     assert got.body == sent.body
+    if consumer == "mqks":
+        assert got.wire == mqks_wire(sent.body), "verbatim, or the documented reversible encoding"
+    if got.timestamp_ns is not None:
+        assert published_ns[0] <= got.timestamp_ns <= published_ns[1], "stamped as it was published"
     expected_attempts = FIRST_ATTEMPTS.get(consumer)
     assert got.attempts == expected_attempts
     if consumer in ("mqks", "emqp", "stream"):
@@ -225,14 +251,15 @@ def passed() -> Iterator[set[Cell]]:
 def test_cell(cell: Cell, matrix_gateway: GatewayProcess, context: zmq.Context, passed: set[Cell]) -> None:
     bodies = list(bodies_of(cell).values())
     with endpoints(matrix_gateway, cell, context) as (publisher, consumer):
-        started = time.monotonic()
+        started, started_ns = time.monotonic(), time.time_ns()
         sent = publisher.publish(bodies)
         received = consumer.receive(len(sent))
+        published_ns = (started_ns, time.time_ns())
         # The TTL left is whole seconds rounded up: at least the TTL less the seconds gone, rounded down.
         ttl_bound = PHPMQ_TTL_S - int(time.monotonic() - started) - 1
         assert [got.body for got in received] == bodies, "every body, exactly, in publish order"
         for one, got in zip(sent, received, strict=True):
-            check_delivery(cell, one, got, ttl_bound)
+            check_delivery(cell, one, got, ttl_bound, published_ns)
         ids = [engine_id(cell, got.shown_id, one) for one, got in zip(sent, received, strict=True)]
         shown = [found for found in ids if found is not None]
         assert shown == sorted(set(shown)), "the engine's ids: one per message, increasing in publish order"

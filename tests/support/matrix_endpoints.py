@@ -39,6 +39,9 @@ PZQ_QUEUE = "pzq"
 # What the PHPMQ publisher gives each message as TTL, in seconds (a PHPMQ consumer of the current
 # generation is shown what is left of it).
 PHPMQ_TTL_S = 3600
+# The delay of the NSQ publishers' deferred message (DPUB, /pub?defer=), in ms: short, as a cell
+# waits for it.
+NSQ_DEFER_MS = 10
 # The headers the eMQP publisher sends with each REQUEST (they do nothing in a jobmanager).
 EMQP_HEADERS = b"guarantee"
 
@@ -74,6 +77,8 @@ class Received:
     headers: dict[str, Any] | bytes | None = None  # stream rows' headers; eMQP's headers frame
     origin: str | None = None  # stream rows: the protocol it came in by
     topic: str | None = None  # the topic (MQKS event, eMQP queue, stream row topic)
+    timestamp_ns: int | None = None  # when it was published (NSQ messages, stream rows)
+    wire: bytes | None = None  # MQKS: the data as the line carried it, before decoding
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT_S) -> None:
@@ -123,28 +128,37 @@ class Publisher:
 
 
 class NSQTCPPublisher(Publisher):
+    """The first two bodies in one MPUB, the others by PUB but the last (the largest), which goes by
+    DPUB with a short delay: every publish command, one `OK` each."""
+
     name = "nsq-tcp"
 
     def publish(self, bodies: list[bytes]) -> list[Sent]:
+        topic = self.cell.topic
+        commands = [nsq_client.mpub(topic, bodies[:2]), *(nsq_client.pub(topic, body) for body in bodies[2:-1]),
+                    nsq_client.dpub(topic, NSQ_DEFER_MS, bodies[-1])]
         with nsq_blocking.Connection(self.gateway.nsq_tcp, TIMEOUT_S) as conn:
-            for body in bodies:
-                conn.send(nsq_client.pub(self.cell.topic, body))
+            for command in commands:
+                conn.send(command)
                 frame = conn.next_frame()
                 assert frame is not None and frame.is_response and frame.data == OK, frame
         return [Sent(body) for body in bodies]
 
 
 class NSQHTTPPublisher(Publisher):
-    """The bodies but the last in one binary /mpub, the last (the largest) by /pub."""
+    """The first two bodies (no newline in them) in a text /mpub, the next ones but two in a binary
+    /mpub, the last but one by /pub, the last (the largest) by /pub with a short `defer`."""
 
     name = "nsq-http"
 
     def publish(self, bodies: list[bytes]) -> list[Sent]:
-        *batch, last = bodies
-        if batch:
-            assert nsq_http_post(self.gateway, f"/mpub?topic={self.cell.topic}&binary=true",
-                                 nsq_client.mpub_body(batch)) == (200, b"OK")
-        assert nsq_http_post(self.gateway, f"/pub?topic={self.cell.topic}", last) == (200, b"OK")
+        topic = self.cell.topic
+        assert len(bodies) >= 5 and not any(b"\n" in body for body in bodies[:2])
+        for path, body in ((f"/mpub?topic={topic}", b"\n".join(bodies[:2])),
+                           (f"/mpub?topic={topic}&binary=true", nsq_client.mpub_body(bodies[2:-2])),
+                           (f"/pub?topic={topic}", bodies[-2]),
+                           (f"/pub?topic={topic}&defer={NSQ_DEFER_MS}", bodies[-1])):
+            assert nsq_http_post(self.gateway, path, body) == (200, b"OK")
         return [Sent(body) for body in bodies]
 
 
@@ -284,7 +298,8 @@ class NSQTCPConsumer(Consumer):
             assert frame.is_message, frame
             message = nsq_client.decode_message(frame.data)
             self.conn.send(nsq_client.fin(message.msg_id))
-            received.append(Received(message.body, message.msg_id.decode(), attempts=message.attempts))
+            received.append(Received(message.body, message.msg_id.decode(), attempts=message.attempts,
+                                     timestamp_ns=message.timestamp_ns))
         return received
 
     def close(self) -> None:
@@ -314,7 +329,8 @@ class MQKSConsumer(Consumer):
             response = mqks_client.parse_response(line)
             assert (response.request_id, response.ok) == ("c1", True), line[:200]
             delivery = mqks_client.parse_delivery(response.data)  # the reversible encoding decoded
-            received.append(Received(delivery.body, delivery.msg_id, attempts=delivery.retry, topic=delivery.event))
+            received.append(Received(delivery.body, delivery.msg_id, attempts=delivery.retry, topic=delivery.event,
+                                     wire=response.data.split(b" ", 2)[2]))
         return received
 
     def close(self) -> None:
@@ -422,7 +438,7 @@ class StreamConsumer(Consumer):
         self.client.commit(self.cell.name, self.next)
         return [Received(row.body, f"{row.id:016x}", attempts=row.attempts,
                          headers=json.loads(row.headers) if row.headers else None, origin=row.origin,
-                         topic=row.topic) for row in rows]
+                         topic=row.topic, timestamp_ns=row.timestamp_ns) for row in rows]
 
     def close(self) -> None:
         self.client.close()
