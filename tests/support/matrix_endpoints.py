@@ -79,6 +79,7 @@ class Received:
     topic: str | None = None  # the topic (MQKS event, eMQP queue, stream row topic)
     timestamp_ns: int | None = None  # when it was published (NSQ messages, stream rows)
     wire: bytes | None = None  # MQKS: the data as the line carried it, before decoding
+    frames: list[bytes] | None = None  # PZQ: the body frames
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT_S) -> None:
@@ -374,9 +375,10 @@ class PZQConsumer(Consumer):
             delivery = self.peer.receive()
             self.peer.ack(delivery)
             _, key, _, _, delimiter, *frames = delivery
-            assert delimiter == b"" and len(frames) == 1, delivery[:5]  # one body: one frame, as it is
+            assert delimiter == b"", delivery[:5]
             attempt = key.partition(b"|")[2]
-            received.append(Received(frames[0], key.decode(), attempts=int(attempt)))
+            received.append(Received(frames[0] if len(frames) == 1 else b"", key.decode(), attempts=int(attempt),
+                                     frames=frames))
         return received
 
     def close(self) -> None:
