@@ -81,6 +81,9 @@ BODIES: dict[str, bytes] = {
     "all bytes": bytes(range(256)),
     "empty": b"",
     "newline and tab": b"line one\n\tline two\r\n",
+    # What an MQKS line would change: trailing whitespace (the original strips it), Unicode line breaks.
+    "trailing space": b"ends in a space ",
+    "Unicode line breaks": "one\u2028two\u2029three\u0085four".encode(),
     # Bodies that look like the two reversible encodings: MQKS's, and PZQ's form of several frames.
     "MQKS's prefix": b"polymq:base64:aGVsbG8=",
     "PZQ's prefix": b"pzq-frames:5:hello,3:PZQ,",
