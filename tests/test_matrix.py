@@ -43,6 +43,7 @@ from support.matrix_endpoints import (
     Sent,
     admin,
     endpoints,
+    mqks_request_id,
     nsq_http_post,
     state_of,
     wait_until,
@@ -63,6 +64,7 @@ ENDPOINTS = {
     "stream": "Spark stream",
 }
 
+# The reversible encodings' prefixes, as docs/protocols/mqks.md and docs/protocols/pzq.md write them.
 MQKS_PREFIX = b"polymq:base64:"
 PZQ_PREFIX = b"pzq-frames:"
 
@@ -87,8 +89,10 @@ BODIES: dict[str, bytes] = {
     # Bodies that look like the two reversible encodings: MQKS's, and PZQ's form of several frames.
     "MQKS's prefix": b"polymq:base64:aGVsbG8=",
     "PZQ's prefix": b"pzq-frames:5:hello,3:PZQ,",
+    # The last: the NSQ publishers send the last body deferred.
     "1 MiB": (bytes(range(256)) * (LARGE_BYTES // 256 + 1))[:LARGE_BYTES],
 }
+LARGE = "1 MiB"
 
 # Bodies a publisher's protocol cannot send, and why.
 # (`test_not_expressible_bodies_are_refused` sends each and sees the refusal.)
@@ -106,7 +110,7 @@ def mqks_large_body(cell: Cell) -> bytes:
     """The largest body an MQKS publish line of this cell carries: the line (`--mqks-max-line`, 1 MiB,
     its newline not counted) less the head `<id> publish --confirm <event> `; printable ASCII, as the
     line carries it verbatim (any other byte would take base64's 4/3)."""
-    head = len(f"{cell.name}-{len(BODIES) - 1} publish --confirm {cell.topic} ")
+    head = len(f"{mqks_request_id(cell, list(BODIES).index(LARGE))} publish --confirm {cell.topic} ")
     return (bytes(range(33, 127)) * (MQKS_MAX_LINE // 94 + 1))[: MQKS_MAX_LINE - head]
 
 
@@ -121,7 +125,7 @@ LARGE_NOTES = {
 def bodies_of(cell: Cell) -> dict[str, bytes]:
     bodies = {name: body for name, body in BODIES.items() if (cell.publisher, name) not in NOT_EXPRESSIBLE_BODIES}
     if cell.publisher == "mqks":
-        bodies["1 MiB"] = mqks_large_body(cell)
+        bodies[LARGE] = mqks_large_body(cell)
     return bodies
 
 
@@ -360,7 +364,7 @@ def test_not_expressible_bodies_are_refused(publisher_body: tuple[str, str], mat
 def test_the_mqks_large_body_is_the_largest_a_line_carries(matrix_gateway: GatewayProcess) -> None:
     cell = Cell("mqks", "nsq-tcp")
     largest = mqks_large_body(cell)
-    request_id = f"{cell.name}-{len(BODIES) - 1}"  # as long as the cells' own
+    request_id = mqks_request_id(cell, list(BODIES).index(LARGE))  # the cell's own
     event = cell.topic.encode()
     with mqks_blocking.Connection(matrix_gateway.host_port("mqks"), TIMEOUT_S) as conn:
         conn.request("c1", "consume", f"{cell.name} {cell.topic}", confirm=True)

@@ -184,12 +184,17 @@ class MQKSPublisher(Publisher):
         sent: list[Sent] = []
         with mqks_blocking.Connection(self.gateway.host_port("mqks"), TIMEOUT_S) as conn:
             for number, body in enumerate(bodies):
-                request_id = f"{self.cell.name}-{number}"
+                request_id = mqks_request_id(self.cell, number)
                 conn.request(request_id, "publish", self.cell.topic.encode() + b" " + mqks_client.publish_data(body),
                              confirm=True)
                 assert conn.next_line() == f"{request_id} ok ".encode()
                 sent.append(Sent(body, request_id))
         return sent
+
+
+def mqks_request_id(cell: Cell, number: int) -> str:
+    """The id of the MQKS publisher's `number`th request in `cell` (each message's msg_id)."""
+    return f"{cell.name}-{number}"
 
 
 class PHPMQPublisher(Publisher):
