@@ -109,6 +109,11 @@ class Worker(Peer):
     def reply(self, job: list[bytes], result: bytes = DEFAULT_RESULT) -> None:
         self.send(emqp.REPLY, result, job[3])
 
+    def leave(self) -> None:
+        """KBYE: the broker forgets the worker at once (its free slots with it) instead of waiting
+        for its heartbeats to stop."""
+        self.send(emqp.KBYE)
+
 
 class Client(Peer):
     def request(self, queue: str | bytes, payload: bytes, headers: bytes = b"",

@@ -260,6 +260,12 @@ def decode_data(data: bytes) -> bytes:
     return data
 
 
+def carries_field(value: bytes) -> bool:
+    """Whether a response line carries `value` unchanged as one of its fields (a msg_id another
+    protocol chose): not empty, no space, and none of the characters a body is encoded for."""
+    return bool(value) and b" " not in value and _UNSAFE_BODY.search(value) is None
+
+
 def encode_body(body: bytes) -> bytes:
     """A body as MQKS data: verbatim when a line can carry it unchanged, else the reversible encoding."""
     if body and body[-1] != 0x20 and not body.startswith(ENCODED_PREFIX):

@@ -5,9 +5,11 @@ bodies MQKS cannot carry verbatim. One gateway for the module; names are unique 
 from __future__ import annotations
 
 import base64
+import re
 import urllib.request
 
-from polymq.codecs import nsq_client
+from polymq.clients.stream import StreamClient
+from polymq.codecs import nsq_client, stream_rows
 from polymq.codecs.mqks import ENCODED_PREFIX
 from polymq.codecs.mqks_client import parse_delivery, parse_response
 
@@ -139,3 +141,25 @@ def test_a_publish_reaches_nsq_and_mqks_queues_of_the_topic_once_each(module_gat
         got_mqks = one.barrier() + two.barrier()  # the two consumers compete on the one queue
         bodies = sorted(parse_delivery(parse_response(line).data).body for line in got_mqks)
         assert bodies == sorted(got_nsq)
+
+
+def test_a_stream_writer_id_a_line_cannot_carry_shows_the_engine_id(module_gateway: GatewayProcess) -> None:
+    """A stream writer's row id is shown to MQKS consumers as msg_id, but only as a line carries it:
+    one with a space, a newline, another control character or a Unicode line break would break the
+    delivery line (a newline made two lines of one), so the engine id is shown instead."""
+    ids = ["plain-id", "has space", "new\nline", "cr\rid", "tab\tid", "nul\x00id", "nel\x85id", "ls\u2028id",
+           "ünïcode"]
+    with mqks(module_gateway) as client, StreamClient(module_gateway.http) as writer:
+        client.send(b"c1 consume --confirm x_ids_copy x_ids")
+        assert client.line() == b"c1 ok "
+        writer.publish([stream_rows.encode_publish_row(b"row %d" % number, message_id=row_id)
+                        for number, row_id in enumerate(ids)], "x_ids")
+        deliveries = [parse_delivery(parse_response(line).data) for line in client.lines(len(ids))]
+        client.send(b"d1 delete_queue --confirm x_ids_copy")
+        assert client.lines(2) == [b"c1 ok --update x_ids_copy", b"d1 ok "]
+    assert [delivery.body for delivery in deliveries] == [b"row %d" % number for number in range(len(ids))]
+    shown = [delivery.msg_id for delivery in deliveries]
+    assert [shown[0], shown[-1]] == ["plain-id", "ünïcode"]
+    engine_ids = shown[1:-1]
+    assert all(re.fullmatch("[0-9a-f]{16}", msg_id) for msg_id in engine_ids), engine_ids
+    assert engine_ids == sorted(set(engine_ids))

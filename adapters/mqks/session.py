@@ -231,10 +231,12 @@ def _msg_id_and_event(message: Message, queue: Queue) -> tuple[bytes, bytes]:
     msg_id = headers.get(MSG_ID_HEADER) if type(headers) is dict else None
     # The topic is unknown only for a record an older version wrote: then the queue's binding.
     event = message.topic or (queue.topics[0] if queue.topics else queue.name)
-    # `str()`: headers come from any protocol, and a deliver callback must never raise. A space would
-    # break the line's fields, so another protocol's id with one shows the engine id instead.
+    # `str()`: headers come from any protocol, and a deliver callback must never raise. An MQKS
+    # publisher's id is one its request line carried; another protocol's (a stream writer's) with a
+    # space, a newline, another control character or a Unicode line break would break the line or
+    # its fields, so it shows the engine id instead.
     shown = b"%016x" % message.id if msg_id is None else str(msg_id).encode()
-    if b" " in shown or not shown:
+    if b" " in shown or not shown or (message.origin != ORIGIN and not mqks.carries_field(shown)):
         shown = b"%016x" % message.id
     return shown, str(event).encode()
 
