@@ -116,6 +116,8 @@ class OwnerLog:
         # Records not yet handed to a commit; the last may be the open ADD record (`_OpenAdd`).
         self.pending: list[tuple[int, bytes | _OpenAdd]] = []
         self.done = array("Q")
+        # Positions whose DONE goes in the commit after the next (`removed_after_next_write`).
+        self.done_later = array("Q")
         self.states = array("q")  # (position, attempts, due wall ns) triples
         self.unlinks: list[int] = []
         self.flushed: dict[int, int] = {}  # bytes of each segment on disk
@@ -165,7 +167,8 @@ class OwnerLog:
     def is_blank(self) -> bool:
         """Nothing was ever added or reported: a log that can be swapped for another."""
         return (self.segment == 0 and self.next_index == 0 and not self.pending and not self.spilled
-                and not self.done and not self.states and not self.flushed and not self.destroyed)
+                and not self.done and not self.done_later and not self.states and not self.flushed
+                and not self.destroyed)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -337,6 +340,23 @@ class OwnerLog:
                 self._collect()
         self._mark_dirty()
 
+    def removed_after_next_write(self, message: Message) -> None:
+        """As `removed`, but the DONE waits for the commit after the next one: a crash between the
+        writes of one commit (one file at a time) leaves the copy here and its replacement in another
+        file, twice rather than nowhere."""
+        position = message.pos
+        if position < 0 or self.destroyed:
+            return
+        candidate = self._cancel_candidate()
+        if candidate is not None and 0 <= position - candidate[0] < candidate[1]:
+            self.removed(message)  # its ADD is not on the disk yet: it may never be
+            return
+        done = self.done
+        self.done = self.done_later
+        self.removed(message)
+        self.done_later = self.done
+        self.done = done
+
     def state(self, message: Message, due_wall_ns: int = 0) -> None:
         """Attempts changed (a delivery) or the copy went back to the queue, maybe deferred."""
         if message.pos < 0 or self.destroyed:
@@ -385,6 +405,7 @@ class OwnerLog:
         self._withheld.clear()
         self.pending.clear()
         del self.done[:]
+        del self.done_later[:]
         del self.states[:]
         old = list(self.retained)
         self.final_size.clear()
@@ -438,6 +459,9 @@ class OwnerLog:
             self.pending.append((self.segment, encoded))
             self.segment_bytes += len(encoded)
             self.done = array("Q")
+        if self.done_later:
+            self.done, self.done_later = self.done_later, self.done
+            self._mark_dirty()  # in the next commit
         pending = self.pending
         start = 0
         while start < len(pending):

@@ -643,9 +643,11 @@ class Queue:
 
     def _dead_letter(self, message: Message, reason: str) -> None:
         """The copy leaves this queue for `dead_letter_topic`: an ordinary topic any protocol reads
-        (its first queue gets what waited there). It keeps its id, body and headers, and says whence and why."""
+        (its first queue gets what waited there). It keeps its id, body and headers, and says whence and why.
+
+        The letter is on the disk before this copy's end: a crash between leaves it in both places."""
         if self.log is not None:
-            self.log.removed(message)
+            self.log.removed_after_next_write(message)
         self.dead_letter_count += 1
         headers: dict[str, Any] = dict(message.headers) if isinstance(message.headers, Mapping) else {}
         headers[DEAD_LETTER_QUEUE_HEADER] = self.name

@@ -55,6 +55,11 @@ class OwnerLog(Protocol):
 
     def removed(self, message: Message) -> None: ...
 
+    def removed_after_next_write(self, message: Message) -> None:
+        """The copy is gone, but the record saying so waits for the write after the next: what took
+        its place in another file (a dead letter) reaches the disk first."""
+        ...
+
     def state(self, message: Message, due_wall_ns: int = 0) -> None:
         """Delivered (attempts grew) or returned to the queue (maybe deferred until `due_wall_ns`)."""
         ...

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+
+import pytest
 
 from polymq.core.clock import ManualClock
 from polymq.core.dead_letters import Requeued, requeue_dead_letters
+from polymq.core.disk_io import CommitJob
 from polymq.core.engine import Engine
 from polymq.core.message import Message
 
@@ -93,3 +97,56 @@ def test_requeued_dead_letters_are_kept_across_a_restart_even_those_spilled_to_d
             (f"job {number}".encode(), 1, {"k": number}) for number in range(5)]
     finally:
         again.close()
+
+
+def _holders(directory: Path, message_id: int) -> list[str]:
+    """The queues and topics that hold a copy of `message_id` after a restart on `directory`."""
+    store = Store(directory, ManualClock(), 10_000)
+    try:
+        engine = store.engine
+        found = [name for name, queue in engine.queues.items()
+                 if any(message.id == message_id for message in [*queue.ready, *queue.in_flight.values()])]
+        found += [f"topic {name}" for name, topic in engine.topics.items()
+                  if any(message.id == message_id for message in topic.backlog)]
+        return found
+    finally:
+        store.writer.close()
+        store.storage.close()
+
+
+@pytest.mark.parametrize("read_by", ["nobody yet", "a queue"])
+def test_a_crash_between_any_two_writes_of_a_dead_lettering_leaves_the_message_somewhere(
+        tmp_path: Path, read_by: str) -> None:
+    data = tmp_path / "data"
+    store = Store(data, ManualClock(), 10_000)
+    engine = store.engine
+    if read_by == "a queue":
+        engine.ensure_queue("jobs.dead/inspect")
+        engine.bind("jobs.dead/inspect", "jobs.dead")
+    engine.ensure_queue("jobs", origin="phpmq")
+    engine.bind("jobs", "jobs")
+    delivered: list[Message] = []
+    engine.attach("jobs", delivered.append, credit=1)
+    engine.publish("jobs", b"job", origin="phpmq")
+    store.commit()
+    (message,) = delivered
+    engine.queues["jobs"].dead_letter(message.id)
+    letter_in = "jobs.dead/inspect" if read_by == "a queue" else "topic jobs.dead"
+    crashes = 0
+    for commit in range(3):  # the dead-lettering's commits, and one more that has nothing to do
+        job, written, callbacks = store.storage.prepare()
+        for number, append in enumerate([None, *job.appends]):
+            if append is not None:  # one file's write at a time, through the store's own writer
+                store.writer.write(one := CommitJob([append]))
+                assert one.error is None
+                job.sizes.update(one.sizes)
+            crashed = tmp_path / f"crash-{commit}-{number}"  # a crash here: the disk as it is now
+            shutil.copytree(data, crashed)
+            assert set(_holders(crashed, message.id)) in ({"jobs"}, {"jobs", letter_in}, {letter_in}), (commit, number)
+            crashes += 1
+        sync = store.writer.take_sync(job.unlinks, job.removed_dirs, fsync=job.fsync).run()
+        store.writer.sync_finished(sync)
+        store.storage.complete(job, written, callbacks)
+    assert crashes >= 5  # the writes of the letter and of the copy's end came apart
+    store.close()
+    assert _holders(data, message.id) == [letter_in]
