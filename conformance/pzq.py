@@ -205,6 +205,7 @@ def _refused(t: Target) -> None:
 
 @checks.check("core oldest first")
 def _order(t: Target) -> None:
+    """Stored messages are delivered oldest first, in the order they were produced."""
     t.empty_queue()
     producer, consumer = t.producer(), t.consumer()
     bodies = [t.body(f"order {number}") for number in range(5)]

@@ -1,6 +1,7 @@
 """PZQ against a real gateway with pyzmq clients: producer answers after storing, deliveries and
-consumer answers, timeouts, stale ACKs, the window, multi-frame bodies, the monitor, pipelined
-producers, restarts (docs/protocols/pzq.md)."""
+consumer answers, timeouts, one key for every delivery of a message and the `0`s of superseded
+deliveries, the window, multi-frame bodies, the monitor, pipelined producers, restarts
+(docs/protocols/pzq.md)."""
 
 from __future__ import annotations
 
