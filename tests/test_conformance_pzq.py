@@ -87,7 +87,7 @@ def test_without_a_restart_command_the_restart_check_is_left_out(tmp_path: Path)
     with running_gateway("--pzq-ack-timeout", "500", data_dir=tmp_path) as gateway:
         code, lines = run_suite("--receive", gateway.addresses["pzq-receive"], "--send", gateway.addresses["pzq-send"],
                                 "--monitor", gateway.addresses["pzq-monitor"], "--only", "core", "--ack-timeout", "0.5")
-    assert code == 0 and lines[-1] == "8 passed, 0 failed", "\n".join(lines)
+    assert code == 0 and lines[-1] == "9 passed, 0 failed", "\n".join(lines)
 
 
 def test_a_silent_server_fails_every_check() -> None:
