@@ -24,9 +24,10 @@ EMPTY = b"Trying to save empty message"
 MONITOR = b"MONITOR"
 # The six monitor keys, in the original's order.
 MONITOR_KEYS = ("messages", "messages_inflight", "db_size", "inflight_db_size", "syncs", "expired_messages")
-# A delivery key: the message (16 lowercase hex, the engine id: stable across redeliveries, for
-# de-duplication), `|`, and which delivery of it this is (an ACK of an earlier one is stale).
-KEY_SEPARATOR = b"|"
+# A delivery key names the message, as the original's does: every delivery of it has the same key
+# (16 lowercase hex digits of the engine's message id), so consumers may de-duplicate on it.
+KEY_DIGITS = 16
+_HEX_DIGITS = b"0123456789abcdef"
 # How several body frames travel as one body to protocols that carry one (NSQ, MQKS, PHPMQ): this
 # prefix, then each frame as a netstring, `<length>:<bytes>,`. Reversible: a body in this form
 # reaches a PZQ consumer as its frames again (docs/protocols/pzq.md).
@@ -96,16 +97,16 @@ def parse_consumer_ack(frames: list[bytes]) -> ConsumerAck | Ignored:
     return ConsumerAck(frames[0], frames[1] == ACK_OK)
 
 
-def delivery_key(message_id: int, attempt: int) -> bytes:
-    return b"%016x|%d" % (message_id, attempt)
+def delivery_key(message_id: int) -> bytes:
+    """The key of every delivery of the message."""
+    return b"%016x" % message_id
 
 
-def parse_key(key: bytes) -> tuple[int, int] | None:
-    """(message id, attempt) of a key this codec made; None for anything else."""
-    head, separator, attempt = key.partition(KEY_SEPARATOR)
-    if not separator or len(head) != 16 or head.strip(b"0123456789abcdef") or not attempt.isdigit():
+def parse_key(key: bytes) -> int | None:
+    """The message id of a key this codec made; None for anything else."""
+    if len(key) != KEY_DIGITS or key.strip(_HEX_DIGITS):
         return None
-    return int(head, 16), int(attempt)
+    return int(key, 16)
 
 
 def is_monitor_request(frames: list[bytes]) -> bool:

@@ -373,6 +373,7 @@ def update(consumer_id: str, queue: str, events: Iterable[str], suffix: str = ""
 
 @check("ping")
 def _ping(t: Target) -> None:
+    """ping is answered `{id} ok {data}`."""
     conn = t.connect()
     conn.send(b"pg1 ping service1\n")
     conn.expect_line("'pg1 ping service1'", b"pg1 ok service1")
@@ -380,6 +381,7 @@ def _ping(t: Target) -> None:
 
 @check("ping-data-spaces-and-confirm")
 def _ping_data(t: Target) -> None:
+    """A request's data is everything after the second space, inner spaces kept; ping --confirm answers once."""
     conn = t.connect()
     # Data is everything after the second space, inner spaces included (docs/protocols/mqks.md).
     conn.send(b"pg2 ping a b  c\n")
@@ -392,6 +394,7 @@ def _ping_data(t: Target) -> None:
 
 @check("short-line-none-error")
 def _short_line(t: Target) -> None:
+    """A line of fewer than three fields gets an error with the literal id None, and the connection stays open."""
     conn = t.connect()
     # Fewer than three fields after rstrip: literal id `None` (docs/protocols/mqks.md).
     for line in (b"pg3 ping", b"", b"dq9 delete_queue", b"pg5 ping   "):
@@ -402,6 +405,7 @@ def _short_line(t: Target) -> None:
 
 @check("error-id-shape")
 def _error_id_shape(t: Target) -> None:
+    """An error id starts with the UTC time as %Y%m%d%H%M%S%f, near now, and differs from error to error."""
     conn = t.connect()
     ids = []
     for _ in range(2):
@@ -422,6 +426,7 @@ def _error_id_shape(t: Target) -> None:
 
 @check("unknown-action-error")
 def _unknown_action(t: Target) -> None:
+    """An unknown action gets `{id} error {error id}` and the connection stays open."""
     conn = t.connect()
     request_id = t.ident("x1")
     line = conn.expect_refused(request_id, "blabla", "123")
@@ -430,6 +435,7 @@ def _unknown_action(t: Target) -> None:
 
 @check("double-space-error")
 def _double_space(t: Target) -> None:
+    """Two spaces after the id make the action empty: an error."""
     # The split is on single spaces: the action is '' (docs/protocols/mqks.md).
     conn = t.connect()
     request_id = t.ident("x2")
@@ -438,6 +444,7 @@ def _double_space(t: Target) -> None:
 
 @check("publish-without-data-error")
 def _publish_without_data(t: Target) -> None:
+    """publish without data (a trailing space stripped first) is an error."""
     conn = t.connect()
     event = t.event("e1")
     for suffix in ("", " "):  # the trailing space is stripped first (docs/protocols/mqks.md)
@@ -447,6 +454,7 @@ def _publish_without_data(t: Target) -> None:
 
 @check("missing-argument-errors")
 def _missing_arguments(t: Target) -> None:
+    """ack, reject and rebind without their arguments, and consume with an unknown --flag, are errors."""
     conn = t.connect()
     queue = t.queue()
     requests = [
@@ -462,6 +470,7 @@ def _missing_arguments(t: Target) -> None:
 
 @check("tab-error-or-close")
 def _tab(t: Target) -> None:
+    """A TAB in a request closes the connection unanswered (the original) or is an error on an open connection."""
     # The original closes the connection on a TAB; polymq answers `{id} error …` (docs/protocols/mqks.md).
     conn = t.connect()
     request_id = t.ident("t1")
@@ -481,6 +490,7 @@ def _tab(t: Target) -> None:
 
 @check("crlf-requests")
 def _crlf(t: Target) -> None:
+    """Requests ending in \\r\\n are read as ones ending in \\n (ping, consume, publish)."""
     conn = t.connect()
     conn.send(b"pg1 ping x\r\n")
     conn.expect_line("'pg1 ping x\\r\\n'", b"pg1 ok x")
@@ -499,6 +509,7 @@ def _crlf(t: Target) -> None:
 
 @check("confirm-publish")
 def _confirm_publish(t: Target) -> None:
+    """publish --confirm is answered `{id} ok` once, with no subscribers as well."""
     conn = t.connect()
     msg_id = t.ident("m1")
     line = conn.request(msg_id, "publish", f"{t.event('e1')} d1", confirm=True)
@@ -508,6 +519,7 @@ def _confirm_publish(t: Target) -> None:
 
 @check("confirm-rebind")
 def _confirm_rebind(t: Target) -> None:
+    """rebind --confirm is confirmed, a rebind that changes nothing too, and only a change sends --update."""
     queue, e1, e2, e3 = t.queue(), t.event("e1"), t.event("e2"), t.event("e3")
     conn = t.connect()
     consumer = t.ident("c1")
@@ -523,6 +535,7 @@ def _confirm_rebind(t: Target) -> None:
 
 @check("confirm-delete-queue")
 def _confirm_delete_queue(t: Target) -> None:
+    """delete_queue --confirm is confirmed, for a queue that is gone or never was as well."""
     queue = t.queue()
     t.consume(t.connect(), t.ident("c1"), f"{queue} {t.event('e1')}")
     t.confirmed(t.ident("dq1"), "delete_queue", queue)
@@ -533,6 +546,7 @@ def _confirm_delete_queue(t: Target) -> None:
 
 @check("confirm-ack-reject-unknown-msg")
 def _confirm_unknown_msg(t: Target) -> None:
+    """ack and reject of an unknown message id, and --all with nothing held, are confirmed and redeliver nothing."""
     queue = t.queue()
     conn = t.connect()
     consumer = t.ident("c1")
@@ -548,6 +562,7 @@ def _confirm_unknown_msg(t: Target) -> None:
 
 @check("unknown-consumer-silent")
 def _unknown_consumer(t: Target) -> None:
+    """ack, reject and delete_consumer naming an unknown consumer get no answer, even with --confirm."""
     # No response at all, even with --confirm (docs/protocols/mqks.md).
     conn = t.connect()
     consumer, msg_id = t.ident("nosuch"), t.ident("m1")
@@ -569,6 +584,7 @@ def _unknown_consumer(t: Target) -> None:
 
 @check("delivery-line-bytes")
 def _delivery_line(t: Target) -> None:
+    """A delivery is `{consumer_id} ok {msg_id} event={event} {data}`, byte for byte."""
     conn, consumer, _, event = t.subscriber()
     msg_id = t.ident("m")
     t.publish(event, "data", msg_id)
@@ -578,6 +594,7 @@ def _delivery_line(t: Target) -> None:
 
 @check("delivery-data-with-spaces")
 def _delivery_spaces(t: Target) -> None:
+    """Data with spaces, double spaces and --flags travels unchanged."""
     conn, consumer, _, event = t.subscriber()
     msg_id = t.ident("m")
     data = "hello big  world --add x"
@@ -587,6 +604,7 @@ def _delivery_spaces(t: Target) -> None:
 
 @check("trailing-spaces-stripped")
 def _trailing_spaces(t: Target) -> None:
+    """A request line loses its trailing spaces: the data is delivered without them."""
     conn, consumer, _, event = t.subscriber()
     msg_id = t.ident("m")
     line = f"{msg_id} publish --confirm {event} d1   "
@@ -598,6 +616,7 @@ def _trailing_spaces(t: Target) -> None:
 
 @check("fan-out")
 def _fan_out(t: Target) -> None:
+    """Every queue bound to an event gets one copy of each message."""
     q1, q2, event = t.queue("q1"), t.queue("q2"), t.event("e")
     (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{q1} {event}")
@@ -613,6 +632,7 @@ def _fan_out(t: Target) -> None:
 
 @check("competing-consumers")
 def _competing(t: Target) -> None:
+    """Consumers of one queue share its messages: each goes to exactly one of them."""
     queue, event = t.queue(), t.event("hello")
     a, b = t.connect("Alice"), t.connect("Bob")
     alice, bob = t.ident("Alice"), t.ident("Bob")
@@ -634,6 +654,7 @@ def _competing(t: Target) -> None:
 
 @check("publish-without-binding-dropped")
 def _publish_unbound(t: Target) -> None:
+    """A publish to an event no queue is bound to is dropped."""
     queue, event = t.queue(), t.event("e")
     m1, m2 = t.ident("m1"), t.ident("m2")
     t.publish(event, "early", m1)  # no queue is bound to the event yet: dropped (docs/protocols/mqks.md)
@@ -647,6 +668,7 @@ def _publish_unbound(t: Target) -> None:
 
 @check("rebind-only-queue-drops-until-consumed")
 def _rebind_only_drops(t: Target) -> None:
+    """A queue bound by rebind alone drops publishes until first consumed, then keeps them."""
     queue, event = t.queue(), t.event("e")
     m1, m2, m3 = t.ident("m1"), t.ident("m2"), t.ident("m3")
     t.confirmed(t.ident("rb"), "rebind", f"{queue} {event}")
@@ -670,6 +692,7 @@ def _rebind_only_drops(t: Target) -> None:
 
 @check("consume-without-events-keeps-bindings")
 def _consume_keeps(t: Target) -> None:
+    """consume of a queue without events keeps the queue's bindings."""
     queue, e1, e2, e3 = t.queue(), t.event("e1"), t.event("e2"), t.event("e3")
     (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{queue} {e1} {e2}")
@@ -689,6 +712,7 @@ def _consume_keeps(t: Target) -> None:
 
 @check("consume-add")
 def _consume_add(t: Target) -> None:
+    """consume --add adds events to the bindings and sends every consumer --update, the issuer before its ok."""
     queue, e1, e2 = t.queue(), t.event("e1"), t.event("e2")
     (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{queue} {e1}")
@@ -729,6 +753,7 @@ def _routed(t: Target, conn: Conn, consumer: str, events: list[str], bound: set[
 
 @check("rebind-replace")
 def _rebind_replace(t: Target) -> None:
+    """rebind with events replaces the queue's bindings: --update, and only the new events are routed."""
     queue = t.queue()
     e1, e2, e3 = t.event("e1"), t.event("e2"), t.event("e3")
     conn = t.connect()
@@ -741,6 +766,7 @@ def _rebind_replace(t: Target) -> None:
 
 @check("rebind-remove-add")
 def _rebind_remove_add(t: Target) -> None:
+    """rebind --remove and --add change the bindings (unknown events ignored), each change an --update."""
     queue = t.queue()
     e1, e2, e3, e4, e9 = (t.event(n) for n in ("e1", "e2", "e3", "e4", "e9"))
     conn = t.connect()
@@ -758,6 +784,7 @@ def _rebind_remove_add(t: Target) -> None:
 
 @check("rebind-remove-mask")
 def _rebind_remove_mask(t: Target) -> None:
+    """rebind --remove-mask removes events matching masks (`*`: non-dot characters, anchored; dotted events only)."""
     queue = t.queue()
     names = ["e5.id1.a1", "e5.id2.a2", "e5.id1.b1", "e4.x.y", "e4..y", "e3.123.c", "user.updated", "plain"]
     events = {name: t.event(name) for name in names}
@@ -781,6 +808,7 @@ def _rebind_remove_mask(t: Target) -> None:
 
 @check("update-lines")
 def _update_lines(t: Target) -> None:
+    """--update lists sorted events, --delete-queue-when-unused as a float, --manual-ack per consumer."""
     queue = t.queue()
     e0, e1, e2, e3 = (t.event(n) for n in ("e0", "e1", "e2", "e3"))
     (a, b, c), (c1, c2, c3) = t.consumers(3)
@@ -815,6 +843,7 @@ def _update_for_the_first(t: Target, first: str, second: str, suffix: str, about
 
 @check("update-bare-flag")
 def _update_bare(t: Target) -> None:
+    """A consume that sets only the bare --delete-queue-when-unused sends the others --update with the bare flag."""
     # Only the when-unused setting changes: the others still get --update, with the bare flag.
     _update_for_the_first(t, f"{{queue}} {{event}} {MANUAL_ACK_FLAG}", f"{{queue}} {WHEN_UNUSED_FLAG}",
                           f" {WHEN_UNUSED_FLAG} {MANUAL_ACK_FLAG}", " (manual-ack)")
@@ -822,6 +851,7 @@ def _update_bare(t: Target) -> None:
 
 @check("update-when-unused-cleared")
 def _update_when_unused_cleared(t: Target) -> None:
+    """A consume without --delete-queue-when-unused clears it, an --update for the others."""
     # A consume without the flag clears the queue's setting, and that change is an --update for the
     # others (the original's server/actions/consume.py: `queues_to_delete_when_unused.pop`).
     _update_for_the_first(t, f"{{queue}} {{event}} {WHEN_UNUSED_FLAG}=60", "{queue} {event}", "")
@@ -860,6 +890,7 @@ def _then_sentinel(t: Target, conn: Conn, consumer: str, event: str, requests: l
 
 @check("manual-ack-reject-retry")
 def _reject_retry(t: Target) -> None:
+    """reject requeues a manual-ack delivery at the queue's tail with retry+1."""
     conn, consumer, _, event, (m0, m1) = _manual_consumer(t, 2)
     # Requeued at the tail with retry+1 (docs/protocols/mqks.md): after m2, published before the reject.
     m2 = t.ident("m2")
@@ -876,6 +907,7 @@ def _reject_retry(t: Target) -> None:
 
 @check("manual-ack-reject-all")
 def _reject_all(t: Target) -> None:
+    """reject --all requeues every held delivery with retry+1; ack --all then reject --all hold nothing back."""
     conn, consumer, _, event, (m0, m1) = _manual_consumer(t, 2)
     t.confirmed(t.ident("r1"), "reject", f"{consumer} {ALL_FLAG}")
     conn.expect_lines(f"after 'reject {consumer} --all'",
@@ -890,6 +922,7 @@ def _reject_all(t: Target) -> None:
 
 @check("manual-ack-ack-removes")
 def _ack_removes(t: Target) -> None:
+    """ack removes a message: a later reject --all does not return it."""
     conn, consumer, _, event, (m0, m1) = _manual_consumer(t, 2)
     _then_sentinel(t, conn, consumer, event, [("ack", m0), ("reject", ALL_FLAG)],
                    [delivery(consumer, m1, event, f"d-{m1}", 1)])
@@ -897,6 +930,7 @@ def _ack_removes(t: Target) -> None:
 
 @check("auto-ack-reject-nothing")
 def _auto_ack_reject(t: Target) -> None:
+    """An auto-ack consumer's reject has nothing to return: delivered is done."""
     # Auto-ack: delivered = done, reject has nothing to return (docs/protocols/mqks.md).
     conn, consumer, _, event = t.subscriber()
     m0 = t.ident("m0")
@@ -908,6 +942,7 @@ def _auto_ack_reject(t: Target) -> None:
 
 @check("manual-ack-disconnect-requeues")
 def _disconnect_requeues(t: Target) -> None:
+    """A manual-ack consumer's disconnect returns what it held to another consumer with retry+1."""
     conn, consumer, queue, event, (m0, m1) = _manual_consumer(t, 2)
     t.confirmed(t.ident("r1"), "reject", f"{consumer} {m1}")
     conn.expect_line(f"after 'reject {consumer} {m1}'", delivery(consumer, m1, event, f"d-{m1}", 1))
@@ -922,6 +957,7 @@ def _disconnect_requeues(t: Target) -> None:
 
 @check("delete-consumer-requeues")
 def _delete_consumer_requeues(t: Target) -> None:
+    """delete_consumer returns the consumer's held messages to the queue, and the consumer is then unknown."""
     conn, consumer, queue, event, (m0,) = _manual_consumer(t, 1)
     other = t.connect("consumer 2")
     c2 = t.ident("c2")
@@ -941,6 +977,7 @@ def _delete_consumer_requeues(t: Target) -> None:
 
 @check("delete-queue")
 def _delete_queue(t: Target) -> None:
+    """delete_queue sends its consumers an --update without events, and they get nothing more."""
     queue, event = t.queue(), t.event("e")
     (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, f"{queue} {event}")
@@ -956,6 +993,7 @@ def _delete_queue(t: Target) -> None:
 
 @check("delete-queue-without-events")
 def _delete_queue_without_events(t: Target) -> None:
+    """delete_queue of a queue without events still sends its consumers an --update."""
     queue = t.queue()
     (a, b), (c1, c2) = t.consumers(2)
     t.consume(a, c1, queue)
@@ -980,6 +1018,7 @@ def _recreated(t: Target, queue: str, event: str, flags: str, number: int, lost:
 
 @check("when-unused-bare")
 def _when_unused_bare(t: Target) -> None:
+    """A bare --delete-queue-when-unused queue goes, with its bindings, when its last consumer leaves."""
     queue, event = t.queue(), t.event("e")
     consumer = t.ident("c1")
     t.consume(t.connect(), consumer, f"{queue} {event} {WHEN_UNUSED_FLAG}")
@@ -993,6 +1032,7 @@ def _when_unused_bare(t: Target) -> None:
 
 @check("when-unused-seconds")
 def _when_unused_seconds(t: Target) -> None:
+    """--delete-queue-when-unused=N keeps an unused queue N seconds with its messages, then deletes it."""
     queue, event = t.queue(), t.event("e")
     flags = f"{WHEN_UNUSED_FLAG}={WHEN_UNUSED_S}"
     c1, c2, c3 = (t.ident(f"c{i}") for i in range(1, 4))
@@ -1031,6 +1071,7 @@ def _when_unused_seconds(t: Target) -> None:
 
 @check("eval-queue-count")
 def _eval_count(t: Target) -> None:
+    """_eval len(state.queues) counts the queues, a new one and a deleted one included."""
     before = t.eval_queue_count("ev1")
     t.eval_queue_count("ev2", worker=True)
     queue = t.queue()
@@ -1042,6 +1083,7 @@ def _eval_count(t: Target) -> None:
 
 @check("eval-events-of-a-queue")
 def _eval_events_of_queue(t: Target) -> None:
+    """_eval of state.events_by_queues[queue] reads a queue's events as the original's client tests do."""
     queue, e1, e2 = t.queue(), t.event("e1"), t.event("e2")
     conn = t.connect()
     t.consume(conn, t.ident("c"), f"{queue} {e2} {e1}")

@@ -467,6 +467,7 @@ def check_message_shape(what: str, msg: nc.Message, body: bytes, attempts: int =
 
 @check("magic-bad")
 def _magic_bad(t: Target) -> None:
+    """A connection opening with a magic other than '  V2' gets E_BAD_PROTOCOL and is closed."""
     conn = t.connect(magic=False)
     conn.send(b"  V1")
     expected = _SIZE.pack(4 + 14) + _SIZE.pack(FRAME_TYPE_ERROR) + b"E_BAD_PROTOCOL"
@@ -479,6 +480,7 @@ def _magic_bad(t: Target) -> None:
 
 @check("ok-frame-bytes")
 def _ok_frame_bytes(t: Target) -> None:
+    """A PUB is answered by the OK response frame, byte for byte."""
     conn = t.connect()
     conn.send(nc.pub(t.topic(), b"x"))
     frame = conn.expect_frame("PUB", "OK frame")
@@ -487,17 +489,20 @@ def _ok_frame_bytes(t: Target) -> None:
 
 @check("command-case-sensitive")
 def _case_sensitive(t: Target) -> None:
+    """Commands are case-sensitive: 'nop' and 'pub' are E_INVALID invalid commands."""
     t.refused(b"nop\n", "'nop' (lower case)", "E_INVALID invalid command nop")
     t.refused(b"pub " + t.topic().encode() + b"\n", "'pub t' (lower case)", "E_INVALID invalid command pub")
 
 
 @check("command-invalid")
 def _command_invalid(t: Target) -> None:
+    """An unknown command gets E_INVALID invalid command and closes the connection."""
     t.refused(b"FOO bar\n", "'FOO bar'", "E_INVALID invalid command FOO")
 
 
 @check("crlf-accepted")
 def _crlf(t: Target) -> None:
+    """A command line ending in \\r\\n is read as one ending in \\n (the \\r is stripped)."""
     topic = t.topic()
     conn = t.connect()
     conn.send(b"NOP\r\n")
@@ -509,6 +514,7 @@ def _crlf(t: Target) -> None:
 
 @check("extra-params-ignored")
 def _extra_params(t: Target) -> None:
+    """Parameters beyond those a command takes are ignored (PUB, NOP)."""
     topic = t.topic()
     conn = t.connect()
     conn.send(b"PUB " + topic.encode() + b" extra\n" + _SIZE.pack(5) + b"extra")
@@ -523,6 +529,7 @@ def _extra_params(t: Target) -> None:
 
 @check("line-too-long")
 def _line_too_long(t: Target) -> None:
+    """A command line longer than nsqd's 16 KiB read buffer closes the connection without a frame."""
     # nsqd reads lines through a 16 KiB buffer; a longer line ends the connection without a frame.
     conn = t.connect()
     conn.send(b"A" * (MAX_LINE_LENGTH + 4096))
@@ -535,6 +542,7 @@ def _line_too_long(t: Target) -> None:
 
 @check("identify-plain-ok")
 def _identify_plain(t: Target) -> None:
+    """IDENTIFY without feature_negotiation is answered OK."""
     conn = t.connect()
     conn.send(nc.identify({"client_id": "conformance", "hostname": "conformance"}))
     frame = conn.expect_frame("IDENTIFY without feature_negotiation", "OK frame")
@@ -544,6 +552,7 @@ def _identify_plain(t: Target) -> None:
 
 @check("identify-negotiation-defaults")
 def _identify_defaults(t: Target) -> None:
+    """IDENTIFY with feature_negotiation is answered nsqd's JSON of defaults, key order and bytes as Go writes them."""
     conn = t.connect()
     conn.send(nc.identify({"feature_negotiation": True}))
     frame = conn.expect_frame("IDENTIFY feature_negotiation", "a JSON response frame")
@@ -564,6 +573,7 @@ def _identify_defaults(t: Target) -> None:
 
 @check("identify-negotiation-echo")
 def _identify_echo(t: Target) -> None:
+    """IDENTIFY echoes the negotiated timeouts, buffers (-1 forms too) and sample rate, repeated before SUB too."""
     conn = t.connect()
     asked = {"feature_negotiation": True, "msg_timeout": 5000, "output_buffer_size": 8192,
              "output_buffer_timeout": 100, "sample_rate": 0, "heartbeat_interval": 20000,
@@ -595,12 +605,14 @@ def _identify_echo(t: Target) -> None:
 
 @check("identify-bad-json")
 def _identify_bad_json(t: Target) -> None:
+    """An IDENTIFY body that is not JSON gets E_BAD_BODY failed to decode JSON body."""
     t.refused(b"IDENTIFY\n" + _SIZE.pack(9) + b"{not json", "IDENTIFY body '{not json'",
               "E_BAD_BODY IDENTIFY failed to decode JSON body")
 
 
 @check("identify-body-size")
 def _identify_body_size(t: Target) -> None:
+    """An IDENTIFY body of size 0, or past --max-body-size, gets E_BAD_BODY before any body is read."""
     t.refused(b"IDENTIFY\n" + _SIZE.pack(0), "IDENTIFY with body size 0", "E_BAD_BODY IDENTIFY invalid body size 0")
     conn = t.connect()
     # Only the size: nsqd refuses it before reading any body.
@@ -611,6 +623,7 @@ def _identify_body_size(t: Target) -> None:
 
 @check("identify-bad-fields")
 def _identify_bad_fields(t: Target) -> None:
+    """IDENTIFY values out of nsqd's ranges get E_BAD_BODY naming the field and the value."""
     cases = [
         ({"heartbeat_interval": 500}, "heartbeat interval (500) is invalid"),
         ({"heartbeat_interval": 60001}, "heartbeat interval (60001) is invalid"),
@@ -630,12 +643,14 @@ def _identify_bad_fields(t: Target) -> None:
 
 @check("identify-deflate-and-snappy")
 def _identify_both(t: Target) -> None:
+    """IDENTIFY asking for both deflate and snappy gets E_IDENTIFY_FAILED."""
     t.refused(nc.identify({"feature_negotiation": True, "deflate": True, "snappy": True}), "IDENTIFY deflate+snappy",
               "E_IDENTIFY_FAILED cannot enable both deflate and snappy compression")
 
 
 @check("identify-after-sub")
 def _identify_after_sub(t: Target) -> None:
+    """IDENTIFY after SUB gets E_INVALID cannot IDENTIFY in current state."""
     conn = t.consumer(t.topic(), t.channel(), rdy=None)
     conn.send(nc.identify({"feature_negotiation": True}))
     conn.expect_error("IDENTIFY after SUB", "E_INVALID cannot IDENTIFY in current state")
@@ -643,6 +658,7 @@ def _identify_after_sub(t: Target) -> None:
 
 @check("sub-heartbeats-disabled")
 def _sub_no_heartbeats(t: Target) -> None:
+    """SUB after IDENTIFY with heartbeat_interval -1 gets E_INVALID cannot SUB with heartbeats disabled."""
     conn = t.connect()
     conn.identify({"feature_negotiation": True, "heartbeat_interval": -1})
     conn.send(nc.sub(t.topic(), t.channel()))
@@ -651,6 +667,7 @@ def _sub_no_heartbeats(t: Target) -> None:
 
 @check("auth-disabled")
 def _auth_disabled(t: Target) -> None:
+    """AUTH on a server without an auth server gets E_AUTH_DISABLED."""
     t.refused(nc.auth(b"secret"), "AUTH on a server without an auth server", "E_AUTH_DISABLED AUTH disabled")
 
 
@@ -666,6 +683,7 @@ def _fast_heartbeat_conn(t: Target) -> Conn:
 
 @check("heartbeat-frame")
 def _heartbeat_frame(t: Target) -> None:
+    """With heartbeat_interval 1000 a _heartbeat_ frame comes after about a second, before and after SUB."""
     conn = _fast_heartbeat_conn(t)
     start = time.monotonic()
     try:
@@ -687,6 +705,7 @@ def _heartbeat_frame(t: Target) -> None:
 
 @check("heartbeat-silent-close")
 def _heartbeat_silent(t: Target) -> None:
+    """A client that answers no heartbeat is closed after about two intervals."""
     conn = _fast_heartbeat_conn(t)
     start = time.monotonic()
     beats = 0
@@ -713,6 +732,7 @@ def _heartbeat_silent(t: Target) -> None:
 
 @check("heartbeat-nop-keeps-open")
 def _heartbeat_nop(t: Target) -> None:
+    """A client answering each heartbeat with NOP stays connected."""
     conn = _fast_heartbeat_conn(t)
     conn.expect_quiet("answering each heartbeat with NOP for 3.5 s", 3.5, answer_heartbeats=True)
     conn.send(nc.pub(t.topic(), b"still here"))
@@ -725,6 +745,7 @@ def _heartbeat_nop(t: Target) -> None:
 
 @check("names-length")
 def _names_length(t: Target) -> None:
+    """Names of [.a-zA-Z0-9_-] up to 64 characters (#ephemeral too) are valid; 65 are E_BAD_TOPIC/E_BAD_CHANNEL."""
     base = t.topic()
     conn = t.connect()
     for name in (t.topic(".under_score-dash.")[-40:], t.topic("A1")):
@@ -756,6 +777,7 @@ def _names_length(t: Target) -> None:
 
 @check("names-invalid")
 def _names_invalid(t: Target) -> None:
+    """Invalid topic and channel names get E_BAD_TOPIC / E_BAD_CHANNEL with nsqd's texts."""
     topic = t.topic()
     cases: list[tuple[bytes, tuple[str, ...]]] = [
         (nc.pub("bad*", b"x"), ('E_BAD_TOPIC PUB topic name "bad*" is not valid',)),
@@ -774,12 +796,14 @@ def _names_invalid(t: Target) -> None:
 
 @check("sub-insufficient-params")
 def _sub_params(t: Target) -> None:
+    """SUB without a channel gets E_INVALID insufficient number of parameters."""
     t.refused(b"SUB " + t.topic().encode() + b"\n", "'SUB t' (no channel)",
               "E_INVALID SUB insufficient number of parameters")
 
 
 @check("sub-twice")
 def _sub_twice(t: Target) -> None:
+    """A second SUB on one connection gets E_INVALID cannot SUB in current state."""
     topic = t.topic()
     conn = t.consumer(topic, t.channel(), rdy=None)
     conn.send(nc.sub(topic, t.channel()))
@@ -788,6 +812,7 @@ def _sub_twice(t: Target) -> None:
 
 @check("pub-body-size")
 def _pub_size(t: Target) -> None:
+    """PUB/DPUB bodies of size 0 or past --max-msg-size are E_BAD_MESSAGE; the largest size is delivered whole."""
     topic = t.topic()
     for name in ("PUB", "DPUB"):
         line = f"PUB {topic}\n" if name == "PUB" else f"DPUB {topic} 0\n"
@@ -808,6 +833,7 @@ def _pub_size(t: Target) -> None:
 
 @check("mpub-errors")
 def _mpub_errors(t: Target) -> None:
+    """MPUB's body size, message count and message size errors get nsqd's E_BAD_BODY / E_BAD_MESSAGE texts."""
     topic = t.topic()
     line = f"MPUB {topic}\n".encode()
     cases: list[tuple[str, bytes, str]] = [
@@ -830,6 +856,7 @@ def _mpub_errors(t: Target) -> None:
 
 @check("dpub-timeout")
 def _dpub_timeout(t: Target) -> None:
+    """DPUB's defer time must parse and lie in 0..--max-req-timeout; both ends are accepted."""
     topic = t.topic()
     t.refused(f"DPUB {topic} -1\n".encode(), "'DPUB t -1'", "E_INVALID DPUB could not parse timeout -1")
     t.refused(f"DPUB {topic} {MAX_REQ_TIMEOUT_MS + 1}\n".encode(), f"'DPUB t {MAX_REQ_TIMEOUT_MS + 1}'",
@@ -843,11 +870,13 @@ def _dpub_timeout(t: Target) -> None:
 
 @check("rdy-state")
 def _rdy_state(t: Target) -> None:
+    """RDY before SUB gets E_INVALID cannot RDY in current state."""
     t.refused(nc.rdy(1), "RDY before SUB", "E_INVALID cannot RDY in current state")
 
 
 @check("rdy-range")
 def _rdy_range(t: Target) -> None:
+    """RDY up to max_rdy_count is accepted; above it, negative or unparsable gets E_INVALID."""
     topic = t.topic()
     conn = t.consumer(topic, t.channel(), rdy=MAX_RDY_COUNT)
     conn.expect_quiet(f"RDY {MAX_RDY_COUNT}")
@@ -862,6 +891,7 @@ def _rdy_range(t: Target) -> None:
 
 @check("rdy-no-arg-is-one")
 def _rdy_default(t: Target) -> None:
+    """RDY without a count means RDY 1."""
     topic = t.topic()
     conn = t.consumer(topic, t.channel(), rdy=None)
     t.publish(topic, b"one", b"two")
@@ -874,6 +904,7 @@ def _rdy_default(t: Target) -> None:
 
 @check("fin-req-touch-state")
 def _fin_state(t: Target) -> None:
+    """FIN, REQ and TOUCH before SUB get E_INVALID cannot <command> in current state."""
     for command, name in ((nc.fin(_UNKNOWN_ID), "FIN"), (nc.req(_UNKNOWN_ID, 0), "REQ"),
                           (nc.touch(_UNKNOWN_ID), "TOUCH")):
         t.refused(command, f"{name} before SUB", f"E_INVALID cannot {name} in current state")
@@ -881,6 +912,7 @@ def _fin_state(t: Target) -> None:
 
 @check("fin-req-touch-invalid-id")
 def _fin_invalid_id(t: Target) -> None:
+    """FIN, REQ and TOUCH with a message id not 16 bytes long get E_INVALID invalid message ID."""
     topic = t.topic()
     for command in (b"FIN 0123\n", b"REQ 0123 0\n", b"TOUCH 0123456789abcdef0\n"):
         conn = t.consumer(topic, t.channel(), rdy=None)
@@ -890,6 +922,7 @@ def _fin_invalid_id(t: Target) -> None:
 
 @check("req-bad-timeout")
 def _req_bad_timeout(t: Target) -> None:
+    """REQ with a negative timeout gets E_INVALID could not parse timeout."""
     conn = t.consumer(t.topic(), t.channel(), rdy=None)
     conn.send(b"REQ " + _UNKNOWN_ID + b" -5\n")
     conn.expect_error("'REQ <id> -5'", "E_INVALID REQ could not parse timeout -5")
@@ -897,6 +930,7 @@ def _req_bad_timeout(t: Target) -> None:
 
 @check("fin-unknown-non-fatal")
 def _fin_unknown(t: Target) -> None:
+    """FIN, REQ and TOUCH of an id not in flight get non-fatal E_*_FAILED errors and the connection keeps working."""
     topic = t.topic()
     conn = t.consumer(topic, t.channel(), rdy=None)
     unknown = _UNKNOWN_ID.decode()
@@ -922,6 +956,7 @@ def _fin_unknown(t: Target) -> None:
 
 @check("fin-not-owner")
 def _fin_not_owner(t: Target) -> None:
+    """FIN of a message another consumer of the channel holds is a non-fatal E_FIN_FAILED."""
     topic, channel = t.topic(), t.channel()
     owner = t.consumer(topic, channel, rdy=1)
     other = t.consumer(topic, channel, rdy=0)
@@ -938,6 +973,7 @@ def _fin_not_owner(t: Target) -> None:
 
 @check("cls")
 def _cls(t: Target) -> None:
+    """CLS answers CLOSE_WAIT; then TOUCH and FIN work, RDY is ignored, SUB refused; CLS before SUB is E_INVALID."""
     topic = t.topic()
     conn = t.consumer(topic, t.channel(), rdy=1)
     t.publish(topic, b"in-flight")
@@ -963,6 +999,7 @@ def _cls(t: Target) -> None:
 
 @check("pub-mpub-dpub-ok")
 def _pub_ok(t: Target) -> None:
+    """PUB, MPUB and DPUB 0 are answered OK and each message is delivered."""
     topic = t.topic()
     conn = t.connect()
     conn.send(nc.pub(topic, b"p"))
@@ -982,6 +1019,7 @@ def _pub_ok(t: Target) -> None:
 
 @check("message-frame")
 def _message_frame(t: Target) -> None:
+    """A message frame holds the timestamp (ns, now), attempts 1, a 16-hex id and the body, byte for byte."""
     topic = t.topic()
     consumer = t.consumer(topic, t.channel())
     body = b"\x00\xff binary \n body"
@@ -1002,6 +1040,7 @@ def _message_frame(t: Target) -> None:
 
 @check("rdy-caps-in-flight")
 def _rdy_caps(t: Target) -> None:
+    """With RDY 1 a consumer holds one message at a time: the next comes only after the FIN."""
     topic = t.topic()
     consumer = t.consumer(topic, t.channel(), rdy=1)
     t.publish(topic, b"a", b"b", b"c")
@@ -1017,6 +1056,7 @@ def _rdy_caps(t: Target) -> None:
 
 @check("rdy-zero-pauses")
 def _rdy_zero(t: Target) -> None:
+    """RDY starts at 0 after SUB, and RDY 0 stops deliveries until the next RDY."""
     topic = t.topic()
     consumer = t.consumer(topic, t.channel(), rdy=None)
     t.publish(topic, b"first")
@@ -1034,6 +1074,7 @@ def _rdy_zero(t: Target) -> None:
 
 @check("req-requeue")
 def _req_requeue(t: Target) -> None:
+    """REQ 0 sends the message again with its id and timestamp and one more attempt; /stats counts the requeues."""
     topic, channel = t.topic(), t.channel()
     consumer = t.consumer(topic, channel)
     t.publish(topic, b"again")
@@ -1059,6 +1100,7 @@ def _req_requeue(t: Target) -> None:
 
 @check("req-deferred")
 def _req_deferred(t: Target) -> None:
+    """REQ with a timeout sends the message again only after it; one past --max-req-timeout is clamped."""
     topic = t.topic()
     consumer = t.consumer(topic, t.channel())
     t.publish(topic, b"later")
@@ -1074,6 +1116,7 @@ def _req_deferred(t: Target) -> None:
 
 @check("dpub-deferred")
 def _dpub_deferred(t: Target) -> None:
+    """A DPUB message is delivered only after its defer time."""
     topic, channel = t.topic(), t.channel()
     consumer = t.consumer(topic, channel)
     conn = t.connect()
@@ -1091,6 +1134,7 @@ def _dpub_deferred(t: Target) -> None:
 
 @check("touch")
 def _touch(t: Target) -> None:
+    """TOUCH resets a message's timeout: touched every half timeout, it stays in flight past several timeouts."""
     topic = t.topic()
     consumer = t.consumer(topic, t.channel(), identify={"msg_timeout": FAST_MSG_TIMEOUT_MS})
     t.publish(topic, b"touched")
@@ -1105,6 +1149,7 @@ def _touch(t: Target) -> None:
 
 @check("msg-timeout-redelivery")
 def _msg_timeout(t: Target) -> None:
+    """A message not finished within msg_timeout comes again with its id; /stats counts the timeout."""
     topic, channel = t.topic(), t.channel()
     consumer = t.consumer(topic, channel, identify={"msg_timeout": FAST_MSG_TIMEOUT_MS})
     t.publish(topic, b"slow")
@@ -1124,6 +1169,7 @@ def _msg_timeout(t: Target) -> None:
 
 @check("two-channels-each-get-a-copy")
 def _two_channels(t: Target) -> None:
+    """Each channel of a topic gets a copy of every message."""
     topic = t.topic()
     first = t.consumer(topic, t.channel("a"))
     second = t.consumer(topic, t.channel("b"))
@@ -1134,6 +1180,7 @@ def _two_channels(t: Target) -> None:
 
 @check("one-channel-competing-consumers")
 def _competing(t: Target) -> None:
+    """Consumers of one channel share its messages: each message goes to exactly one of them."""
     topic, channel = t.topic(), t.channel()
     consumers = [t.consumer(topic, channel, rdy=10), t.consumer(topic, channel, rdy=10)]
     bodies = [b"m%d" % i for i in range(20)]
@@ -1162,6 +1209,7 @@ def _competing(t: Target) -> None:
 
 @check("backlog-without-channel")
 def _backlog(t: Target) -> None:
+    """A topic without a channel keeps its messages (stats depth), and the first channel receives them."""
     topic = t.topic()
     t.publish(topic, b"b1", b"b2", b"b3")
     entry = t.topic_stats(topic)
@@ -1174,6 +1222,7 @@ def _backlog(t: Target) -> None:
 
 @check("ephemeral-channel-deleted")
 def _ephemeral(t: Target) -> None:
+    """An #ephemeral channel goes with its last client, and an #ephemeral topic with its last channel."""
     topic, channel = t.topic(), t.channel() + "#ephemeral"
     consumer = t.consumer(topic, channel, rdy=None)
     if t.channel_stats(topic, channel) is None:
@@ -1226,11 +1275,13 @@ def _compressed_round_trip(t: Target, kind: str) -> None:
 
 @check("deflate")
 def _deflate(t: Target) -> None:
+    """IDENTIFY deflate (level 9, clamped to the maximum) switches the stream to sync-flushed raw DEFLATE, both ways."""
     _compressed_round_trip(t, "deflate")
 
 
 @check("snappy")
 def _snappy(t: Target) -> None:
+    """IDENTIFY snappy switches the stream to the snappy framing format, both ways."""
     _compressed_round_trip(t, "snappy")
 
 
@@ -1240,11 +1291,13 @@ def _snappy(t: Target) -> None:
 
 @check("http-ping")
 def _http_ping(t: Target) -> None:
+    """GET /ping answers 200 OK."""
     t.expect_http("GET", "/ping", text=b"OK")
 
 
 @check("http-content-type-header")
 def _http_header(t: Target) -> None:
+    """Every HTTP answer, errors included, carries nsqd's X-NSQ-Content-Type header."""
     replies = {
         "GET /ping": t.request("GET", "/ping"),
         "POST /pub": t.request("POST", "/pub", {"topic": t.topic()}, b"x"),
@@ -1259,6 +1312,7 @@ def _http_header(t: Target) -> None:
 
 @check("http-info")
 def _http_info(t: Target) -> None:
+    """GET /info names the ports, the version and nsqd's limits."""
     info = t.expect_http("GET", "/info").json("GET /info")
     expect_keys("GET /info", info, INFO_KEYS)
     expect_equal("GET /info tcp_port", t.tcp[1], info["tcp_port"])
@@ -1274,6 +1328,7 @@ def _http_info(t: Target) -> None:
 
 @check("http-pub")
 def _http_pub(t: Target) -> None:
+    """POST /pub publishes the body as it is and creates a topic that did not exist."""
     topic = t.topic()
     consumer = t.consumer(topic, t.channel())
     body = b"via http \x00\x01"
@@ -1287,6 +1342,7 @@ def _http_pub(t: Target) -> None:
 
 @check("http-pub-defer")
 def _http_pub_defer(t: Target) -> None:
+    """POST /pub?defer=ms delivers only after that long; a negative defer is 400 INVALID_DEFER."""
     topic = t.topic()
     consumer = t.consumer(topic, t.channel())
     t.expect_http("POST", "/pub", {"topic": topic, "defer": str(DEFER_MS)}, b"deferred", text=b"OK")
@@ -1297,6 +1353,7 @@ def _http_pub_defer(t: Target) -> None:
 
 @check("http-mpub-text")
 def _http_mpub_text(t: Target) -> None:
+    """POST /mpub in text mode publishes one message per line, empty lines skipped."""
     topic = t.topic()
     consumer = t.consumer(topic, t.channel(), rdy=10)
     t.expect_http("POST", "/mpub", {"topic": topic}, b"one\ntwo\n\nthree\n", text=b"OK")
@@ -1307,6 +1364,7 @@ def _http_mpub_text(t: Target) -> None:
 
 @check("http-mpub-binary")
 def _http_mpub_binary(t: Target) -> None:
+    """POST /mpub?binary=true publishes the messages of the binary MPUB body."""
     topic = t.topic()
     consumer = t.consumer(topic, t.channel(), rdy=10)
     bodies = [b"bin\none", b"\x00two"]
@@ -1317,6 +1375,7 @@ def _http_mpub_binary(t: Target) -> None:
 
 @check("http-topic-ops")
 def _http_topic_ops(t: Target) -> None:
+    """POST /topic/create, pause, unpause, empty and delete act on the topic as /stats then shows."""
     topic = t.topic()
     params = {"topic": topic}
     t.expect_http("POST", "/topic/create", params, text=b"")
@@ -1343,6 +1402,7 @@ def _http_topic_ops(t: Target) -> None:
 
 @check("http-channel-ops")
 def _http_channel_ops(t: Target) -> None:
+    """POST /channel/create, empty, pause, unpause and delete act on the channel; a paused channel delivers nothing."""
     topic, channel = t.topic(), t.channel()
     params = {"topic": topic, "channel": channel}
     t.expect_http_error("POST", "/channel/create", params, 404, "TOPIC_NOT_FOUND")
@@ -1376,6 +1436,7 @@ def _http_channel_ops(t: Target) -> None:
 
 @check("http-stats-json")
 def _http_stats(t: Target) -> None:
+    """GET /stats?format=json shows topics, channels, clients and producers with nsqd's keys and the expected counts."""
     topic, channel = t.topic(), t.channel()
     consumer = t.consumer(topic, channel, rdy=7,
                           identify={"client_id": "conformance-client", "hostname": "conformance-host"})
@@ -1424,6 +1485,7 @@ def _http_stats(t: Target) -> None:
 
 @check("http-stats-filters")
 def _http_stats_filters(t: Target) -> None:
+    """GET /stats filters by topic and channel (null topics for an unknown one) and honours include_mem=false."""
     topic, other = t.topic(), t.topic()
     c1, c2 = t.channel(), t.channel()
     for name in (topic, other):
@@ -1446,6 +1508,7 @@ def _http_stats_filters(t: Target) -> None:
 
 @check("http-errors")
 def _http_errors(t: Target) -> None:
+    """HTTP errors carry nsqd's status and text: topic missing or invalid, body empty or too big, unknown paths."""
     topic = t.topic()
     t.expect_http_error("POST", "/pub", None, 400, "MISSING_ARG_TOPIC", b"x")
     t.expect_http_error("POST", "/pub", {"topic": "bad*"}, 400, "INVALID_TOPIC", b"x")
@@ -1457,6 +1520,7 @@ def _http_errors(t: Target) -> None:
 
 @check("http-method-not-allowed")
 def _http_405(t: Target) -> None:
+    """A wrong method is 405 METHOD_NOT_ALLOWED with an Allow header."""
     reply = t.expect_http_error("GET", "/pub", {"topic": t.topic()}, 405, "METHOD_NOT_ALLOWED")
     allow = reply.header("Allow") or ""
     if "POST" not in allow:
@@ -1469,6 +1533,7 @@ def _http_405(t: Target) -> None:
 
 @check("http-mpub-errors")
 def _http_mpub_errors(t: Target) -> None:
+    """POST /mpub body errors are 413 with the TCP code without its E_ (binary and text mode), a missing topic 400."""
     topic = t.topic()
     binary = {"topic": topic, "binary": "true"}
     # Binary-mode body errors are 413 with the TCP code minus its "E_" (docs/protocols/nsq.md).
@@ -1481,6 +1546,7 @@ def _http_mpub_errors(t: Target) -> None:
 
 @check("http-config")
 def _http_config(t: Target) -> None:
+    """GET /config/<option> answers the option's value as JSON; PUT of a read-only option is 400 INVALID_OPTION."""
     reply = t.expect_http("GET", "/config/max_rdy_count")
     expect_equal("GET /config/max_rdy_count", MAX_RDY_COUNT, reply.json("GET /config/max_rdy_count"))
     reply = t.expect_http("GET", "/config/msg_timeout")
@@ -1490,6 +1556,7 @@ def _http_config(t: Target) -> None:
 
 @check("http-stats-text")
 def _http_stats_text(t: Target) -> None:
+    """GET /stats without a format answers nsqd's text report (version line, health, topics)."""
     topic = t.topic()
     t.expect_http("POST", "/topic/create", {"topic": topic})
     text = t.expect_http("GET", "/stats").body

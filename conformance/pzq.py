@@ -8,7 +8,7 @@ the first word of a check's name:
   take half as long again, for its reaper).
 - `restart …`: only with `--restart-command`: stored messages are all sent again after a restart.
 - `robustness …`: what the original gets wrong (lost ACKs under pipelining, silence for a
-  one-frame message or an unknown monitor request).
+  one-frame message or an unknown monitor request, a `0` of a superseded delivery honoured).
 
 The suite must have the server to itself: a PZQ server has one queue, and every check starts by
 taking (and acknowledging) whatever is left in it. "Stored" and "removed" are read from the
@@ -108,6 +108,22 @@ class Target:
         self.produce(self.producer(), self.body(text))
         return consumer, self.delivery(consumer, "delivery")
 
+    def redelivered(self, consumer: pzq_blocking.Consumer) -> list[bytes]:
+        """The message of a delivery left unanswered, sent again after the ACK timeout."""
+        return self.delivery(consumer, "sent again after the ACK timeout",
+                             timeout=self.ack_timeout + REAPER_S + self.timeout)
+
+    def nothing_sent_again(self, consumer: pzq_blocking.Consumer, last: list[bytes], what: str) -> None:
+        """No delivery after `last` (of a message now removed), but one its ACK timeout sent: a
+        check slowed down past that timeout is not failed for it."""
+        deadline_us = int(last[2]) + int(last[3])
+        while not consumer.quiet(QUIET_S):
+            extra = self.delivery(consumer, f"{what}: an extra delivery")
+            if int(extra[2]) < deadline_us:
+                raise CheckFailed(f"{what}: sent again", "nothing", extra[5:])
+            consumer.ack(extra)
+            last, deadline_us = extra, int(extra[2]) + int(extra[3])
+
     def stats(self) -> dict[str, int]:
         monitor = self.monitor()
         monitor.send([pzq.MONITOR])
@@ -189,6 +205,7 @@ def _refused(t: Target) -> None:
 
 @checks.check("core oldest first")
 def _order(t: Target) -> None:
+    """Stored messages are delivered oldest first, in the order they were produced."""
     t.empty_queue()
     producer, consumer = t.producer(), t.consumer()
     bodies = [t.body(f"order {number}") for number in range(5)]
@@ -209,6 +226,7 @@ def _nack(t: Target) -> None:
     consumer.ack(first, pzq.ACK_FAILED)
     again = t.delivery(consumer, "sent again", timeout=1.0)
     expect_equal("the same body", first[5:], again[5:])
+    expect_equal("the same key", first[1], again[1])
     consumer.ack(again)
     t.wait_messages(0, "after the ACK")
 
@@ -223,6 +241,33 @@ def _no_ack(t: Target) -> None:
     expect_equal("not before the ACK timeout", True, waited >= t.ack_timeout * 0.9)
     consumer.ack(again)
     t.wait_messages(0, "after the ACK")
+
+
+@checks.check("core a message sent again after the ACK timeout has the key of its first delivery")
+def _same_key(t: Target) -> None:
+    consumer, first = t.one_delivered("same key")
+    again = t.redelivered(consumer)
+    expect_equal("the key, byte for byte", first[1], again[1])
+    expect_equal("the same body", first[5:], again[5:])
+    consumer.ack(again)
+    t.wait_messages(0, "after the ACK")
+
+
+@checks.check("core after a timeout, two 0s in a row send the message again once")
+def _two_nacks(t: Target) -> None:
+    """The first delivery's late 0, then the current one's, send the message again once.
+
+    polymq ignores the superseded delivery's 0 and honours the current one's; the original resends
+    on the first and finds nothing in flight for the second."""
+    consumer, first = t.one_delivered("two 0s")
+    again = t.redelivered(consumer)
+    consumer.ack(first, pzq.ACK_FAILED)
+    consumer.ack(again, pzq.ACK_FAILED)
+    third = t.delivery(consumer, "sent again", timeout=t.ack_timeout + REAPER_S + t.timeout)
+    expect_equal("the same key", first[1], third[1])
+    consumer.ack(third)
+    t.wait_messages(0, "after the 1")
+    t.nothing_sent_again(consumer, third, "after the 1")
 
 
 @checks.check("core the monitor answers MONITOR with six lines in order")
@@ -291,6 +336,16 @@ def _pipelined(t: Target) -> None:
         answered.add(frames[0])
     expect_equal("answered", PIPELINED, len(answered))
     t.empty_queue()
+
+
+@checks.check("robustness a 0 from a delivery superseded after the ACK timeout does not send the message again")
+def _stale_nack(t: Target) -> None:
+    consumer, first = t.one_delivered("stale 0")
+    again = t.redelivered(consumer)
+    consumer.ack(first, pzq.ACK_FAILED)  # the first delivery's late 0: the second one holds it now
+    consumer.ack(again)
+    t.wait_messages(0, "after the 1")
+    t.nothing_sent_again(consumer, again, "after the superseded delivery's 0")
 
 
 @checks.check("robustness the monitor answers an unknown request")

@@ -28,9 +28,14 @@ from support.mqks_wire import MQKSWire
 # A rewrite of one server line (without its `\n`) into the lines the client gets instead.
 Rewrite = Callable[[bytes], list[bytes]]
 
+# How the runner prints a check's description under its result line.
+DESCRIPTION = "     checks: "
+
+
 def run_suite(*args: str) -> tuple[int, list[str]]:
+    """The exit code and the report's lines, without the description printed under each check."""
     result = CliRunner().invoke(command, list(args), catch_exceptions=False)
-    return result.exit_code, result.output.splitlines()
+    return result.exit_code, [line for line in result.output.splitlines() if not line.startswith(DESCRIPTION)]
 
 
 def address_of(gateway: GatewayProcess) -> str:

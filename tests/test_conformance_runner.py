@@ -3,6 +3,7 @@ code, and `polymq conformance all` over every unit's suite."""
 
 from __future__ import annotations
 
+import importlib
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +12,7 @@ from pathlib import Path
 import click
 from click.testing import CliRunner
 
+from polymq.adapters.registry import protocols
 from polymq.conformance import runner
 from polymq.conformance.runner import CheckFailed, Registry
 from polymq.gateway.cli import main
@@ -121,3 +123,29 @@ def test_all_writes_one_testsuite_per_suite_and_fails_when_a_server_is_missing(t
     names = [suite.get("name") for suite in ET.parse(report).getroot().iter("testsuite")]
     assert names == ["nsq", "mqks"]
     assert "FAIL magic-bad" in result.output and "FAIL ping" in result.output
+
+
+# A check's name is its description when it says what is checked in words (`core oldest first`);
+# a short hyphenated name (`rdy-range`) needs a docstring.
+DESCRIPTIVE_NAME_WORDS = 3
+
+
+def test_every_check_of_every_suite_says_what_it_checks() -> None:
+    suites = {unit.name: unit.conformance for unit in protocols() if unit.conformance is not None}
+    assert set(suites) >= {"nsq", "mqks", "phpmq", "pzq", "emqp"}
+    undescribed = []
+    for name, target in suites.items():
+        module = importlib.import_module(target.partition(":")[0])
+        registry = module.checks
+        assert isinstance(registry, Registry) and registry.checks, name
+        for check in registry.checks:
+            described = check.about != check.name or len(check.name.split()) >= DESCRIPTIVE_NAME_WORDS
+            if not described or "\n" in check.about or len(check.about) < 20:
+                undescribed.append(f"{name}: {check.name}")
+    assert undescribed == []
+
+
+def test_list_prints_each_check_s_description() -> None:
+    result = CliRunner().invoke(main, ["conformance", "nsq", "--list", "--only", "rdy-range"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert "rdy-range — RDY up to max_rdy_count is accepted" in result.output

@@ -154,9 +154,9 @@ def results(passed: set[Cell]) -> dict[str, Any]:
 
 # -- what each consumer shows -------------------------------------------------------------------------
 
-# The attempts a first delivery shows: NSQ's attempts, MQKS's retry (left out: 0), PZQ's delivery
-# number (the key's part after `|`), and a stream row's (a stream never delivers).
-FIRST_ATTEMPTS = {"nsq-tcp": 1, "mqks": 0, "pzq": 1, "stream": 0}
+# The attempts a first delivery shows: NSQ's attempts, MQKS's retry (left out: 0) and a stream row's
+# (a stream never delivers); PHPMQ, PZQ and eMQP show none.
+FIRST_ATTEMPTS = {"nsq-tcp": 1, "mqks": 0, "stream": 0}
 # The protocol a stream row says its message came in by (docs/spark.md).
 ORIGINS = {"nsq-tcp": "nsq", "nsq-http": "nsq", "mqks": "mqks", "phpmq": "phpmq", "pzq": "pzq", "emqp": "emqp",
            "stream": "http"}
@@ -178,10 +178,6 @@ def engine_id(cell: Cell, shown: str, sent: Sent) -> int | None:
         made = uuid.UUID(shown)
         assert str(made) == shown, "a msgid made from the message's id: uuid text"
         return made.int
-    if consumer == "pzq":
-        hex_id, bar, _ = shown.partition("|")
-        assert bar and HEX16.fullmatch(hex_id), shown
-        return int(hex_id, 16)
     assert (HEX32 if consumer == "phpmq" else HEX16).fullmatch(shown), shown
     return int(shown, 16)
 

@@ -1,6 +1,7 @@
 """PZQ against a real gateway with pyzmq clients: producer answers after storing, deliveries and
-consumer answers, timeouts, stale ACKs, the window, multi-frame bodies, the monitor, pipelined
-producers, restarts (docs/protocols/pzq.md)."""
+consumer answers, timeouts, one key for every delivery of a message and the `0`s of superseded
+deliveries, the window, multi-frame bodies, the monitor, pipelined producers, restarts
+(docs/protocols/pzq.md)."""
 
 from __future__ import annotations
 
@@ -57,32 +58,97 @@ def test_producer_answers_as_the_original(gateway: GatewayProcess, context: zmq.
         first, second = drain(consumer, 2)
         assert first[2:3] != [b""] and first[3:] == [b"300000", b"", b"body"]
         assert second[4:] == [b"", b"b1", b"b2"], "header frames are dropped, body frames kept"
-        assert pzq.parse_key(first[1]) is not None and first[1].endswith(b"|1")
+        assert pzq.parse_key(first[1]) is not None and len(first[1]) == 16
         assert abs(int(first[2]) - time.time_ns() // 1000) < 5_000_000
 
 
 def test_ack_zero_sends_it_again_at_once_and_no_ack_after_the_timeout(gateway: GatewayProcess,
                                                                       context: zmq.Context) -> None:
     with Producer(context, gateway.addresses["pzq-receive"]) as producer, \
-            Consumer(context, gateway.addresses["pzq-send"]) as consumer:
+            Consumer(context, gateway.addresses["pzq-send"]) as consumer, \
+            Monitor(context, gateway.addresses["pzq-monitor"]) as monitor:
         producer.produce(b"a")
         producer.produce(b"b")
         first = consumer.receive()
         second = consumer.receive()
-        assert [first[-1], second[-1]] == [b"a", b"b"]
+        assert [first[-1], second[-1]] == [b"a", b"b"] and first[1] != second[1]
         consumer.ack(first, b"0")
         again = consumer.receive()
-        assert (again[-1], again[1]) == (b"a", first[1][:-1] + b"2"), "same message, its second delivery"
+        assert (again[-1], again[1]) == (b"a", first[1]), "the same message, under the same key"
         consumer.ack(again)
-        # No answer for b: after the ack timeout (300 ms here) it comes again.
+        # No answer for b: after the ack timeout (300 ms here) it comes again, under the same key.
         late = consumer.receive()
-        assert (late[-1], late[1].endswith(b"|2")) == (b"b", True)
-        consumer.ack(second)  # the first delivery's ACK: stale, ignored
-        assert not consumer.nothing_within(1000), "still in flight: sent again after the timeout"
-        redelivered = consumer.receive()
-        assert redelivered[-1] == b"b" and redelivered[1].endswith(b"|3")
-        consumer.ack(redelivered)
-        assert consumer.nothing_within(600)
+        assert (late[-1], late[1]) == (b"b", second[1])
+        assert int(late[2]) >= int(second[2]) + 300_000, "sent_us is the time of this delivery"
+        consumer.ack(late)  # `1` ends it, whichever delivery it answers
+        assert wait_stats(monitor, messages=0)["messages"] == 0
+        nothing_sent_before((consumer,), int(late[2]) + 300_000)
+
+
+def receive_either(consumers: tuple[Consumer, Consumer]) -> tuple[Consumer, list[bytes]]:
+    """The next delivery to either consumer (ZeroMQ's DEALER picks), and which one got it."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for consumer in consumers:
+            if not consumer.nothing_within(10):
+                return consumer, consumer.receive()
+    raise AssertionError("no delivery within 10 s")
+
+
+def nothing_sent_before(consumers: tuple[Consumer, ...], deadline_us: int) -> None:
+    """No delivery comes but ones sent at or after `deadline_us` (the last delivery's ACK timeout)."""
+    for consumer in consumers:
+        while not consumer.nothing_within(500):
+            extra = consumer.receive()
+            assert int(extra[2]) >= deadline_us, f"sent again at once: {extra!r}"
+            consumer.ack(extra)
+
+
+def test_a_superseded_delivery_s_0_is_ignored_and_the_current_one_s_is_honoured(tmp_path: Path,
+                                                                                 context: zmq.Context) -> None:
+    """Two consumers: the first lets its delivery time out, the message goes to the other one under the
+    same key; the first one's late `0` is ignored, the holder's `0` sends it again at once, once."""
+    timeout_us = 3_000_000
+    with running_gateway("--pzq-ack-timeout", "3000", data_dir=tmp_path) as gateway, \
+            Producer(context, gateway.addresses["pzq-receive"]) as producer, \
+            Consumer(context, gateway.addresses["pzq-send"]) as one, \
+            Consumer(context, gateway.addresses["pzq-send"]) as two, \
+            Monitor(context, gateway.addresses["pzq-monitor"]) as monitor:
+        wait_stats(monitor, messages=0)
+        producer.produce(b"m")
+        late, first = receive_either((one, two))
+        holder, again = receive_either((one, two))  # after the ACK timeout
+        assert (again[1], again[5:]) == (first[1], [b"m"])
+        assert int(again[2]) >= int(first[2]) + timeout_us
+        late.ack(first, b"0")  # superseded: ignored
+        holder.ack(again, b"0")  # the current delivery's: sent again at once
+        receiver, third = receive_either((one, two))
+        assert third[1] == first[1]
+        assert int(third[2]) < int(again[2]) + timeout_us, "sent on the 0, not after the timeout"
+        receiver.ack(third, b"0")  # a 0 per delivery: honoured again
+        receiver, fourth = receive_either((one, two))
+        assert fourth[1] == first[1]
+        receiver.ack(fourth)
+        assert wait_stats(monitor, messages=0)["messages"] == 0
+        nothing_sent_before((one, two), int(fourth[2]) + timeout_us)
+
+
+def test_a_superseded_delivery_s_0_sends_nothing_again_with_one_consumer(tmp_path: Path,
+                                                                          context: zmq.Context) -> None:
+    """One ROUTER gets both deliveries: the first delivery's late `0` is ignored all the same, and the
+    holder's `1` ends the message."""
+    with running_gateway("--pzq-ack-timeout", "1000", data_dir=tmp_path) as gateway, \
+            Producer(context, gateway.addresses["pzq-receive"]) as producer, \
+            Consumer(context, gateway.addresses["pzq-send"], timeout_ms=10_000) as consumer, \
+            Monitor(context, gateway.addresses["pzq-monitor"]) as monitor:
+        producer.produce(b"m")
+        first = consumer.receive()
+        again = consumer.receive()  # after the ACK timeout
+        assert again[1] == first[1]
+        consumer.ack(first, b"0")
+        consumer.ack(again)
+        assert wait_stats(monitor, messages=0)["messages"] == 0
+        nothing_sent_before((consumer,), int(again[2]) + 1_000_000)
 
 
 def test_a_consumer_holds_at_most_its_window(gateway: GatewayProcess, context: zmq.Context) -> None:

@@ -168,7 +168,10 @@ class EMQPBroker(ZmqService):
         self.processed_by_queue: Counter[str] = Counter()
         self.processed_by_worker: Counter[bytes] = Counter()
         self.handed_out_by_queue: Counter[str] = Counter()
-        self.known_queues: set[str] = set()  # the queues eMQP requests or workers named
+        # The queues eMQP requests or workers named, for STATUS; the sweep forgets those the engine
+        # no longer holds (deleted, or forgotten empty: --emqp-forget-empty), so names clients
+        # invent take no memory beyond the engine's own queues.
+        self.known_queues: set[str] = set()
         # Message id → worker of what was delivered while a REQUEST is published.
         self._delivered_now: dict[int, bytes] | None = None
         self._timers: list[Timer] = []
@@ -222,13 +225,16 @@ class EMQPBroker(ZmqService):
         self._timers.append(self.engine.timers.schedule(self.engine.clock.now() + interval, self._sweep))
 
     def _sweep(self) -> None:
-        """Peers silent for the heartbeat timeout are gone; a worker's jobs go to other workers."""
+        """Peers silent for the heartbeat timeout are gone; a worker's jobs go to other workers; the
+        names of queues that are gone are forgotten."""
         limit = self.engine.clock.now() - self.limits.heartbeat_timeout
         for identity in [identity for identity, worker in self.workers.items() if worker.last_seen <= limit]:
             self._remove_worker(identity, f"silent for {self.limits.heartbeat_timeout:g} s")
         for identity in [identity for identity, seen in self.schedulers.items() if seen <= limit]:
             log.info("scheduler %s gone: silent for %g s", _text(identity), self.limits.heartbeat_timeout)
             del self.schedulers[identity]
+        engine = self.engine
+        self.known_queues = {name for name in self.known_queues if engine.queue(name) is not None}
         self._timers = [timer for timer in self._timers if not timer.cancelled]
         self._schedule_sweep()
 

@@ -14,7 +14,9 @@ What polymq keeps of the original and what it fixes (docs/protocols/pzq.md):
   whose window is `window` times the connected consumers: the ACK timeout only runs for messages a
   consumer can hold, so a slow consumer causes no redelivery storm.
 - A message whose ACK timed out, or came as anything but `1`, is sent again first (the original's
-  order). The delivery key names the delivery: a late `1` of an earlier one is ignored.
+  order). Every delivery of a message has the same key, the original's way; a `1` ends the message
+  whoever sends it, and a `0` is honoured once per delivery and not from a superseded one
+  (`answers.py`: the DEALER shows no peer, so answers are counted).
 - The monitor answers `MONITOR` with the six keys and real values, and anything else with an
   error text instead of silence.
 """
@@ -30,6 +32,7 @@ import zmq
 import zmq.utils.monitor
 
 from polymq.adapters.named_queue import named_queue
+from polymq.adapters.pzq.answers import NackRule
 from polymq.adapters.zmq_pump import Frames
 from polymq.adapters.zmq_service import ZmqService
 from polymq.adapters.zmq_sockets import PEER_CONNECTED, PEER_GONE, ZmqSockets
@@ -67,7 +70,8 @@ class PZQServer(ZmqService):
         super().__init__(engine)
         self.limits = limits or PZQLimits()
         self.consumers_connected = 0
-        self.stale_acks = 0  # ACKs of an earlier delivery, or of no delivery at all
+        self.stale_acks = 0  # `1`s of no delivery in flight, `0`s not honoured (answers.py)
+        self.nacks = NackRule(grace=self.limits.ack_timeout)
         self.consumer: Consumer | None = None
         self.receive_pump = self.add_pump("pzq-receive", sockets.get("pzq-receive"), self._produced)
         self.send_pump = self.add_pump("pzq-send", sockets.get("pzq-send"), self._answered)
@@ -91,6 +95,7 @@ class PZQServer(ZmqService):
     def _queue_gone(self, reason: str) -> None:
         """The queue was deleted (another protocol's admin): a new one when consumers are there."""
         self.consumer = None
+        self.nacks.clear()
         if self.consumers_connected:
             self._attach()
 
@@ -152,28 +157,40 @@ class PZQServer(ZmqService):
         assert pump is not None
         owner = message.owner
         assert isinstance(owner, Consumer)
-        self.deliver(pump, pzq.delivery(pzq.delivery_key(message.id, message.attempts), time.time_ns() // 1000,
+        self.nacks.delivered(message.id, message.attempts, self.engine.clock.now(), owner.in_flight)
+        self.deliver(pump, pzq.delivery(pzq.delivery_key(message.id), time.time_ns() // 1000,
                                         int(self.limits.ack_timeout * 1_000_000), pzq.split_frames(message.body)),
                      owner.queue.durable)
 
     def _answered(self, batch: list[Frames]) -> None:
         consumer = self.consumer
+        nacks = self.nacks
+        now = self.engine.clock.now()
         refill = False
         for frames in batch:
             answer = pzq.parse_consumer_ack(frames)
             if isinstance(answer, pzq.Ignored):
                 log.info("send socket: %s", answer.reason)
                 continue
-            parsed = pzq.parse_key(answer.key)
-            message = consumer.in_flight.get(parsed[0]) if consumer is not None and parsed else None
-            if message is None or parsed is None or message.attempts != parsed[1]:
-                self.stale_acks += 1  # an earlier delivery's ACK (it timed out), or no delivery of ours
+            message_id = pzq.parse_key(answer.key)
+            if consumer is None or message_id is None:
+                self.stale_acks += 1  # no delivery of ours
                 continue
-            assert consumer is not None
+            in_flight = message_id in consumer.in_flight
             if answer.done:
-                refill = consumer.finish(message.id, refill=False) is Outcome.OK or refill
+                # Whoever sends it, as the original; between its timeout and its next delivery
+                # the message is in no one's hands, and the `1` is ignored (the original too).
+                if not in_flight:
+                    self.stale_acks += 1
+                    continue
+                nacks.forget(message_id)
+                refill = consumer.finish(message_id, refill=False) is Outcome.OK or refill
+            elif nacks.nack(message_id, now) and in_flight:
+                consumer.requeue(message_id)  # sent again first (retry_first)
             else:
-                consumer.requeue(message.id)  # sent again first (retry_first)
+                # A superseded delivery's, a second of one delivery, or the late one of a delivery
+                # that timed out already (the message goes again anyway).
+                self.stale_acks += 1
         if refill and consumer is not None:
             consumer.refill()
 

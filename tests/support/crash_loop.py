@@ -9,9 +9,12 @@ dir and repeats; a last epoch publishes nothing and drains. `check` then proves,
 * a body is delivered twice only across a kill (`illegal_duplicates == 0`): a FIN carries no reply,
   so a message delivered before a kill may come back after it, never twice within one process life;
 * a redelivery carries a larger `attempts` than the delivery before it (`attempts_not_grown == 0`);
-* no attempt of a message is handed out twice (`repeated_attempts == 0`), and no delivery key (PZQ's
-  `<id>|<n>`, which names one delivery) is received twice (`repeated_keys == 0`), across kills too: a
-  delivery leaves only after the record of its attempt is written;
+* no attempt of a message is handed out twice (`repeated_attempts == 0`), across kills too: a
+  delivery leaves only after the record of its attempt is written. Where the wire shows no attempt
+  count (PZQ, eMQP) the loop counts it: the attempts the gateway restored the message with (its
+  stream snapshot, read before any client connects) plus one per delivery in that process life;
+* a message key (PZQ's, the same on every delivery of a message) names one message only
+  (`shared_keys == 0`);
 * what the gateway held when it came back from a kill (the loop reads its state, where the protocol
   acknowledges nothing) is delivered in that process life or a later one (counted in `lost`).
 
@@ -44,7 +47,9 @@ if __package__ in (None, ""):
 
 import attrs
 
+from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import nsq_client as client
+from polymq.codecs import stream_rows
 
 from support.gateway import GatewayProcess, running_gateway
 from support.nsq_wire import HEARTBEAT, Closed, split_address
@@ -66,7 +71,7 @@ class Delivery:
     epoch: int
     msg_id: bytes = b""
     consumer: int = 0
-    key: bytes = b""  # the protocol's name of this one delivery (PZQ's `<id>|<n>`); b"": none
+    key: bytes = b""  # the protocol's name of the message (PZQ's key, the same on every delivery); b"": none
 
 
 @attrs.frozen(slots=True)
@@ -83,13 +88,13 @@ class CrashReport:
     illegal_duplicates: int
     attempts_not_grown: int
     repeated_attempts: int = 0  # bodies one of whose attempts was received twice
-    repeated_keys: int = 0  # delivery keys received twice
+    shared_keys: int = 0  # keys received with two different messages
     examples: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
 
     @property
     def ok(self) -> bool:
         return not (self.lost or self.phantom or self.illegal_duplicates or self.attempts_not_grown
-                    or self.repeated_attempts or self.repeated_keys)
+                    or self.repeated_attempts or self.shared_keys)
 
     def line(self) -> str:
         return (
@@ -97,7 +102,7 @@ class CrashReport:
             f" delivered={self.delivered} deliveries={self.deliveries} duplicated={self.duplicated}"
             f" unacked_delivered={self.unacked_delivered} lost={self.lost} phantom={self.phantom}"
             f" illegal_duplicates={self.illegal_duplicates} attempts_not_grown={self.attempts_not_grown}"
-            f" repeated_attempts={self.repeated_attempts} repeated_keys={self.repeated_keys}"
+            f" repeated_attempts={self.repeated_attempts} shared_keys={self.shared_keys}"
         )
 
     def problems(self) -> str:
@@ -148,12 +153,15 @@ def check(
                 not_grown.append(body)
             highest = max(highest, after.attempts)
 
-    # An attempt is handed out once: a second delivery with the same attempts (or the same key)
-    # went out before the record of the first was written, and a kill made the gateway forget it.
+    # An attempt is handed out once: a second delivery with the same attempts went out before the
+    # record of the first was written, and a kill made the gateway forget it.
     attempts_seen = Counter((delivery.body, delivery.attempts) for delivery in deliveries)
     repeated_attempts = sorted({body for (body, _), count in attempts_seen.items() if count > 1})
-    keys_seen = Counter(delivery.key for delivery in deliveries if delivery.key)
-    repeated_keys = sorted(key for key, count in keys_seen.items() if count > 1)
+    bodies_of_key: dict[bytes, set[bytes]] = {}
+    for delivery in deliveries:
+        if delivery.key:
+            bodies_of_key.setdefault(delivery.key, set()).add(delivery.body)
+    shared_keys = sorted(key for key, bodies in bodies_of_key.items() if len(bodies) > 1)
 
     unacked_delivered = sum(1 for body in by_body if body in sent and body not in acked)
     examples = tuple(
@@ -164,7 +172,7 @@ def check(
             ("illegal_duplicates", sorted(set(illegal))),
             ("attempts_not_grown", sorted(set(not_grown))),
             ("repeated_attempts", repeated_attempts),
-            ("repeated_keys", repeated_keys),
+            ("shared_keys", shared_keys),
         )
         if bodies
     )
@@ -181,7 +189,7 @@ def check(
         illegal_duplicates=len(illegal),
         attempts_not_grown=len(not_grown),
         repeated_attempts=len(repeated_attempts),
-        repeated_keys=len(repeated_keys),
+        shared_keys=len(shared_keys),
         examples=examples,
     )
 
@@ -560,13 +568,78 @@ class CrashLoop:
         return CrashLoopResult(self.config, report, errors, time.monotonic() - started)
 
 
-class PZQCrashLoop(CrashLoop):
+# The queue PZQ producers and consumers use (the gateway's default `--pzq-queue`).
+PZQ_QUEUE = "pzq"
+
+
+class CountedAttemptsLoop(CrashLoop):
+    """A loop over a protocol whose wire shows no attempt count (PZQ, eMQP): the engine counts one
+    attempt per delivery, and the stream snapshot of `queue`, read as each process life starts,
+    gives the count each message came back with; so the n-th delivery of a message in a process
+    life is its attempt `restored + n`. A message that left before the record of its attempt was
+    written comes back after a kill with the count it had before: that attempt is then handed out
+    twice (`repeated_attempts`)."""
+
+    queue: str
+
+    def __init__(self, config: CrashLoopConfig) -> None:
+        super().__init__(config)
+        self.restored: dict[int, dict[bytes, int]] = {}  # epoch → body → attempts the gateway came back with
+
+    def epoch_started(self, gateway: GatewayProcess, epoch: int) -> None:
+        held = queue_attempts(gateway.http, self.queue, self.config.io_timeout_s)
+        self.restored[epoch] = held
+        self.ledger.record_held(list(held), epoch)
+
+    def checked_deliveries(self) -> list[Delivery]:
+        """Each delivery with its attempt: the count its message was restored with, plus one per
+        delivery of it in that process life."""
+        derived: list[Delivery] = []
+        counts: dict[bytes, int] = {}
+        epoch = -1
+        with self.ledger.lock:
+            deliveries = list(self.ledger.deliveries)
+        for delivery in deliveries:  # in epoch order: each process life's clients ended before the next began
+            if delivery.epoch != epoch:
+                epoch = delivery.epoch
+                counts = dict(self.restored.get(epoch, {}))
+            attempt = counts.get(delivery.body, 0) + 1
+            counts[delivery.body] = attempt
+            derived.append(attrs.evolve(delivery, attempts=attempt))
+        return derived
+
+
+def queue_attempts(http_address: str, queue: str, timeout: float) -> dict[bytes, int]:
+    """Every message `queue` holds (body → attempts), from a snapshot; {} when there is no such queue."""
+    with StreamClient(http_address, timeout=timeout) as client:
+        try:
+            taken = client.snapshot(queue)
+        except StreamClientError as error:
+            if error.status == 404:
+                return {}
+            raise
+        snapshot, count = taken["snapshot"], taken["rows"]
+        rows: list[stream_rows.ReadRow] = []
+        while len(rows) < count:
+            batch = list(stream_rows.decode_read_rows(client.snapshot_rows(snapshot, len(rows), count)))
+            if not batch:
+                break
+            rows += batch
+        client.snapshot_close(snapshot)
+    assert len(rows) == count, f"the snapshot of {queue} said {count} rows, {len(rows)} came"
+    return {row.body: row.attempts for row in rows}
+
+
+class PZQCrashLoop(CountedAttemptsLoop):
     """The same loop over PZQ: DEALER producers waiting for `1`, ROUTER consumers answering `1`.
 
     ZeroMQ reports no dead peer: a client thread ends when the loop's `stop` is set after the kill,
     taking whatever answers were already buffered. The gateway's ACK timeout is long
-    (`PZQ_ACK_TIMEOUT_MS`), so within one process life nothing is sent twice.
+    (`PZQ_ACK_TIMEOUT_MS`), so within one process life nothing is sent twice. A PZQ key is the same on
+    every delivery of a message: the attempts are counted (`CountedAttemptsLoop`).
     """
+
+    queue = PZQ_QUEUE
 
     def publish_address(self, gateway: GatewayProcess) -> str:
         return gateway.addresses["pzq-receive"]
@@ -622,10 +695,9 @@ class PZQCrashLoop(CrashLoop):
                 if not sock.poll(200):
                     continue
                 frames = sock.recv_multipart()
-                key = frames[1]  # `<id>|<delivery number>`: the number is the message's attempts
-                msg_id, _, attempt = key.partition(b"|")
+                key = frames[1]  # the message's, on every delivery of it; its attempt is counted
                 # Recorded before the answer: a kill between the two makes a redelivery legal.
-                ledger.record_delivery(Delivery(frames[5], int(attempt), epoch, msg_id, index, key))
+                ledger.record_delivery(Delivery(frames[5], 0, epoch, key, index, key))
                 sock.send_multipart([frames[0], frames[1], b"1"])
         finally:
             sock.close(linger=0)

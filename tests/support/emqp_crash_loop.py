@@ -10,11 +10,8 @@ What the protocol shows, and what the loop reads besides:
   stream endpoints' `/stream/snapshot`, on the gateway's own HTTP listener) lists what the gateway restored, each
   message with its attempts. Those requests were stored: they must be delivered in that process
   life or a later one (`check`'s `held`).
-- A worker's REQUEST shows no attempt count. The engine counts one attempt per delivery, and the
-  snapshot gives the count each message came back with, so the n-th delivery of a message in a
-  process life is its attempt `restored + n`. A job that left before the record of its attempt was
-  written comes back after a kill with the count it had before: that attempt is then handed out
-  twice (`repeated_attempts`), and `--emqp-max-attempts` would let the job run more often than set.
+- A worker's REQUEST shows no attempt count: the loop counts it (`CountedAttemptsLoop`); a job
+  handed out twice with one attempt count would let `--emqp-max-attempts` run it more often than set.
 """
 
 from __future__ import annotations
@@ -27,10 +24,9 @@ import uuid
 import attrs
 import zmq
 
-from polymq.clients.stream import StreamClient, StreamClientError
-from polymq.codecs import emqp, stream_rows
+from polymq.codecs import emqp
 
-from support.crash_loop import CrashLoop, CrashLoopConfig, Delivery
+from support.crash_loop import CountedAttemptsLoop, CrashLoopConfig, Delivery
 from support.gateway import GatewayProcess
 
 QUEUE = "crash"
@@ -48,59 +44,14 @@ def emqp_config(config: CrashLoopConfig) -> CrashLoopConfig:
         *config.gateway_args, "--emqp-heartbeat-timeout", str(HEARTBEAT_TIMEOUT_MS)))
 
 
-def queue_attempts(http_address: str, queue: str, timeout: float) -> dict[bytes, int]:
-    """Every message `queue` holds (body → attempts), from a snapshot; {} when there is no such queue."""
-    with StreamClient(http_address, timeout=timeout) as client:
-        try:
-            taken = client.snapshot(queue)
-        except StreamClientError as error:
-            if error.status == 404:
-                return {}
-            raise
-        snapshot, count = taken["snapshot"], taken["rows"]
-        rows: list[stream_rows.ReadRow] = []
-        while len(rows) < count:
-            batch = list(stream_rows.decode_read_rows(client.snapshot_rows(snapshot, len(rows), count)))
-            if not batch:
-                break
-            rows += batch
-        client.snapshot_close(snapshot)
-    assert len(rows) == count, f"the snapshot of {queue} said {count} rows, {len(rows)} came"
-    return {row.body: row.attempts for row in rows}
-
-
-class EMQPCrashLoop(CrashLoop):
-    def __init__(self, config: CrashLoopConfig) -> None:
-        super().__init__(config)
-        self.restored: dict[int, dict[bytes, int]] = {}  # epoch → body → attempts the gateway came back with
+class EMQPCrashLoop(CountedAttemptsLoop):
+    queue = QUEUE
 
     def publish_address(self, gateway: GatewayProcess) -> str:
         return gateway.addresses["emqp-frontend"]
 
     def consume_address(self, gateway: GatewayProcess) -> str:
         return gateway.addresses["emqp-backend"]
-
-    def epoch_started(self, gateway: GatewayProcess, epoch: int) -> None:
-        held = queue_attempts(gateway.http, QUEUE, self.config.io_timeout_s)
-        self.restored[epoch] = held
-        self.ledger.record_held(list(held), epoch)
-
-    def checked_deliveries(self) -> list[Delivery]:
-        """Each delivery with its attempt: the count its message was restored with, plus one per
-        delivery of it in that process life."""
-        derived: list[Delivery] = []
-        counts: dict[bytes, int] = {}
-        epoch = -1
-        with self.ledger.lock:
-            deliveries = list(self.ledger.deliveries)
-        for delivery in deliveries:  # in epoch order: each process life's clients ended before the next began
-            if delivery.epoch != epoch:
-                epoch = delivery.epoch
-                counts = dict(self.restored.get(epoch, {}))
-            attempt = counts.get(delivery.body, 0) + 1
-            counts[delivery.body] = attempt
-            derived.append(attrs.evolve(delivery, attempts=attempt))
-        return derived
 
     # -- clients and workers ---------------------------------------------------------------------
 

@@ -72,7 +72,7 @@ class Received:
 
     body: bytes
     shown_id: str  # the id as the protocol shows it (text)
-    attempts: int | None = None  # NSQ attempts, MQKS retry, PZQ delivery number, stream attempts
+    attempts: int | None = None  # NSQ attempts, MQKS retry, stream attempts
     ttl: int | None = None  # PHPMQ's remaining TTL (current generation)
     headers: dict[str, Any] | bytes | None = None  # stream rows' headers; eMQP's headers frame
     origin: str | None = None  # stream rows: the protocol it came in by
@@ -381,9 +381,7 @@ class PZQConsumer(Consumer):
             self.peer.ack(delivery)
             _, key, _, _, delimiter, *frames = delivery
             assert delimiter == b"", delivery[:5]
-            attempt = key.partition(b"|")[2]
-            received.append(Received(frames[0] if len(frames) == 1 else b"", key.decode(), attempts=int(attempt),
-                                     frames=frames))
+            received.append(Received(frames[0] if len(frames) == 1 else b"", key.decode(), frames=frames))
         return received
 
     def close(self) -> None:
