@@ -264,6 +264,8 @@ class Queue:
         self.ring: deque[Consumer] = deque()  # consumers with credit to spare
         self.paused = False
         self.deleted = False
+        # Deleted by AUTO_DELETE_EMPTY_OPTION's countdown: empty and unused (not by an operator).
+        self.forgotten_empty = False
         self.log: OwnerLog | None = None  # set by the engine for a durable queue
         self._deferred_timer: Timer | None = None
         self._delete_timer: Timer | None = None
@@ -747,10 +749,8 @@ class Queue:
             return
         if self.depth or self.in_flight or self.deferred:
             return  # kept: a consumer that comes and goes again starts the countdown again
+        self.forgotten_empty = True  # observers of the deletion may tidy up what the queue came with
         engine.delete_queue(self.name)
-        topic = engine.topics.get(self.name)
-        if topic is not None and not topic.queues and not topic.depth:
-            engine.delete_topic(self.name)
 
     # -- administration ------------------------------------------------------------------------
 

@@ -1075,6 +1075,8 @@ def test_finish_many_finishes_in_order_and_reports_what_it_could_not() -> None:
 
 def test_auto_delete_of_an_empty_queue_keeps_one_that_holds_messages() -> None:
     engine, clock = make()
+    deleted: list[tuple[str, bool, list[str]]] = []
+    engine.on_queue_deleted.append(lambda queue, bound: deleted.append((queue.name, queue.forgotten_empty, bound)))
     engine.ensure_queue("q", auto_delete=5.0, options={AUTO_DELETE_EMPTY_OPTION: True})
     engine.bind("q", "q")
     consumer, got = attach(engine, "q", credit=1)
@@ -1099,19 +1101,8 @@ def test_auto_delete_of_an_empty_queue_keeps_one_that_holds_messages() -> None:
     advance(engine, clock, 4.999)
     assert engine.queue("q") is not None
     advance(engine, clock, 0.001)
-    assert engine.queue("q") is None and "q" not in engine.topics  # empty: gone, with its own topic
-
-
-def test_auto_delete_of_an_empty_queue_leaves_a_topic_others_use() -> None:
-    engine, _ = make()
-    engine.ensure_queue("q", auto_delete=0.0, options={AUTO_DELETE_EMPTY_OPTION: True})
-    engine.bind("q", "q")
-    engine.ensure_queue("other")
-    engine.bind("other", "q")
-    consumer, _ = attach(engine, "q", credit=1)
-    consumer.detach()
-    assert engine.queue("q") is None
-    assert "q" in engine.topics and engine.queue("other") is not None
+    assert engine.queue("q") is None and "q" in engine.topics  # empty: gone (the topic is the protocols' affair)
+    assert deleted == [("q", True, ["q"])]  # observers learn it was forgotten, not deleted by an operator
 
 
 def test_configure_queue_changes_auto_delete() -> None:

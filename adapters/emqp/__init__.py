@@ -20,6 +20,7 @@ from polymq.adapters.emqp.broker import (
     EMQPLimits,
 )
 from polymq.adapters.emqp.pubsub import EMQPPubSub
+from polymq.adapters.named_queue import forget_their_topics
 from polymq.adapters.protocol import PORT, Context, Endpoint, Protocol, ServersService, Setting
 from polymq.adapters.zmq_sockets import SocketSpec
 
@@ -86,6 +87,7 @@ def start(context: Context) -> ServersService:
         return ServersService()
     servers: list[object] = []
     if any(name in sockets.sockets for name in BROKER_SOCKETS):
+        forget_their_topics(context.engine)  # the forgotten queues' topics go with them (restored ones too)
         servers.append(EMQPBroker(context.engine, sockets, EMQPLimits(
             heartbeat_interval=options.heartbeat_interval_ms / 1000,
             heartbeat_timeout=options.heartbeat_timeout_ms / 1000, max_message=options.max_message,

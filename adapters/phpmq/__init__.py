@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from polymq.adapters.named_queue import forget_their_topics
 from polymq.adapters.phpmq.console import ConsoleServer
 from polymq.adapters.phpmq.session import FORGET_EMPTY_AFTER_S, PHPMQLimits, PHPMQServer
 from polymq.adapters.protocol import PORT, Context, Endpoint, Protocol, Setting
@@ -53,6 +54,7 @@ SETTINGS = (
 
 def start(context: Context) -> TcpService:
     options, engine = context.options, context.engine
+    forget_their_topics(engine)  # the forgotten queues' topics go with them (restored ones too)
     served = []
     sock = context.listeners.get("phpmq")
     if sock is not None:
