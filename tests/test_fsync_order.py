@@ -452,3 +452,12 @@ def test_checker_counts_an_aio_fdatasync_from_its_submit_to_the_report_of_its_en
     ]
     for lines in not_synced:
         assert _check(lines).kinds() == {NOT_SYNCED: 1}, lines
+
+
+def test_a_send_whose_socket_strace_could_not_name_counts_for_its_descriptor() -> None:
+    # Under load strace's socket lookup can fail: the call shows `socket:[inode]` for the same fd 9.
+    unnamed = _send(OK_FRAME).replace(f"9<{SOCK}>", "9<socket:[12345]>")
+    second = b"fedcba9876543210fedcba98"
+    report = _check([_write(7, PATH_HEX, TOKEN), _sync(), _send(OK_FRAME), _write(7, PATH_HEX, second), _sync(),
+                     unnamed], {PEER: [[TOKEN], [second]]})
+    assert (report.acks_checked, report.violations) == (2, ()), report.describe()

@@ -492,12 +492,22 @@ def check_fsync_order(
     files: dict[str, _Stream] = {}
     sockets: dict[str, _Stream] = {}
     syncs: dict[str, list[Syscall]] = {}
+    # A socket's annotation is looked up by strace at each call; on a loaded machine the lookup can
+    # fail (`socket:[inode]`): such a call is the socket's its descriptor last named.
+    fd_peers: dict[int, str] = {}
     for event in ordered:
         if event.name in SYNC_CALLS and _in_dir(event.target, root) and event.result == 0:
             syncs.setdefault(event.target or "", []).append(event)
+        peer = event.peer()
+        if event.fd is not None:
+            if peer is not None:
+                fd_peers[event.fd] = peer
+            elif event.target is not None and "/" in event.target:
+                fd_peers.pop(event.fd, None)  # the descriptor is a file now
+            elif event.target is not None:
+                peer = fd_peers.get(event.fd)
         if event.name not in WRITE_CALLS or not event.data:
             continue
-        peer = event.peer()
         if _in_dir(event.target, root):
             stream = files.setdefault(event.target or "", _Stream())
         elif peer in publishes:
