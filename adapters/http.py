@@ -71,10 +71,12 @@ class Response:
     # Called once that sync is done; the answer then waits for one more sync: what it stores must
     # not reach the disk before what the first covered (a de-duplication record after its rows).
     then: Callable[[], None] | None = None
+    # Without the app's base headers: nsqd's PlainText answers (/ping) skip its V1 decorator.
+    plain: bool = False
 
     def all_headers(self, base: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, str]]:
-        """Headers to send: the app's, ours, then Content-Type and Content-Length (never chunked)."""
-        headers = [*base, *self.headers]
+        """Headers to send: the app's (unless plain), ours, then Content-Type and Content-Length (never chunked)."""
+        headers = [*(() if self.plain else base), *self.headers]
         if self.content_type is not None:
             headers.append(("Content-Type", self.content_type))
         headers.append(("Content-Length", str(len(self.body))))

@@ -461,11 +461,16 @@ def _handed_on(t: Target) -> None:
 @checks.check("robustness requests past 10,000 waiting for a queue are all kept")
 def _no_high_water_mark(t: Target) -> None:
     name = t.queue("many").encode()
+    # The worker INFORMs first, so the requests wait in its queue (one nobody serves is another check).
+    worker = t.worker([(10, name.decode())])
     client = t.client()
     total = HIGH_WATER_MARK + 50
     for index in range(total):
         client.send(emqp.REQUEST, name, b"", b"%d" % index, message_id=b"%d" % index)
-    worker = t.worker([(10, name.decode())])
+    # A barrier: the broker answers this INFORM only after every request before it waits.
+    client.send(emqp.INFORM, b"", emqp.SCHEDULER)
+    client.expect_message("the ACK after the requests")
+    client.send(emqp.KBYE)
     worker.ready(total)
     got = [worker.expect_job("a waiting request")[3] for _ in range(total)]
     expect_equal("every request, in order", [b"%d" % index for index in range(total)], got)

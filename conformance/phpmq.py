@@ -6,7 +6,8 @@ phpmq.md). Their names say which group they belong to:
 - `core …`: what the original does (the pinned protocol generation); a conformant server passes
   them all.
 - `current-generation …`: TTLs, 005 requeue and 006 dead letters of the protocol library's current
-  generation. The original does not implement them (it exits on them).
+  generation, and an ack from another connection freeing the holder's window slot. The original
+  does not implement them (it exits on them; it leaves the slot taken).
 - `robustness …`: bad input from one client closes that client only. The original exits.
 
 PHPMQ never answers anything but deliveries, so "the server has handled what a connection sent"
@@ -136,7 +137,8 @@ class Target:
 
 
 checks: Registry[Target] = Registry(original_fails={
-    "current-generation": "a newer protocol revision (TTL, 005, 006) the original php-mq lacks",
+    "current-generation": "a newer protocol revision (TTL, 005, 006) the original php-mq lacks, and it keeps a "
+                          "window slot taken after another connection's ack",
     "robustness": "the original exits on bad input from one client"})
 
 

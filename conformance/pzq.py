@@ -300,6 +300,10 @@ def _restart(t: Target) -> None:
     consumer.ack(first)
     t.delivery(consumer, "in flight at the restart")
     t.wait_messages(2, "before the restart")
+    # ZeroMQ would connect these again to the restarted server, which may then hand the stored
+    # messages to the old consumer nobody reads (the original does): only `after` may consume.
+    for peer in (producer, consumer):
+        peer.close()
     done = subprocess.run(shlex.split(t.restart_command), capture_output=True, text=True, timeout=120, check=False)
     if done.returncode != 0:
         raise CheckFailed("the restart command failed", got=(done.stderr or done.stdout).strip()[-200:])

@@ -246,8 +246,8 @@ def test_a_stray_answer_fails_the_silence_checks(module_gateway: GatewayProcess)
 
 def test_the_suite_leaves_nothing_behind(tmp_path: Path) -> None:
     with running_gateway(data_dir=tmp_path) as gateway:
-        code, _ = run_suite("--addr", address_of(gateway))
-        assert code == 0
+        code, lines = run_suite("--addr", address_of(gateway))
+        assert code == 0, "\n".join(line for line in lines if line.startswith("FAIL"))
         with urllib.request.urlopen(f"http://{gateway.nsq_http}/stats?format=json", timeout=10) as response:
             assert json.load(response)["topics"] == []
         with MQKSWire(gateway.host_port("mqks")) as client:

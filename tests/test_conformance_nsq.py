@@ -77,8 +77,8 @@ def test_unknown_only_pattern_is_a_usage_error() -> None:
 
 def test_the_suite_leaves_nothing_behind(tmp_path: Path) -> None:
     with running_gateway(data_dir=tmp_path) as gateway:
-        code, _ = run_suite("--tcp", gateway.nsq_tcp, "--http", gateway.nsq_http)
-        assert code == 0
+        code, lines = run_suite("--tcp", gateway.nsq_tcp, "--http", gateway.nsq_http)
+        assert code == 0, "\n".join(line for line in lines if line.startswith("FAIL"))
         with urllib.request.urlopen(f"http://{gateway.nsq_http}/stats?format=json", timeout=10) as response:
             assert json.load(response)["topics"] == []
         assert gateway.stop() == 0

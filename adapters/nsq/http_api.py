@@ -391,8 +391,9 @@ class NsqHttpApi:
 
     def _ping(self, request: Request, _: str) -> Response:
         health = self._health()
-        # nsqd's PlainText decorator: the health text, 500 once storage has failed.
-        return Response(200 if health == "OK" else 500, health.encode(), TEXT_TYPE)
+        # nsqd's PlainText decorator: the health text, 500 once storage has failed, and none of the
+        # V1 decorator's headers (no X-NSQ-Content-Type).
+        return Response(200 if health == "OK" else 500, health.encode(), TEXT_TYPE, plain=True)
 
     def _info(self, request: Request, _: str) -> Response:
         limits = self.limits
