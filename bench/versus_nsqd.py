@@ -1,7 +1,8 @@
 """`polymq bench versus-nsqd`: nsqd and polymq side by side, measured by nsq's own bench tools.
 
 Runs each server in turn on free loopback ports with a fresh data dir (nsqd 1.3.0 with its
-defaults and with `--mem-queue-size=1000000`; polymq `--in-memory`, `--fsync=never` and its
+defaults, with `--mem-queue-size=1000000`, and in its durable mode `--mem-queue-size=0
+--sync-every=1`; polymq `--in-memory`, `--fsync=never` and its
 default `--fsync=always`), and drives every one with the same three runs of nsq's Go tools:
 
 - PUB: `bench_writer --batch-size=1`, one message per round trip on each connection;
@@ -12,7 +13,8 @@ default `--fsync=always`), and drives every one with the same three runs of nsq'
 Both tools open one connection per Go processor (GOMAXPROCS: 2 on a 2-core machine). The table
 gives messages per second and each polymq mode's ratio to the nsqd mode it is compared with:
 `--fsync=never` and the default with nsqd's defaults (neither fsyncs per publish: the default
-polymq does), `--in-memory` with nsqd `--mem-queue-size=1000000`. See docs/performance.md.
+polymq does), `--in-memory` with nsqd `--mem-queue-size=1000000`; and polymq's default with nsqd's
+durable mode on a line of its own. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -66,12 +68,16 @@ class Server:
     compare_with: str | None  # the label of the nsqd mode its ratio is taken against
 
 
+NSQD_DURABLE = "nsqd 1.3.0, --mem-queue-size=0 --sync-every=1"
+POLYMQ_DEFAULT = "polymq (default: --fsync=always)"
 SERVERS = (
     Server("nsqd 1.3.0, defaults", "nsqd", (), None),
     Server("nsqd 1.3.0, --mem-queue-size=1000000", "nsqd", ("--mem-queue-size=1000000",), None),
+    # nsqd's own durable mode: every message to disk and fsynced (what polymq's default promises).
+    Server(NSQD_DURABLE, "nsqd", ("--mem-queue-size=0", "--sync-every=1"), None),
     Server("polymq --in-memory", "polymq", ("--in-memory",), "nsqd 1.3.0, --mem-queue-size=1000000"),
     Server("polymq --fsync=never", "polymq", ("--fsync=never",), "nsqd 1.3.0, defaults"),
-    Server("polymq (default: --fsync=always)", "polymq", (), "nsqd 1.3.0, defaults"),
+    Server(POLYMQ_DEFAULT, "polymq", (), "nsqd 1.3.0, defaults"),
 )
 COLUMNS = ("PUB", "MPUB", "consume")
 
@@ -198,6 +204,12 @@ def render(results: Sequence[Result]) -> str:
     lines = [common.render_table(headers, rows)]
     lines.append("msgs/s; (Nx) = ratio to nsqd --mem-queue-size=1000000 for --in-memory, to nsqd's defaults "
                  "for the other polymq modes")
+    durable, default = by_label.get(NSQD_DURABLE), by_label.get(POLYMQ_DEFAULT)
+    if durable is not None and default is not None:
+        ratios = [f"{column} {default.rates[column] / durable.rates[column]:.1f}x" for column in COLUMNS
+                  if default.rates.get(column) and durable.rates.get(column)]
+        if ratios:
+            lines.append(f"polymq's default against nsqd's durable mode ({NSQD_DURABLE}): {', '.join(ratios)}")
     lines += [f"{result.server.label}: {result.error}" for result in results if result.error]
     return "\n".join(lines)
 
@@ -214,7 +226,7 @@ def _default_polymq() -> list[str]:
 @click.option("--backlog", type=click.IntRange(min=0), default=DEFAULT_BACKLOG, show_default=True,
               help="Messages in the backlog before the consume run.")
 @click.option("--only", "only", multiple=True, type=click.Choice([s.label for s in SERVERS]),
-              help="Run only these servers (repeatable); all five by default.")
+              help="Run only these servers (repeatable); all six by default.")
 def command(nsq_bin: Path, runfor: float, backlog: int, only: tuple[str, ...]) -> None:
     """nsqd 1.3.0 and polymq one after the other, each measured with nsq's bench_writer and bench_reader.
 
