@@ -12,6 +12,7 @@ from pathlib import Path
 from support.gateway import running_gateway
 
 BENCH_TIMEOUT_S = 120
+SPARK_BENCH_TIMEOUT_S = 600  # a JVM of its own, on a loaded machine
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -27,6 +28,19 @@ def test_the_endpoints_scenario_publishes_and_reads_every_row(tmp_path: Path) ->
     results = {r["scenario"]: r for r in json.loads(done.stdout)}
     assert list(results) == ["publish endpoint", "read endpoint (first read)", "read endpoint (again)"]
     assert all(r["rows"] == 2500 and r["seconds"] > 0 and r["rows_per_s"] > 0 for r in results.values())
+
+
+def test_the_ceiling_and_the_stream_read_count_every_row(tmp_path: Path) -> None:
+    with running_gateway(data_dir=tmp_path) as gateway:
+        done = subprocess.run(
+            [sys.executable, "-m", "polymq", "bench", "spark", "--gateway", gateway.http, "--scenario", "ceiling",
+             "--scenario", "stream-read", "--rows", "30000", "--max-rows-per-trigger", "10000", "--batch", "5000",
+             "--master", "local[1]", "--no-warm-up", "--json"],
+            capture_output=True, text=True, timeout=SPARK_BENCH_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout
+    results = {r["scenario"]: r for r in json.loads(done.stdout)}
+    assert list(results) == ["ceiling (pre-built Arrow)", "stream read (noop sink)"]
+    assert all(r["rows"] == 30000 and r["rows_per_s"] > 0 for r in results.values()), results
 
 
 def test_no_gateway_is_one_clear_line() -> None:
