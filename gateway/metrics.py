@@ -93,14 +93,19 @@ class EngineCollector(Collector):
             "slow_clients_disconnected": "Clients disconnected for leaving their output unread (TCP protocols).",
             "bytes_received": "Bytes read from clients (TCP protocols).",
             "bytes_sent": "Bytes written to clients (TCP protocols).",
-            "messages_received": "ZeroMQ messages received (ZeroMQ protocols).",
-            "messages_sent": "ZeroMQ messages sent (ZeroMQ protocols).",
+            "messages_received": "Messages published by clients (TCP protocols); ZeroMQ messages received "
+                                 "(ZeroMQ protocols).",
+            "messages_sent": "Messages delivered to clients (TCP protocols); ZeroMQ messages sent (ZeroMQ protocols).",
         }
         families = {name: CounterMetricFamily(f"polymq_{name}", text, labels=["protocol"])
                     for name, text in counters.items()}
+        errors = CounterMetricFamily("polymq_protocol_errors", "Errors answered or closed with, by the "
+                                     "protocol's own code.", labels=["protocol", "code"])
         for protocol, service in self.services().items():
             connections.add_metric([protocol], service.connections())
             traffic = service.traffic()
+            for code, count in sorted(traffic.errors.items()):
+                errors.add_metric([protocol, code], count)
             for name, value in (("connections_opened", traffic.connections_opened),
                                 ("connections_refused", traffic.connections_refused),
                                 ("slow_clients_disconnected", traffic.slow_disconnected),
@@ -109,20 +114,26 @@ class EngineCollector(Collector):
                 families[name].add_metric([protocol], value)
         yield connections
         yield from families.values()
+        yield errors
 
     def _topics(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily("polymq_topic_depth", "Messages a topic keeps for no queue yet (or while paused).",
                                   labels=["topic"])
         messages = CounterMetricFamily("polymq_topic_messages", "Messages published to a topic.", labels=["topic"])
+        delivered = CounterMetricFamily("polymq_topic_delivered", "Deliveries from the queues bound to a topic.",
+                                        labels=["topic"])
+        finished = CounterMetricFamily("polymq_topic_finished", "Deliveries acknowledged from the queues bound "
+                                       "to a topic.", labels=["topic"])
+        families = ((depth, lambda topic: topic.depth), (messages, lambda topic: topic.message_count),
+                    (delivered, lambda topic: sum(queue.delivered_count for queue in topic.queues)),
+                    (finished, lambda topic: sum(queue.finished_count for queue in topic.queues)))
         shown, rest = _limited(self.engine.topics.values(), lambda topic: topic.depth)
-        for topic in shown:
-            depth.add_metric([topic.name], topic.depth)
-            messages.add_metric([topic.name], topic.message_count)
-        if rest:
-            depth.add_metric([OTHER], sum(topic.depth for topic in rest))
-            messages.add_metric([OTHER], sum(topic.message_count for topic in rest))
-        yield depth
-        yield messages
+        for family, value in families:
+            for topic in shown:
+                family.add_metric([topic.name], value(topic))
+            if rest:
+                family.add_metric([OTHER], sum(value(topic) for topic in rest))
+            yield family
 
     def _queues(self) -> Iterator[Metric]:
         gauges = {
@@ -133,7 +144,12 @@ class EngineCollector(Collector):
             "consumers": ("Consumers attached.", lambda queue: len(queue.consumers)),
         }
         counters = {
-            "messages": ("Copies put in a queue.", lambda queue: queue.message_count),
+            "messages": ("Copies put in a queue (published to a topic it is bound to).",
+                         lambda queue: queue.message_count),
+            "delivered": ("Deliveries to consumers (a message sent again counts again).",
+                          lambda queue: queue.delivered_count),
+            "finished": ("Deliveries acknowledged (an auto-ack consumer's as it is sent).",
+                         lambda queue: queue.finished_count),
             "requeued": ("Deliveries that came back to be sent again.", lambda queue: queue.requeue_count),
             "timed_out": ("Deliveries not finished in time.", lambda queue: queue.timeout_count),
             "expired": ("Copies whose TTL ran out before a delivery.", lambda queue: queue.expired_count),
