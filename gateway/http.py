@@ -1,5 +1,6 @@
 """The gateway's own HTTP listener (`--admin-port`, 4181, loopback by default): the admin page `/` and
 its API `/api/...` (gateway/admin_api.py), `/ping`, `/metrics` (Prometheus), the Spark stream API.
+With a token (gateway/admin_access.py) everything but `/ping` and the page itself asks for it.
 
 It serves whatever protocols are on (turning NSQ off leaves it on), on the shared HTTP skeleton
 (adapters/http.py). Errors are `{"message": "CODE", "reason": "…"}` as JSON.
@@ -14,6 +15,7 @@ import trio
 
 from polymq.adapters.http import JSON_TYPE, HttpApp, NeedBody, Request, Response, go_json, serve_http
 from polymq.core.engine import Engine
+from polymq.gateway.admin_access import AdminAccess
 from polymq.gateway.admin_api import AdminApi
 from polymq.gateway.metrics import CONTENT_TYPE as METRICS_TYPE
 from polymq.gateway.metrics import Metrics
@@ -45,6 +47,17 @@ class GatewayHttpApi:
         return handler(request, "")
 
 
+def _with_token(access: AdminAccess, handler: Handler, what: str) -> Handler:
+    """`handler` behind the gateway's token when one is required (bound beyond loopback, --admin-token)."""
+    if access.token is None:
+        return handler
+
+    def guarded(request: Request, path: str) -> Response | NeedBody:
+        return access.token_refused(request, what) or handler(request, path)
+
+    return guarded
+
+
 def _ping(request: Request, _: str) -> Response:
     """Answers once the gateway serves: `polymq wait` and health checks ask it."""
     return Response(200, b"OK", "text/plain; charset=utf-8")
@@ -59,6 +72,11 @@ async def serve_gateway_http(engine: Engine, sock: socket.socket, options: Any, 
     def scrape(request: Request, _: str) -> Response:
         return Response(200, metrics.exposition(), METRICS_TYPE)
 
-    api = GatewayHttpApi(engine, {"/ping": {"GET": _ping}, "/metrics": {"GET": scrape}, **stream.routes(),
-                                  **admin.routes()})
+    access = admin.access
+    stream_routes = {path: {method: _with_token(access, handler, "the stream API")
+                            for method, handler in methods.items()}
+                     for path, methods in stream.routes().items()}
+    api = GatewayHttpApi(engine, {"/ping": {"GET": _ping},
+                                  "/metrics": {"GET": _with_token(access, scrape, "/metrics")},
+                                  **stream_routes, **admin.routes()})
     await serve_http(HttpApp(api, STORAGE_FAILED), sock, task_status=task_status)
