@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from polymq.adapters.http import JSON_TYPE, HttpApp, NeedBody, Request, Response, go_json, serve_http
+from polymq.adapters.protocol import Traffic
 from polymq.core.engine import Engine
 from polymq.gateway.admin_access import AdminAccess
 from polymq.gateway.admin_api import AdminApi
@@ -21,6 +22,8 @@ from polymq.gateway.metrics import CONTENT_TYPE as METRICS_TYPE
 from polymq.gateway.metrics import Metrics
 from polymq.gateway.stream_http_api import Handler, StreamHttpApi
 
+# Answers from this status on are errors, counted by status.
+HTTP_ERROR = 400
 # The answer when the store failed to make what an answer hands out durable.
 STORAGE_FAILED = Response(503, go_json({"message": "EXITING", "reason": "the store failed"}), JSON_TYPE)
 
@@ -30,13 +33,27 @@ def _error(status: int, code: str, reason: str, headers: tuple[tuple[str, str], 
 
 
 class GatewayHttpApi:
-    """Routes by exact path, then by method."""
+    """Routes by exact path, then by method; counts the error answers by their status (the metrics'
+    `http` protocol: a bounded set of codes)."""
 
-    def __init__(self, engine: Engine, routes: dict[str, dict[str, Handler]]) -> None:
+    def __init__(self, engine: Engine, routes: dict[str, dict[str, Handler]], traffic: Traffic | None = None) -> None:
         self.engine = engine
         self.routes = routes
+        self.traffic = traffic if traffic is not None else Traffic()
 
     def handle(self, request: Request) -> Response | NeedBody:
+        answer = self._route(request)
+        if isinstance(answer, NeedBody):
+            complete = answer.complete
+            return NeedBody(answer.read_max, lambda body: self._counted(complete(body)))
+        return self._counted(answer)
+
+    def _counted(self, response: Response) -> Response:
+        if response.status >= HTTP_ERROR:
+            self.traffic.error(str(response.status))
+        return response
+
+    def _route(self, request: Request) -> Response | NeedBody:
         methods = self.routes.get(request.path)
         if methods is None:
             return _error(404, "NOT_FOUND", f"no endpoint {request.path[:200]!r}")
@@ -78,5 +95,6 @@ async def serve_gateway_http(engine: Engine, sock: socket.socket, options: Any, 
                      for path, methods in stream.routes().items()}
     api = GatewayHttpApi(engine, {"/ping": {"GET": _ping},
                                   "/metrics": {"GET": _with_token(access, scrape, "/metrics")},
-                                  **stream_routes, **admin.routes()})
+                                  **stream_routes, **admin.routes()}, stream.traffic)
+    metrics.count_http(stream.traffic)
     await serve_http(HttpApp(api, STORAGE_FAILED), sock, task_status=task_status)

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from polymq.adapters.http import JSON_TYPE, NeedBody, QueryError, Request, Response, go_json, parse_query
+from polymq.adapters.protocol import Traffic
 from polymq.codecs import stream_rows
 from polymq.core import streams
 from polymq.core.engine import Engine, Queue
@@ -84,6 +85,7 @@ class StreamHttpApi:
         self.snapshot_memory = snapshot_memory
         self._topic_bytes: dict[str, bytes] = {}
         self._snapshots: dict[str, Snapshot] = {}  # by id, oldest first
+        self.traffic = Traffic()  # rows published and read, for the metrics (the listener counts errors)
 
     def routes(self) -> dict[str, dict[str, Handler]]:
         return {
@@ -211,6 +213,7 @@ class StreamHttpApi:
             if size > MAX_READ_BYTES and parts:
                 break
             parts.append(row)
+        self.traffic.messages_out += len(parts)
         return Response(200, b"".join(parts), stream_rows.CONTENT_TYPE)
 
     # -- snapshots of any queue (batch reads) ---------------------------------------------------
@@ -309,6 +312,7 @@ class StreamHttpApi:
             published = 0
             for start, end in wanted:
                 published += self._publish_rows(batch, own_topics, default_topic, start - first, end - first)
+            self.traffic.messages_in += published
             answer = go_json({"published": published, "duplicates": count - published})
             if group is None:
                 return Response(200, answer, JSON_TYPE, after_sync=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 
@@ -11,7 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from polymq.adapters.protocol import MAX_ERROR_CODES, OTHER_ERROR, Traffic
-from polymq.codecs import nsq_client, phpmq
+from polymq.clients.stream import StreamClient, StreamClientError
+from polymq.codecs import nsq_client, phpmq, stream_rows
 from polymq.core.engine import Engine
 from polymq.gateway import metrics as metrics_module
 from polymq.gateway.metrics import OTHER, Metrics
@@ -147,6 +149,12 @@ def test_messages_and_errors_per_protocol(tmp_path) -> None:
             bad.send(b"BOGUS\n")
             bad.expect_error(b"E_INVALID invalid command BOGUS")
             bad.expect_closed()
+        # The nsqd HTTP API counts as NSQ: one more published, one topic name nsqd refuses.
+        host, port = gateway.host_port("nsq-http")
+        urllib.request.urlopen(f"http://{host}:{port}/pub?topic=h", data=b"d", timeout=10).read()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{host}:{port}/pub?topic=no!such", data=b"e", timeout=10)
+        assert (refused.value.code, refused.value.read()) == (400, b'{"message":"INVALID_TOPIC"}')
         # MQKS: two published, two delivered (auto-ack), one request it cannot parse.
         with MQKSWire(gateway.host_port("mqks")) as mqks:
             mqks.send(b"c1 consume --confirm mq me")
@@ -167,12 +175,13 @@ def test_messages_and_errors_per_protocol(tmp_path) -> None:
         scraped = _scrape_until(gateway, lambda s: s.get(("polymq_queue_finished_total", _queue("pq"))) == 2
                                 and ("polymq_protocol_errors_total", (("code", "bad framing"),
                                                                       ("protocol", "phpmq"))) in s)
-    for protocol, published, delivered in (("nsq", 3, 3), ("mqks", 2, 2), ("phpmq", 2, 2)):
+    for protocol, published, delivered in (("nsq", 4, 3), ("mqks", 2, 2), ("phpmq", 2, 2)):
         assert scraped[("polymq_messages_received_total", _protocol(protocol))] == published, protocol
         assert scraped[("polymq_messages_sent_total", _protocol(protocol))] == delivered, protocol
     errors = {labels: value for (name, labels), value in scraped.items() if name == "polymq_protocol_errors_total"}
     assert errors == {
         (("code", "E_INVALID"), ("protocol", "nsq")): 1,
+        (("code", "INVALID_TOPIC"), ("protocol", "nsq")): 1,
         (("code", "error"), ("protocol", "mqks")): 1,
         (("code", "bad framing"), ("protocol", "phpmq")): 1,
     }
@@ -186,3 +195,21 @@ def test_the_error_codes_counted_are_bounded() -> None:
         traffic.error(f"E_{number}")
     assert len(traffic.errors) == MAX_ERROR_CODES + 1
     assert traffic.errors[OTHER_ERROR] == 5
+
+
+def test_the_gateway_s_own_listener_counts_rows_and_errors_as_http(tmp_path) -> None:
+    row = stream_rows.encode_publish_row
+    with running_gateway("--in-memory", data_dir=tmp_path) as gateway, StreamClient(gateway.http) as client:
+        client.open("s", ["rows"])
+        assert client.publish([row(b"a"), row(b"b")], topic="rows")["published"] == 2
+        assert [r.body for r in client.read("s", 0, 2)] == [b"a", b"b"]
+        with pytest.raises(StreamClientError):
+            client.offsets("no-such-stream")  # 404
+        with pytest.raises(StreamClientError):
+            client.request("GET", "/stream/read", [("stream", "s")])  # 400: no `from`
+        scraped = _scrape(gateway)
+    assert scraped[("polymq_messages_received_total", _protocol("http"))] == 2
+    assert scraped[("polymq_messages_sent_total", _protocol("http"))] == 2
+    errors = {labels: value for (name, labels), value in scraped.items()
+              if name == "polymq_protocol_errors_total" and ("protocol", "http") in labels}
+    assert errors == {(("code", "400"), ("protocol", "http")): 1, (("code", "404"), ("protocol", "http")): 1}
