@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,6 +26,7 @@ from support.mqks_wire import MQKSWire
 from support.nsq_wire import subscribed_socket
 from support.phpmq_wire import PHPMQWire
 
+ROOT = Path(__file__).resolve().parent.parent
 Scraped = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -213,3 +216,31 @@ def test_the_gateway_s_own_listener_counts_rows_and_errors_as_http(tmp_path) -> 
     errors = {labels: value for (name, labels), value in scraped.items()
               if name == "polymq_protocol_errors_total" and ("protocol", "http") in labels}
     assert errors == {(("code", "400"), ("protocol", "http")): 1, (("code", "404"), ("protocol", "http")): 1}
+
+
+def _documented_metrics() -> set[str]:
+    """The names in docs/operations.md's metrics table (`polymq_queue_depth`, `_in_flight` → polymq_queue_in_flight)."""
+    section = (ROOT / "docs" / "operations.md").read_text().split("\n## Metrics\n")[1].split("\n## ")[0]
+    names: set[str] = set()
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        prefix = ""
+        for name in re.findall(r"`([a-z_…]+)`", line.split(" | ")[0]):
+            if name.startswith("_"):
+                names.add(prefix + name)
+            else:
+                names.add(name)
+                prefix = "_".join(name.split("_")[:2])  # polymq_queue, polymq_store, …
+    return names
+
+
+def test_every_polymq_metric_is_in_the_documented_table(tmp_path) -> None:
+    with running_gateway(data_dir=tmp_path) as gateway, \
+            urllib.request.urlopen(f"http://{gateway.http}/metrics", timeout=10) as reply:
+        families = list(text_string_to_metric_families(reply.read().decode()))
+    # `…_created`: prometheus_client's own creation time of a histogram, not a metric of polymq's.
+    exposed = {family.name + ("_total" if family.type == "counter" else "")
+               for family in families if family.name.startswith("polymq_") and not family.name.endswith("_created")}
+    assert len(exposed) > 30
+    assert exposed - _documented_metrics() == set()
