@@ -107,17 +107,33 @@ class Context:
     gateway: GatewayInfo
 
 
+# Error codes counted per protocol: a protocol's vocabulary is a few dozen codes at most, so this only
+# guards a mistake (a code made of client input); past it the rest are counted as `OTHER_ERROR`.
+MAX_ERROR_CODES = 64
+OTHER_ERROR = "_other"
+
+
 @attrs.define(slots=True)
 class Traffic:
-    """What a protocol's clients sent and got, counted per read and per write (never per message)."""
+    """What a protocol's clients sent and got: bytes per read and per write, messages as a plain count
+    (TCP protocols: messages published and delivered; ZeroMQ ones: ZeroMQ messages), errors by code."""
 
     connections_opened: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
-    messages_in: int = 0  # protocols that see message boundaries for free (ZeroMQ) count them
+    messages_in: int = 0
     messages_out: int = 0
     connections_refused: int = 0  # past the listener's --…-max-connections
     slow_disconnected: int = 0  # clients that left their output unread past --max-client-output
+    # Errors answered or closed with, by the protocol's own code (NSQ `E_INVALID`, MQKS `error`, …).
+    errors: dict[str, int] = attrs.field(factory=dict)
+
+    def error(self, code: str) -> None:
+        """Count an error of `code`: one of the protocol's fixed codes, never client input."""
+        errors = self.errors
+        if code not in errors and len(errors) >= MAX_ERROR_CODES:
+            code = OTHER_ERROR
+        errors[code] = errors.get(code, 0) + 1
 
     def add(self, other: Traffic) -> None:
         self.connections_opened += other.connections_opened
@@ -127,6 +143,8 @@ class Traffic:
         self.bytes_out += other.bytes_out
         self.messages_in += other.messages_in
         self.messages_out += other.messages_out
+        for code, count in other.errors.items():
+            self.errors[code] = self.errors.get(code, 0) + count
 
 
 class Service(TypingProtocol):
@@ -228,4 +246,7 @@ class ServersService:
             for pump in getattr(server, "pumps", {}).values():
                 total.messages_in += pump.received
                 total.messages_out += pump.sent
+            counted = getattr(server, "traffic", None)  # a server counts its errors there
+            if isinstance(counted, Traffic):
+                total.add(counted)
         return total

@@ -378,6 +378,7 @@ class Listener:
     async def _refuse(self, transport: SocketTransport) -> None:
         self.traffic.connections_refused += 1
         code, answer = self.refusal()
+        self.traffic.error(error_label(code))
         self.refusals.note(code, f"{transport.peer}: connection refused on {self.address} with {code}: "
                                  f"{self.max_connections} connections are open (the limit)")
         try:
@@ -410,6 +411,7 @@ class Listener:
                 held = now - session._over_since
                 code = session.disconnect_slow(unsent, held)
                 self.traffic.slow_disconnected += 1
+                self.traffic.error(error_label(code))
                 self.refusals.note(f"slow {code}", f"{session.peer}: disconnected with {code}: {unsent} bytes "
                                                    f"unsent for {held:.1f} s (the limit: {limit.max_bytes} bytes "
                                                    f"for {limit.grace_s:g} s)")
@@ -433,6 +435,7 @@ class TcpService:
         async with trio.open_nursery() as nursery:
             for sock, listener in self.served:
                 await nursery.start(serve_tcp, listener.handle_connection, sock)
+                nursery.start_soon(listener.refusals.run)  # the summaries of repeated refusals
             if self.served and self.output_limit.max_bytes:
                 nursery.start_soon(self._watch_output)
             task_status.started()
@@ -466,6 +469,12 @@ class TcpService:
         for _, listener in self.served:
             total.add(listener.traffic)
         return total
+
+
+def error_label(code: str) -> str:
+    """The code of a refusal or a slow client's disconnection as counted: its protocol's code without the
+    words that say why (MQKS's `error (too many connections)` is an `error`)."""
+    return code.split(" (", 1)[0]
 
 
 def _address(sock: socket.socket) -> str:

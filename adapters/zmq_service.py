@@ -29,6 +29,7 @@ import trio
 import zmq
 
 from polymq.adapters.log_limit import RateLimitedLog
+from polymq.adapters.protocol import Traffic
 from polymq.adapters.zmq_pump import Frames, ZmqPump
 from polymq.core.engine import Engine
 from polymq.core.storage import SyncCallback
@@ -47,6 +48,7 @@ class ZmqService:
         self.engine = engine
         self.refusals = RateLimitedLog(self.log)  # refused requests, summed up when they repeat
         self.pumps: dict[str, ZmqPump] = {}  # by socket name, in the order they were made
+        self.traffic = Traffic()  # its errors by code (the pumps count the messages)
         # The store callbacks a burst asked for, registered once its deliveries are out (`_held`).
         self._when_stored: list[SyncCallback] | None = None
 
@@ -86,9 +88,12 @@ class ZmqService:
         return handle
 
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            for pump in self.pumps.values():
-                nursery.start_soon(pump.run)
+        async with trio.open_nursery() as summaries:
+            summaries.start_soon(self.refusals.run)  # the summaries of repeated refusals
+            async with trio.open_nursery() as nursery:
+                for pump in self.pumps.values():
+                    nursery.start_soon(pump.run)
+            summaries.cancel_scope.cancel()  # the sockets are closed: nothing more is refused
 
     def shutdown(self) -> None:
         """Close every socket (their pumps end); what is queued gets `linger_ms` to go out."""

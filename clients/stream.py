@@ -26,13 +26,15 @@ class StreamClientError(Exception):
 
 
 class StreamClient:
-    def __init__(self, address: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, address: str, timeout: float = DEFAULT_TIMEOUT_S, *, token: str | None = None) -> None:
         try:
             self.host, self.port = split_address(address)
         except ValueError:
             raise StreamClientError(f"gateway address {address!r} is not HOST:PORT") from None
         self.address = address
         self.timeout = timeout
+        # A gateway bound beyond loopback asks every stream request for its token (--admin-token).
+        self._authorization = {"Authorization": f"Bearer {token}"} if token else {}
         self._connection: http.client.HTTPConnection | None = None
 
     def close(self) -> None:
@@ -52,6 +54,7 @@ class StreamClient:
                 content_type: str | None = None) -> bytes:
         target = f"{path}?{urlencode(list(params))}"
         headers = {"Content-Type": content_type} if content_type else {}
+        headers.update(self._authorization)
         for attempt in (1, 2):
             if self._connection is None:
                 self._connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)

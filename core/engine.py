@@ -277,6 +277,8 @@ class Queue:
         self.stream = bool(self.options.get(STREAM_OPTION))
         self.next_memory_position = 0
         self.message_count = 0
+        self.delivered_count = 0  # deliveries (a message sent again counts again)
+        self.finished_count = 0  # deliveries acknowledged (an auto-ack consumer's, as it is sent)
         self.requeue_count = 0
         self.timeout_count = 0
         self.expired_count = 0  # copies whose TTL ran out before a delivery
@@ -453,11 +455,13 @@ class Queue:
                 continue
             message.attempts += 1
             consumer.message_count += 1
+            self.delivered_count += 1
             if pool is not None:
                 pool.tokens -= 1
             elif consumer.mode is CreditMode.TOKENS:
                 consumer.credit -= 1
             if consumer.auto_ack:
+                self.finished_count += 1
                 if consumer.mode is CreditMode.WINDOW:
                     consumer.outstanding += 1
                 if log is not None:
@@ -528,6 +532,7 @@ class Queue:
         if isinstance(message, Outcome):
             return message
         consumer.finish_count += 1
+        self.finished_count += 1
         if self.log is not None:
             self.log.removed(message)
         if refill:
@@ -600,8 +605,10 @@ class Queue:
         owner = message.owner
         message.owner = None
         message.deadline = None
-        if finished and self.log is not None:
-            self.log.removed(message)
+        if finished:
+            self.finished_count += 1
+            if self.log is not None:
+                self.log.removed(message)
         if owner is not None:
             del owner.in_flight[message_id]
             if finished:

@@ -1,11 +1,11 @@
 """Who may use the admin API and its actions (docs/operations.md, "The admin page").
 
 Bound beyond loopback, the gateway's listener is open to the network, so a token is required:
-start-up fails without one. With a token, every `/api/...` request must carry it as
-`Authorization: Bearer TOKEN` (401 without it, 403 with another one). Without a token the listener
-is on loopback, and the API still refuses what a web page elsewhere could make a browser send: a
-request whose Host is not a loopback name (a page whose own name was pointed at 127.0.0.1) and an
-action posted from another origin.
+start-up fails without one. With a token, every `/api/...`, `/metrics` and `/stream/...` request
+must carry it as `Authorization: Bearer TOKEN` (401 without it, 403 with another one); `/ping` stays
+open. Without a token the listener is on loopback, and the API still refuses what a web page
+elsewhere could make a browser send: a request whose Host is not a loopback name (a page whose own
+name was pointed at 127.0.0.1) and an action posted from another origin.
 """
 
 from __future__ import annotations
@@ -91,20 +91,29 @@ class AdminAccess:
     def describe(self, address: str) -> str:
         """The start-up line saying how the admin page and its API are guarded."""
         if self.token is not None:
-            return f"admin page http://{address}/: the API and its actions ask for the token (Authorization: Bearer)"
+            return (f"admin page http://{address}/: the API and its actions, /metrics and the stream API ask for the "
+                    "token (Authorization: Bearer)")
         return (f"admin page http://{address}/: the API and its actions are open to this machine's users "
                 "without a token (loopback only; --admin-token-file sets one)")
+
+    def token_refused(self, request: Request, what: str = "the admin API") -> Response | None:
+        """Why `request` is refused for lack of the token (401) or with another one (403); None when it
+        carries the token, or when none is required (loopback without --admin-token)."""
+        if self.token is None:
+            return None
+        scheme, _, given = (request.header(b"authorization") or b"").decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return _refusal(401, "UNAUTHORIZED", f"{what} asks for its token: Authorization: Bearer TOKEN",
+                            (("WWW-Authenticate", 'Bearer realm="polymq"'),))
+        if not hmac.compare_digest(given.strip().encode("latin-1"), self.token.encode("ascii")):
+            return _refusal(403, "FORBIDDEN", f"the token is not the one {what} asks for"
+                            if what != "the admin API" else "the token is not the admin API's")
+        return None
 
     def refused(self, request: Request) -> Response | None:
         """Why `request` to the admin API is refused, or None when it may go on."""
         if self.token is not None:
-            scheme, _, given = (request.header(b"authorization") or b"").decode("latin-1").partition(" ")
-            if scheme.lower() != "bearer" or not given.strip():
-                return _refusal(401, "UNAUTHORIZED", "the admin API asks for its token: Authorization: Bearer TOKEN",
-                                (("WWW-Authenticate", 'Bearer realm="polymq"'),))
-            if not hmac.compare_digest(given.strip().encode("latin-1"), self.token.encode("ascii")):
-                return _refusal(403, "FORBIDDEN", "the token is not the admin API's")
-            return None
+            return self.token_refused(request)
         host = request.header(b"host") or b""
         if not is_loopback(_host_name(host)):
             return _refusal(403, "FORBIDDEN", "without --admin-token the admin API answers only requests to a "

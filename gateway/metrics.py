@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, ge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from polymq.adapters.protocol import Service
+from polymq.adapters.protocol import Service, Traffic
 from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import Engine
 from polymq.gateway.committer import SYNC_BUCKETS_S, Committer
@@ -31,6 +31,8 @@ OTHER = "_other"
 LAG_INTERVAL_S = 0.5
 # Lag buckets, seconds: a healthy loop is under a millisecond late.
 LAG_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+# The protocol label of the gateway's own HTTP listener (the stream API, the admin API).
+HTTP = "http"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -48,6 +50,7 @@ class EngineCollector(Collector):
         self.engine = engine
         self.services = services
         self.committer = committer
+        self.http: Traffic | None = None  # the gateway's own listener's, once it serves
 
     def collect(self) -> Iterator[Metric]:
         yield from self._topics()
@@ -93,36 +96,53 @@ class EngineCollector(Collector):
             "slow_clients_disconnected": "Clients disconnected for leaving their output unread (TCP protocols).",
             "bytes_received": "Bytes read from clients (TCP protocols).",
             "bytes_sent": "Bytes written to clients (TCP protocols).",
-            "messages_received": "ZeroMQ messages received (ZeroMQ protocols).",
-            "messages_sent": "ZeroMQ messages sent (ZeroMQ protocols).",
+            "messages_received": "Messages published by clients (TCP protocols, http: stream rows); ZeroMQ "
+                                 "messages received (ZeroMQ protocols).",
+            "messages_sent": "Messages delivered to clients (TCP protocols, http: stream rows read); ZeroMQ "
+                             "messages sent (ZeroMQ protocols).",
         }
         families = {name: CounterMetricFamily(f"polymq_{name}", text, labels=["protocol"])
                     for name, text in counters.items()}
+        errors = CounterMetricFamily("polymq_protocol_errors", "Errors answered or closed with, by the "
+                                     "protocol's own code.", labels=["protocol", "code"])
         for protocol, service in self.services().items():
             connections.add_metric([protocol], service.connections())
             traffic = service.traffic()
+            for code, count in sorted(traffic.errors.items()):
+                errors.add_metric([protocol, code], count)
             for name, value in (("connections_opened", traffic.connections_opened),
                                 ("connections_refused", traffic.connections_refused),
                                 ("slow_clients_disconnected", traffic.slow_disconnected),
                                 ("bytes_received", traffic.bytes_in), ("bytes_sent", traffic.bytes_out),
                                 ("messages_received", traffic.messages_in), ("messages_sent", traffic.messages_out)):
                 families[name].add_metric([protocol], value)
+        if self.http is not None:  # the gateway's own listener: rows published and read, errors by status
+            families["messages_received"].add_metric([HTTP], self.http.messages_in)
+            families["messages_sent"].add_metric([HTTP], self.http.messages_out)
+            for code, count in sorted(self.http.errors.items()):
+                errors.add_metric([HTTP, code], count)
         yield connections
         yield from families.values()
+        yield errors
 
     def _topics(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily("polymq_topic_depth", "Messages a topic keeps for no queue yet (or while paused).",
                                   labels=["topic"])
         messages = CounterMetricFamily("polymq_topic_messages", "Messages published to a topic.", labels=["topic"])
+        delivered = CounterMetricFamily("polymq_topic_delivered", "Deliveries from the queues bound to a topic.",
+                                        labels=["topic"])
+        finished = CounterMetricFamily("polymq_topic_finished", "Deliveries acknowledged from the queues bound "
+                                       "to a topic.", labels=["topic"])
+        families = ((depth, lambda topic: topic.depth), (messages, lambda topic: topic.message_count),
+                    (delivered, lambda topic: sum(queue.delivered_count for queue in topic.queues)),
+                    (finished, lambda topic: sum(queue.finished_count for queue in topic.queues)))
         shown, rest = _limited(self.engine.topics.values(), lambda topic: topic.depth)
-        for topic in shown:
-            depth.add_metric([topic.name], topic.depth)
-            messages.add_metric([topic.name], topic.message_count)
-        if rest:
-            depth.add_metric([OTHER], sum(topic.depth for topic in rest))
-            messages.add_metric([OTHER], sum(topic.message_count for topic in rest))
-        yield depth
-        yield messages
+        for family, value in families:
+            for topic in shown:
+                family.add_metric([topic.name], value(topic))
+            if rest:
+                family.add_metric([OTHER], sum(value(topic) for topic in rest))
+            yield family
 
     def _queues(self) -> Iterator[Metric]:
         gauges = {
@@ -133,7 +153,12 @@ class EngineCollector(Collector):
             "consumers": ("Consumers attached.", lambda queue: len(queue.consumers)),
         }
         counters = {
-            "messages": ("Copies put in a queue.", lambda queue: queue.message_count),
+            "messages": ("Copies put in a queue (published to a topic it is bound to).",
+                         lambda queue: queue.message_count),
+            "delivered": ("Deliveries to consumers (a message sent again counts again).",
+                          lambda queue: queue.delivered_count),
+            "finished": ("Deliveries acknowledged (an auto-ack consumer's as it is sent).",
+                         lambda queue: queue.finished_count),
             "requeued": ("Deliveries that came back to be sent again.", lambda queue: queue.requeue_count),
             "timed_out": ("Deliveries not finished in time.", lambda queue: queue.timeout_count),
             "expired": ("Copies whose TTL ran out before a delivery.", lambda queue: queue.expired_count),
@@ -165,9 +190,14 @@ class Metrics:
                  committer: Committer | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)  # resident memory, CPU seconds, open file descriptors
-        self.registry.register(EngineCollector(engine, services, committer))
+        self.collector = EngineCollector(engine, services, committer)
+        self.registry.register(self.collector)
         self.loop_lag = Histogram("polymq_event_loop_lag_seconds", "How late the event loop ran a task that asked "
                                   f"to wake every {LAG_INTERVAL_S} s.", buckets=LAG_BUCKETS, registry=self.registry)
+
+    def count_http(self, traffic: Traffic) -> None:
+        """Show what the gateway's own listener counts, under `protocol="http"`."""
+        self.collector.http = traffic
 
     async def measure_loop_lag(self) -> None:
         while True:

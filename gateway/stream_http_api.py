@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from polymq.adapters.http import JSON_TYPE, NeedBody, QueryError, Request, Response, go_json, parse_query
+from polymq.adapters.protocol import Traffic
 from polymq.codecs import stream_rows
 from polymq.core import streams
 from polymq.core.engine import Engine, Queue
@@ -60,6 +61,12 @@ class Snapshot:
 Params = dict[bytes, list[bytes]]
 
 
+# A publish that a full queue refuses (--max-queue-depth with --queue-overflow reject): 507 Insufficient
+# Storage (RFC 4918), the request may succeed once the queue's consumers have taken some; 503 stays the
+# failing store's, as nsqd's HTTP API answers it.
+QUEUE_FULL_STATUS = 507
+
+
 def failure(status: int, code: str, reason: str) -> Response:
     return Response(status, go_json({"message": code, "reason": reason}), JSON_TYPE)
 
@@ -78,6 +85,7 @@ class StreamHttpApi:
         self.snapshot_memory = snapshot_memory
         self._topic_bytes: dict[str, bytes] = {}
         self._snapshots: dict[str, Snapshot] = {}  # by id, oldest first
+        self.traffic = Traffic()  # rows published and read, for the metrics (the listener counts errors)
 
     def routes(self) -> dict[str, dict[str, Handler]]:
         return {
@@ -224,7 +232,9 @@ class StreamHttpApi:
                 break
             parts.append(row)
         if writer is not None:
+            self.traffic.messages_out += len(writer.positions)
             return Response(200, writer.encode(), stream_rows.COLUMNS_CONTENT_TYPE)
+        self.traffic.messages_out += len(parts)
         return Response(200, b"".join(parts), stream_rows.CONTENT_TYPE)
 
     # -- snapshots of any queue (batch reads) ---------------------------------------------------
@@ -317,9 +327,13 @@ class StreamHttpApi:
                 return failure(503, "EXITING", f"the store failed: {self.engine.storage.failure}")
             dedup = self.engine.dedup
             wanted = dedup.unseen(group, first, first + count) if group is not None else [(first, first + count)]
+            refusal = self._full_queue(wanted, first, own_topics, default_topic)
+            if refusal is not None:
+                return failure(QUEUE_FULL_STATUS, "QUEUE_FULL", refusal)
             published = 0
             for start, end in wanted:
                 published += self._publish_rows(batch, own_topics, default_topic, start - first, end - first)
+            self.traffic.messages_in += published
             answer = go_json({"published": published, "duplicates": count - published})
             if group is None:
                 return Response(200, answer, JSON_TYPE, after_sync=True)
@@ -327,6 +341,26 @@ class StreamHttpApi:
             return Response(200, answer, JSON_TYPE, after_sync=True, then=lambda: dedup.store_group(group))
 
         return NeedBody(max_batch + 1, complete)
+
+    def _full_queue(self, wanted: list[tuple[int, int]], first: int, own_topics: dict[int, str],
+                    default_topic: str | None) -> str | None:
+        """Why the rows about to be published must be refused: a queue bound to one of their topics that
+        the depth policy (--max-queue-depth, reject) keeps full; None when they may all go."""
+        counts: dict[str, int] = {}
+        for start, end in wanted:
+            if not own_topics:
+                assert default_topic is not None
+                counts[default_topic] = counts.get(default_topic, 0) + end - start
+                continue
+            for number in range(start - first, end - first):
+                topic = own_topics.get(number, default_topic)
+                assert topic is not None
+                counts[topic] = counts.get(topic, 0) + 1
+        for topic, rows in counts.items():
+            refusal = self.engine.publish_refusal(topic, rows)
+            if refusal is not None:
+                return refusal
+        return None
 
     def _publish_rows(self, batch: stream_rows.PublishBatch, own_topics: dict[int, str], default_topic: str | None,
                       start: int, end: int) -> int:

@@ -18,7 +18,7 @@ import pytest
 
 from polymq.adapters.http import NeedBody, Request, Response
 from polymq.adapters.protocol import Traffic
-from polymq.codecs import nsq_client, phpmq
+from polymq.codecs import nsq_client, phpmq, stream_rows
 from polymq.core.engine import Engine
 from polymq.gateway.admin_access import AdminAccess, is_loopback
 from polymq.gateway.admin_api import AdminApi
@@ -272,8 +272,8 @@ def _get(url: str, headers: dict[str, str] | None = None, data: bytes | None = N
 def test_a_real_gateway_says_how_its_api_is_guarded_and_checks_the_token(tmp_path: Path) -> None:
     with running_gateway("--admin-token", TOKEN, "--in-memory", data_dir=tmp_path) as gateway:
         line = gateway.wait_for_log(lambda text: " admin page " in text)
-        assert line.endswith(f"admin page http://{gateway.http}/: the API and its actions ask for the token "
-                             "(Authorization: Bearer)")
+        assert line.endswith(f"admin page http://{gateway.http}/: the API and its actions, /metrics and the stream "
+                             "API ask for the token (Authorization: Bearer)")
         assert _get(f"http://{gateway.http}/api/state")[0] == 401
         status, state = _get(f"http://{gateway.http}/api/state", {"Authorization": f"Bearer {TOKEN}"})
         assert status == 200 and [protocol["name"] for protocol in state["protocols"]] == [
@@ -312,3 +312,48 @@ def test_the_documented_curl_examples_run_as_printed(tmp_path: Path) -> None:
             answer = json.loads(result.stdout)
             if expected:
                 assert answer == json.loads(expected), command
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_with_a_token_metrics_and_the_stream_api_ask_for_it_and_ping_does_not(tmp_path: Path) -> None:
+    from pyspark_polymq.source import Options
+
+    from polymq.clients.stream import StreamClient, StreamClientError
+
+    with running_gateway("--admin-token", TOKEN, "--in-memory", data_dir=tmp_path) as gateway:
+        base = f"http://{gateway.http}"
+        assert _status(f"{base}/ping") == (200, b"OK")
+        status, body = _status(f"{base}/metrics")
+        assert (status, json.loads(body)) == (401, {
+            "message": "UNAUTHORIZED", "reason": "/metrics asks for its token: Authorization: Bearer TOKEN"})
+        status, body = _status(f"{base}/metrics", {"Authorization": "Bearer not-the-token-at-all"})
+        assert (status, json.loads(body)) == (403, {"message": "FORBIDDEN",
+                                                    "reason": "the token is not the one /metrics asks for"})
+        status, body = _status(f"{base}/metrics", {"Authorization": f"Bearer {TOKEN}"})
+        assert status == 200 and b"polymq_store_failing 0.0" in body
+
+        with StreamClient(gateway.http) as anonymous, pytest.raises(StreamClientError) as refused:
+            anonymous.open("s", ["t"])
+        assert (refused.value.status, refused.value.code) == (401, "UNAUTHORIZED")
+        with StreamClient(gateway.http, token="not-the-token-at-all") as wrong, \
+                pytest.raises(StreamClientError) as refused:
+            wrong.offsets("s")
+        assert (refused.value.status, refused.value.code) == (403, "FORBIDDEN")
+        # The Spark data source's `token` option: its clients carry it.
+        options = Options.of({"gateway": gateway.http, "token": TOKEN})
+        with options.client(gateway.http) as client:
+            assert client.open("s", ["t"])["start"] == 0
+            assert client.publish([stream_rows.encode_publish_row(b"row")], topic="t") == {
+                "published": 1, "duplicates": 0}
+            assert client.offsets("s")["end"] == 1
+    with running_gateway("--in-memory", data_dir=tmp_path) as gateway:  # loopback without a token: open
+        assert _status(f"http://{gateway.http}/metrics")[0] == 200
+        with StreamClient(gateway.http) as client:
+            assert client.open("s", ["t"])["start"] == 0

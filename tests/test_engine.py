@@ -1712,3 +1712,26 @@ def test_retry_first_puts_timed_out_and_requeued_messages_back_ahead_of_the_rest
     consumer.finish(got.id_of(b"1"))
     consumer.finish(got.id_of(b"2"))
     assert got.bodies[-2:] == [b"3", b"4"]
+
+
+def test_a_queue_counts_its_deliveries_and_acknowledgements() -> None:
+    engine, clock = make()
+    queue = engine.ensure_queue("q")
+    engine.bind("q", "t")
+    consumer, got = attach(engine, "q", credit=10, msg_timeout=5.0)
+    pub(engine, "t", b"fin", b"req", b"late", b"any")
+    assert (queue.message_count, queue.delivered_count, queue.finished_count) == (4, 4, 0)
+    assert consumer.finish(got.id_of(b"fin")) is Outcome.OK
+    assert consumer.finish(got.id_of(b"fin")) is Outcome.NOT_IN_FLIGHT  # not counted twice
+    assert consumer.requeue(got.id_of(b"req")) is Outcome.OK  # delivered again at once
+    assert (queue.delivered_count, queue.finished_count, queue.requeue_count) == (5, 1, 1)
+    assert queue.finish_any(got.id_of(b"any")) is Outcome.OK  # by id, from anywhere (PHPMQ)
+    assert consumer.finish(got.id_of(b"req")) is Outcome.OK
+    advance(engine, clock, 5.0)  # `late` times out and is sent again
+    assert (queue.delivered_count, queue.finished_count, queue.timeout_count) == (6, 3, 1)
+    consumer.detach()
+
+    _auto, auto_got = attach(engine, "q", credit=10, auto_ack=True)  # acknowledged as it is delivered
+    pub(engine, "t", b"a", b"b")
+    assert auto_got.bodies == [b"late", b"a", b"b"]
+    assert (queue.delivered_count, queue.finished_count) == (9, 6)

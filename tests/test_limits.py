@@ -8,7 +8,12 @@ import socket
 import time
 import urllib.request
 
-from polymq.codecs import nsq, nsq_client
+import pytest
+import zmq
+
+from polymq.clients.stream import StreamClient, StreamClientError
+from polymq.codecs import emqp, nsq, nsq_client, stream_rows
+from tests.support.emqp_wire import Peer as EMQPPeer
 from tests.support.gateway import GatewayProcess, running_gateway
 from tests.support.mqks_wire import MQKSWire
 from tests.support.nsq_wire import RawClient, consumer
@@ -130,3 +135,44 @@ def test_drop_oldest_keeps_the_newest() -> None:
             assert bodies == [b"3", b"4", b"5"]
             reader.expect_nothing(0.2)
         assert metric(gateway, "polymq_queue_overflow_dropped_total", 'queue="logs/tail"') == 2
+
+
+def wait_for_metric(gateway: GatewayProcess, name: str, labels: str, value: float) -> None:
+    """Scrape until the counter shows `value` (a PUBLISH of eMQP's pub/sub gets no answer to wait on)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while metric(gateway, name, labels) != value:
+        assert time.monotonic() < deadline, f"{name}{{{labels}}} never reached {value}"
+        time.sleep(0.05)
+
+
+def test_a_full_queue_refuses_stream_api_publishes_with_507() -> None:
+    row = stream_rows.encode_publish_row
+    with running_gateway("--max-queue-depth", "2") as gateway, consumer(gateway.nsq_tcp, "rows", "c"), \
+            StreamClient(gateway.http) as client:
+        assert client.publish([row(b"1"), row(b"2")], topic="rows", dedup="g") == {"published": 2, "duplicates": 0}
+        with pytest.raises(StreamClientError) as refused:
+            client.publish([row(b"3")], topic="rows")
+        assert (refused.value.status, refused.value.code) == (507, "QUEUE_FULL")
+        assert str(refused.value).endswith("queue rows/c is full (2 messages, the limit is 2)")
+        # Rows of another topic in the same batch: the whole batch is refused, nothing of it published.
+        with pytest.raises(StreamClientError):
+            client.publish([row(b"x", topic="elsewhere"), row(b"4")], topic="rows")
+        assert metric(gateway, "polymq_topic_messages_total", 'topic="rows"') == 2
+        # A replay of rows the group had publishes nothing, so nothing is refused.
+        assert client.publish([row(b"1"), row(b"2")], topic="rows", dedup="g") == {"published": 0, "duplicates": 2}
+        assert metric(gateway, "polymq_queue_rejected_total", 'queue="rows/c"') == 2
+
+
+def test_the_emqp_pub_sub_device_applies_the_depth_policy(context: zmq.Context) -> None:
+    for overflow, kept, counter in (("reject", [b"1", b"2"], "polymq_queue_rejected_total"),
+                                    ("drop-oldest", [b"2", b"3"], "polymq_queue_overflow_dropped_total")):
+        with running_gateway("--max-queue-depth", "2", "--queue-overflow", overflow) as gateway, \
+                consumer(gateway.nsq_tcp, "updates", "c") as reader, \
+                EMQPPeer(context, gateway.addresses["emqp-pubsub-in"]) as publisher:
+            for body in (b"1", b"2", b"3"):
+                publisher.send(emqp.PUBLISH, b"updates", body)
+            wait_for_metric(gateway, counter, 'queue="updates/c"', 1)
+            assert metric(gateway, "polymq_queue_depth", 'queue="updates/c"') == 2
+            reader.send(nsq_client.rdy(10))
+            assert [reader.read_message().body for _ in range(2)] == kept, overflow
+            reader.expect_nothing(0.2)

@@ -25,6 +25,9 @@ BATCH = 100
 IN_FLIGHT_BATCHES = 4  # MPUBs sent before their OK is read (a pipelined publisher)
 RDY = 2500  # nsqd's --max-rdy-count: the most a consumer may hold, 25 MB of these messages
 MAX_OUTPUT = 8 * 1024 * 1024
+# The reader that checks nothing was lost holds at most half the output bound: on a loaded machine it may
+# read slower than the grace allows, and it must never be taken for a slow client itself.
+READER_RDY = MAX_OUTPUT // (2 * BODY)
 GRACE_MS = 2000
 # The gateway's resident memory may not pass this while the flood goes on: its idle size (~60 MB)
 # plus one consumer's credit of output (25 MB) plus --mem-queue-size 1000 of 10 KiB (10 MB), with
@@ -88,7 +91,7 @@ def test_a_consumer_that_never_reads_is_disconnected_and_memory_stays_flat() -> 
         with RawClient(gateway.nsq_tcp, timeout=30) as reader:
             reader.send(nsq_client.sub("flood", "work"))
             reader.expect_response(b"OK")
-            reader.send(nsq_client.rdy(RDY))
+            reader.send(nsq_client.rdy(READER_RDY))
             while received < total:
                 message = reader.read_message()
                 assert len(message.body) == BODY

@@ -310,3 +310,21 @@ def test_a_batch_read_of_any_queue_reads_a_snapshot_of_it(spark: Any, gateway: G
     assert [(row.position, bytes(row.body), row.protocol) for row in rows] == [
         (number, b"q%d" % number, "http") for number in range(5)]
     assert frame.count() == 5  # a new snapshot: nothing was consumed
+
+
+def test_a_gateway_that_asks_for_its_token_is_read_and_written_with_the_token_option(
+        spark: Any, tmp_path: Path) -> None:
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    token = "spark-test-token-0123456789"
+    with running_gateway("--admin-token", token, "--in-memory", data_dir=tmp_path) as guarded:
+        with StreamClient(guarded.http, token=token) as client:
+            client.open("guarded", ["guarded-in"])
+        spark.createDataFrame([(b"one",), (b"two",)], "body binary").write.format("polymq").option(
+            "gateway", guarded.http).option("token", token).option("topic", "guarded-in").mode("append").save()
+        frame = (spark.read.format("polymq").option("gateway", guarded.http).option("token", token)
+                 .option("stream", "guarded").load())
+        assert sorted(bytes(row.body) for row in frame.collect()) == [b"one", b"two"]
+        with pytest.raises((PySparkException, Py4JJavaError), match="answered 401 UNAUTHORIZED"):
+            spark.read.format("polymq").option("gateway", guarded.http).option("stream", "guarded").load().collect()

@@ -71,6 +71,8 @@ ADMIN_MAX_MESSAGE = 64 * 1024
 ORIGIN = "emqp"  # the protocol the engine keeps with what comes in here
 MSGID_HEADER = "emqp-msgid"
 HEADERS_HEADER = "emqp-headers"
+# Every refusal is a REPLY whose body starts `ERROR: `: the one error code the metrics count.
+ERROR_CODE = "ERROR"
 _REPLY_REQUESTED = emqp.REPLY_REQUESTED.encode()
 # The engine schedules eMQP keeps: this prefix, then the job identity.
 SCHEDULE_KEY_PREFIX = "emqp:"
@@ -419,6 +421,7 @@ class EMQPBroker(ZmqService):
 
     def _refuse(self, message: emqp.Message, reason: str, replies: list[list[bytes]]) -> None:
         self.counters.refused += 1
+        self.traffic.error(ERROR_CODE)
         # Summed up when they repeat: a flood of requests to a full queue writes a few lines.
         self.refusals.note(reason.split(":")[0][:60], f"frontend: request {message.msgid[:60]!r} from "
                                                       f"{_text(message.identity)} refused: {reason}")
@@ -555,6 +558,7 @@ class EMQPBroker(ZmqService):
         if command == emqp.DISCONNECT:
             if not self.limits.admin_disconnect or self.stop_gateway is None:
                 self.counters.ignored_disconnects += 1
+                self.traffic.error(ERROR_CODE)
                 return emqp.refusal(identity, _msgid(), message.msgid,
                                     "DISCONNECT is turned off on this gateway (--emqp-admin-disconnect turns it on)")
             log.info("admin: DISCONNECT from %s: stopping", _text(identity))
@@ -562,6 +566,7 @@ class EMQPBroker(ZmqService):
             return emqp.ack(identity, _msgid(), message.msgid)
         if command == HELLO:
             return None  # emq-cli's greeting: it reads no answer
+        self.traffic.error(ERROR_CODE)
         return emqp.refusal(identity, _msgid(), message.msgid, f"unknown admin command {_text(command[:40])!r}")
 
     def status(self) -> dict[str, Any]:

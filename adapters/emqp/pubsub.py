@@ -3,7 +3,9 @@
 As the original `emq-pubsub`: no ACK, no heartbeats, subscribers filter by topic prefix (ZeroMQ's
 SUB), and nothing is kept for a subscriber that is not there. On top of it, each PUBLISH is also
 published to the engine topic of that name, so NSQ channels, MQKS queues and PHPMQ, PZQ or eMQP
-consumers of it get their copy; a topic no queue is bound to keeps nothing (fan-out only).
+consumers of it get their copy; a topic no queue is bound to keeps nothing (fan-out only). The depth
+policy (`--max-queue-depth`) applies to those copies: with `reject` a PUBLISH that would take a queue
+past it is not queued (it has no answer to refuse it with), with `drop-oldest` the oldest go.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class EMQPPubSub(ZmqService):
         super().__init__(engine)
         self.published = 0
         self.invalid = 0
+        self.rejected = 0  # PUBLISHes not queued: a queue of their topic was full (the depth policy)
         self.incoming = self.add_pump("emqp-pubsub-in", sockets.get("emqp-pubsub-in"), self._publish)
         self.outgoing = self.add_pump("emqp-pubsub-out", sockets.get("emqp-pubsub-out"), _nothing_comes_in)
 
@@ -52,8 +55,16 @@ class EMQPPubSub(ZmqService):
                 # a message the queues then forget in a crash.
                 self.outgoing.send_delivery(emqp.published(publish.topic, publish.payload))
             name = emqp.queue_name(publish.topic)
-            if isinstance(name, str) and storage.failure is None:
-                engine.publish(name, publish.payload, drop_if_unbound=True, origin=EMQP_ORIGIN)
+            if not isinstance(name, str) or storage.failure is not None:
+                continue
+            # The depth policy: PUBLISH has no answer, so a queue kept full (reject) drops the copy for the
+            # queues (counted in its rejected total, the subscribers still get it); drop-oldest is the engine's.
+            refusal = engine.publish_refusal(name)
+            if refusal is not None:
+                self.rejected += 1
+                self.refusals.note("publish rejected", f"pub/sub: PUBLISH to {name} not queued: {refusal}")
+                continue
+            engine.publish(name, publish.payload, drop_if_unbound=True, origin=EMQP_ORIGIN)
 
 
 def _nothing_comes_in(batch: list[Frames]) -> None:

@@ -241,6 +241,8 @@ def _msg_id_and_event(message: Message, queue: Queue) -> tuple[bytes, bytes]:
     return shown, str(event).encode()
 
 
+# The one error an MQKS client is told (`{id} error {error id}`), as the metrics count it.
+ERROR_CODE = "error"
 # The request id of an error line that answers no request (the original's, for a line with no id).
 NO_REQUEST_ID = "None"
 
@@ -302,6 +304,7 @@ class MQKSSession(StreamSession):
                 error_id = self.server.new_error_id()
                 log.exception("error %s: request %r", error_id, request)
                 for failed in requests[index:end]:
+                    self.traffic.error(ERROR_CODE)
                     self.send(mqks.error_line(failed.request_id, error_id))
             index = end
         if self._refill:
@@ -335,6 +338,7 @@ class MQKSSession(StreamSession):
         def deliver(message: Message) -> None:
             msg_id, event = _msg_id_and_event(message, queue)
             server.consumed += 1
+            self.traffic.messages_out += 1
             engine_consumer = consumer.engine_consumer
             if consumer.manual_ack:
                 consumer.remember(msg_id.decode(), message.id)
@@ -355,6 +359,7 @@ class MQKSSession(StreamSession):
         error_id = self.server.new_error_id()
         # The full error goes to the log only, under the id the client sees (docs/protocols/mqks.md).
         log.warning("error %s: %s: %s (request %r)", error_id, self.peer, reason, line)
+        self.traffic.error(ERROR_CODE)
         self.send(mqks.error_line(request_id, error_id))
 
     def _bad_request(self, request: mqks.BadRequest) -> None:
@@ -371,6 +376,7 @@ class MQKSSession(StreamSession):
             self.server.refusals.note("publish refused", f"{self.peer}: publish to {event} refused with "
                                                          f"`error` ({len(requests)} requests): {refusal}")
             for request in requests:
+                self.traffic.error(ERROR_CODE)
                 self.send(mqks.error_line(request.request_id, self.server.new_error_id()))
             return
         topic = engine.topics.get(event)
@@ -383,6 +389,7 @@ class MQKSSession(StreamSession):
             engine.publish_many(event, [request.data for request in requests], drop_if_unbound=True, origin=ORIGIN,
                                 each_headers=[{MSG_ID_HEADER: request.request_id} for request in requests])
         self.server.published += len(requests)
+        self.traffic.messages_in += len(requests)
         self.server.queued += bound * len(requests)
         confirms = [request.request_id for request in requests if request.confirm]
         if confirms:

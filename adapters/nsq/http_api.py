@@ -10,6 +10,7 @@ are noted where polymq differs.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import json
@@ -35,6 +36,7 @@ from polymq.adapters.http import (
 )
 from polymq.adapters.nsq.tcp import ORIGIN as NSQ_ORIGIN
 from polymq.adapters.nsq.tcp import ensure_channel
+from polymq.adapters.protocol import Traffic
 from polymq.codecs.nsq import ProtocolError, ServerLimits, is_ephemeral, is_valid_name, parse_mpub_body
 from polymq.core.engine import Engine, Queue, Topic
 
@@ -42,6 +44,8 @@ log = logging.getLogger("polymq.nsq_http")
 
 # Every nsqd API response carries this header (internal/http_api RespondV1).
 NSQ_CONTENT_TYPE_HEADER = ("X-NSQ-Content-Type", "nsq; version=1.0")
+# Answers from this status on are errors, counted by their code.
+HTTP_ERROR = 400
 # What Go's net/http sniffs for a plain-text body nsqd writes without a Content-Type.
 TEXT_TYPE = "text/plain; charset=utf-8"
 HTML_TYPE = "text/html; charset=utf-8"
@@ -296,6 +300,9 @@ class NsqHttpApi:
     ) -> None:
         self.engine = engine
         self.nsq = nsq
+        # Messages published and errors by code, for the metrics: the TCP listener's, when it has one.
+        traffic = getattr(nsq, "traffic", None)
+        self.traffic = traffic if isinstance(traffic, Traffic) else Traffic()
         self.bind_host = bind_host
         self.now = now
         self.gc_pauses = gc_pauses
@@ -345,6 +352,23 @@ class NsqHttpApi:
         return found | set(self._config_route)
 
     def handle(self, request: Request) -> Response | NeedBody:
+        answer = self._route(request)
+        if isinstance(answer, NeedBody):
+            complete = answer.complete
+            return NeedBody(answer.read_max, lambda body: self._counted(complete(body)))
+        return self._counted(answer)
+
+    def _counted(self, response: Response) -> Response:
+        """An error answer is counted by its nsqd code (`{"message":"TOPIC_NOT_FOUND"}`), for the metrics."""
+        if response.status >= HTTP_ERROR:
+            code = None
+            if response.content_type == JSON_TYPE:
+                with contextlib.suppress(ValueError, AttributeError):
+                    code = json.loads(response.body).get("message")
+            self.traffic.error(code if isinstance(code, str) else str(response.status))
+        return response
+
+    def _route(self, request: Request) -> Response | NeedBody:
         method, path = request.method, request.path
         found = self._lookup(path)
         if found is not None and method in found[0]:
@@ -471,6 +495,7 @@ class NsqHttpApi:
                 return STORAGE_FAILED  # nsqd answers any failed PutMessage so
             self._ensure_topic(topic)
             self.engine.publish(topic, body, delay=delay_ms / 1000, origin=NSQ_ORIGIN)
+            self.traffic.messages_in += 1
             return PUBLISHED
 
         # One byte over the limit tells "too big" from "exactly the limit" (nsqd's LimitReader).
@@ -512,6 +537,7 @@ class NsqHttpApi:
             self._ensure_topic(topic)
             if bodies:
                 self.engine.publish_many(topic, bodies, origin=NSQ_ORIGIN)
+                self.traffic.messages_in += len(bodies)
             return PUBLISHED
 
         return NeedBody(read_max, complete)

@@ -408,6 +408,7 @@ class NSQSession(StreamSession):
     # -- writing -----------------------------------------------------------------------------
 
     def _send_error(self, error: nsq.ProtocolError) -> None:
+        self.traffic.error(error.code)
         self.send(nsq.frame_error(error))
 
     async def _stored(self) -> None:
@@ -418,6 +419,7 @@ class NSQSession(StreamSession):
         await stored.wait()
 
     def _deliver(self, message: Message) -> None:
+        self.traffic.messages_out += 1
         body = message.body
         header = nsq.frame_message_header_of(message.timestamp_ns, message.attempts, message.id, len(body))
         consumer = self.consumer
@@ -653,6 +655,7 @@ class NSQSession(StreamSession):
 
     def _published(self, name: str, topic: str, count: int) -> None:
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
+        self.traffic.messages_in += count
         # The acknowledgement waits for the storage's durability policy (group commit).
         self._pending_publishes.append((name, None))
         self.engine.storage.sync(self._ack_publish)
@@ -667,6 +670,7 @@ class NSQSession(StreamSession):
         else:
             # nsqd: `E_PUB_FAILED PUB failed <error>`, fatal (E_MPUB_FAILED, E_DPUB_FAILED alike).
             reason = refused or (error.strerror if error is not None and error.strerror else str(error))
+            self.traffic.error(f"E_{name}_FAILED")
             self.send(nsq.frame_error(nsq.fatal(f"E_{name}_FAILED", f"{name} failed {reason}")), now=True)
             self._end(f"{name} failed: {reason}")
 

@@ -35,6 +35,11 @@ ORIGIN = "phpmq"  # the protocol the engine keeps with what comes in here
 
 log = logging.getLogger("polymq.phpmq")
 
+# PHPMQ has no error replies, only a connection that ends: why it ended, as the metrics count it.
+BAD_FRAMING = "bad framing"
+SEND_REFUSED = "send refused"
+INTERNAL_ERROR = "internal error"
+
 
 # How long an empty queue nobody consumes is kept: long enough for a consumer to reconnect
 # without its queue being made again, short enough that throwaway queue names do not pile up.
@@ -121,6 +126,7 @@ class PHPMQSession(StreamSession):
             if isinstance(event, phpmq.ProtocolError):
                 # PHPMQ has no error replies: the connection ends, and the log says why.
                 log.warning("%s: closing the connection: %s", self.peer, event.reason)
+                self.traffic.error(BAD_FRAMING)
                 self.stop(event.reason)
                 return
             try:
@@ -128,6 +134,7 @@ class PHPMQSession(StreamSession):
             except Exception:
                 # A bug must cost this connection, not the gateway or another client's messages.
                 log.exception("%s: closing the connection: a %s failed", self.peer, type(event).__name__)
+                self.traffic.error(INTERNAL_ERROR)
                 self.stop("internal error")
                 return
             if self._stopping is not None:
@@ -137,12 +144,14 @@ class PHPMQSession(StreamSession):
         refusal = self.engine.storage.failure or self.engine.publish_refusal(request.queue)
         if refusal is not None:
             # No reply exists to refuse it with: the producer sees its connection end instead.
-            self.server.refusals.note("send refused", f"{self.peer}: send to {request.queue} refused, "
-                                                      f"closing the connection: {refusal}")
+            self.server.refusals.note(SEND_REFUSED, f"{self.peer}: send to {request.queue} refused, "
+                                                    f"closing the connection: {refusal}")
+            self.traffic.error(SEND_REFUSED)
             self.stop(f"send refused: {refusal}")
             return
         self.server.queue(request.queue)
         self.engine.publish(request.queue, request.content, ttl=request.ttl, origin=ORIGIN)
+        self.traffic.messages_in += 1
 
     def _consume(self, request: phpmq.Consume) -> None:
         # One standing window per connection: a new 002 replaces it, even for another queue.
@@ -194,6 +203,7 @@ class PHPMQSession(StreamSession):
                 # Whole seconds left, rounded up: 0 only for a message without a TTL.
                 ttl = 0 if expires is None else max(1, math.ceil(expires - clock.now()))
             frame = phpmq.delivery(name, message.body, phpmq.format_message_id(message.id), ttl)
+            self.traffic.messages_out += 1
             self.send_delivery(frame, unstored=durable)
 
         return deliver

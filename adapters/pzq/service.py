@@ -51,6 +51,9 @@ DEFAULT_WINDOW = 100
 DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
 # Sent to a monitor request that is not `MONITOR` (the original sends nothing and the REQ hangs).
 UNKNOWN_REQUEST = b"ERROR: unknown request, send MONITOR"
+# The errors as the metrics count them: a producer's message answered `0`, a monitor request not known.
+REFUSED = "refused"
+UNKNOWN = "unknown request"
 # A monitor request is one short word.
 MONITOR_MAX_MESSAGE = 64 * 1024
 
@@ -121,11 +124,13 @@ class PZQServer(ZmqService):
                 log.info("receive socket: %s", parsed.reason)
                 continue
             if isinstance(parsed, pzq.ProduceRefused):
+                self.traffic.error(REFUSED)
                 replies.append([peer, *pzq.producer_refusal(parsed.producer_id, parsed.reason)])
                 continue
             refusal = storage.failure or engine.publish_refusal(topic)
             if refusal is not None:
                 self.refusals.note("refused", f"producer message refused with 0: {refusal}")
+                self.traffic.error(REFUSED)
                 replies.append([peer, *pzq.producer_refusal(parsed.producer_id, refusal.encode())])
                 continue
             engine.publish(topic, pzq.join_frames(parsed.bodies), origin=ORIGIN)
@@ -221,6 +226,7 @@ class PZQServer(ZmqService):
                 pump.send([peer, *envelope, pzq.monitor_text(self.monitor_values())])
             else:
                 log.info("monitor: unknown request %r", rest[-1:] if rest else rest)
+                self.traffic.error(UNKNOWN)
                 pump.send([peer, *envelope, UNKNOWN_REQUEST])
 
 

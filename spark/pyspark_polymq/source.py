@@ -127,6 +127,7 @@ class Options:
     timeout: float
     writer_id: str | None
     batch_rows: int
+    token: str | None = None  # the gateway's token (--admin-token), sent as Authorization: Bearer
 
     @classmethod
     def of(cls, options: Any) -> Options:
@@ -167,10 +168,11 @@ class Options:
             timeout=float(options.get("timeout", 30)),
             writer_id=options.get("writerId"),
             batch_rows=number("batchRows", WRITE_BATCH_ROWS) or WRITE_BATCH_ROWS,
+            token=options.get("token") or None,
         )
 
     def client(self, gateway: str) -> StreamClient:
-        return StreamClient(gateway, self.timeout)
+        return StreamClient(gateway, self.timeout, token=self.token)
 
     def nodes(self, topics: Sequence[str]) -> list[str]:
         """The gateways to read or write: those named, or those the lookupds list for `topics`
