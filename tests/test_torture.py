@@ -66,11 +66,13 @@ def test_checker_explains_a_duplicate_only_by_a_hard_end_or_a_kill() -> None:
     unexplained, _ = _sent(ledger, PZQ_FLOW.index, 3)
     ledger.record_acked("pzq", [explained_by_kill, explained_by_crash, unexplained], 0.001)
     ledger.record_kill(1)
+    ledger.record_restart(1)
     ledger.record_session_end("pzq", 2, disconnected=True)
     for key, first_session, first_generation in ((explained_by_kill, 1, 1), (explained_by_crash, 2, 2),
                                                  (unexplained, 3, 2)):
         ledger.record_finish(PZQ_SINK, key, first_session, first_generation)
         ledger.record_finish(PZQ_SINK, key, 4, 2)
+    ledger.record_restart(2)  # the second process ends after both acknowledgements: no excuse
     report = ledger.check()
     assert report.protocols["pzq"].duplicated == 3
     assert report.protocols["pzq"].unexplained_duplicates == 1

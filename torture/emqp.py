@@ -17,7 +17,7 @@ import zmq
 from polymq.clients import zmq_socket
 from polymq.codecs import emqp
 from polymq.torture.gateway import GatewayProcess
-from polymq.torture.topology import Sink, flows_of
+from polymq.torture.topology import Sink
 from polymq.torture.worker import (
     ACK,
     CRASH,
@@ -46,7 +46,7 @@ WAITING_S = 2.0
 
 def publisher(run: Run, index: int) -> threading.Thread:
     rng = run.worker_rng()
-    flows = flows_of("emqp")
+    flows = run.flows("emqp")
 
     def session(gateway: GatewayProcess, generation: int) -> None:
         with zmq.Context() as context:
@@ -128,6 +128,8 @@ def consumer(run: Run, sink: Sink, index: int) -> threading.Thread:
                             continue
                         if command == [emqp.HEARTBEAT]:
                             continue
+                        if command == [emqp.KBYE]:
+                            return  # the gateway stops: its jobs go back
                         if command != [emqp.REQUEST] or len(frames) != 7:
                             run.ledger.record_error(f"emqp worker: unexpected {frames!r}")
                             continue

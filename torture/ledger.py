@@ -4,8 +4,8 @@ Every message copy (a body in one sink) is followed from its send to each acknow
 gave it. A consumer *session* is one connection of one consumer; it ends cleanly, or *hard*: a
 random disconnect, a crash holding unacknowledged messages, or a gateway that went away. A copy
 acknowledged twice is a duplicate; it is explained when the first acknowledgement's session ended
-hard or its gateway was SIGKILLed (the acknowledgement may never have been handled or stored),
-otherwise it is a finding.
+hard, or its gateway process ended (SIGKILL or stop) and the second came from a later one (the
+acknowledgement may never have been read or stored), otherwise it is a finding.
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ class Ledger:
         self.disconnects: Counter[str] = Counter()  # by protocol
         self.hard_ended: set[int] = set()  # consumer sessions
         self.kills: set[int] = set()  # generations ended by SIGKILL
+        self.ended: set[int] = set()  # generations ended by SIGKILL or a stop
         self.errors: list[str] = []
         self.ack_latencies: defaultdict[str, list[float]] = defaultdict(list)  # by publishing protocol
         self.acked_in_window: Counter[str] = Counter()  # by publishing protocol, while measuring
@@ -178,11 +179,21 @@ class Ledger:
         with self.lock:
             self.kills.add(generation)
 
+    def record_restart(self, generation: int) -> None:
+        with self.lock:
+            self.ended.add(generation)
+
     def record_error(self, text: str) -> None:
         with self.lock:
             self.errors.append(text)
 
     # -- readers -----------------------------------------------------------------------------
+
+    def _explained(self, first: Finish, second: Finish) -> bool:
+        """A copy acknowledged again: the first acknowledgement's connection ended hard, or its
+        gateway process ended (SIGKILL, stop) before the second one's."""
+        return first.session in self.hard_ended or (first.generation in self.ended
+                                                     and second.generation > first.generation)
 
     def backlog(self, flow: int) -> int:
         """Copies of `flow` sent and not delivered yet (publishers pause above a limit)."""
@@ -214,8 +225,7 @@ class Ledger:
                 counts[protocol].delivered += 1
                 if len(finishes) > 1:
                     counts[protocol].duplicated += 1
-                    if any(first.session not in self.hard_ended and first.generation not in self.kills
-                           for first in finishes[:-1]):
+                    if not all(self._explained(first, second) for first, second in itertools.pairwise(finishes)):
                         counts[protocol].unexplained_duplicates += 1
                         unexplained.append(f"unexplained duplicate: {key.decode()} in {sink} {finishes}")
             problems += unexplained[:EXAMPLES]

@@ -11,7 +11,7 @@ from polymq.clients import mqks_blocking
 from polymq.clients.mqks import consume_line
 from polymq.codecs import mqks_client
 from polymq.torture.gateway import GatewayProcess
-from polymq.torture.topology import Sink, flows_of
+from polymq.torture.topology import Sink
 from polymq.torture.worker import (
     ACK,
     CRASH,
@@ -29,7 +29,7 @@ _request_ids = itertools.count(1)
 
 def publisher(run: Run, index: int) -> threading.Thread:
     rng = run.worker_rng()
-    flows = flows_of("mqks")
+    flows = run.flows("mqks")
 
     def session(gateway: GatewayProcess, generation: int) -> None:
         with mqks_blocking.Connection(gateway.addresses["mqks"], IO_TIMEOUT_S) as conn:

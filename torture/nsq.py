@@ -11,7 +11,7 @@ from polymq.clients import nsq
 from polymq.codecs import nsq_client
 from polymq.codecs.nsq import HEARTBEAT, OK
 from polymq.torture.gateway import GatewayProcess
-from polymq.torture.topology import NSQ_CHANNEL, Sink, flows_of
+from polymq.torture.topology import NSQ_CHANNEL, Sink
 from polymq.torture.worker import (
     ACK,
     CRASH,
@@ -31,7 +31,7 @@ RDY = 20
 
 def publisher(run: Run, index: int) -> threading.Thread:
     rng = run.worker_rng()
-    flows = flows_of("nsq")
+    flows = run.flows("nsq")
 
     def session(gateway: GatewayProcess, generation: int) -> None:
         with nsq.Connection(gateway.nsq_tcp, IO_TIMEOUT_S) as conn:

@@ -15,7 +15,7 @@ import time
 
 from polymq.clients import phpmq
 from polymq.torture.gateway import GatewayProcess
-from polymq.torture.topology import Sink, flows_of
+from polymq.torture.topology import Sink
 from polymq.torture.worker import (
     ACK,
     CRASH,
@@ -35,7 +35,7 @@ NO_TTL = 0  # 005's TTL packet: 0 means none (docs/protocols/phpmq.md)
 
 def publisher(run: Run, index: int) -> threading.Thread:
     rng = run.worker_rng()
-    flows = flows_of("phpmq")
+    flows = run.flows("phpmq")
 
     def session(gateway: GatewayProcess, generation: int) -> None:
         session_id = run.ledger.new_session()

@@ -15,7 +15,7 @@ import zmq
 from polymq.clients import zmq_socket
 from polymq.codecs import pzq
 from polymq.torture.gateway import GatewayProcess
-from polymq.torture.topology import Sink, flows_of
+from polymq.torture.topology import Sink
 from polymq.torture.worker import (
     ACK,
     CRASH,
@@ -33,7 +33,7 @@ POLL_MS = int(POLL_S * 1000)
 
 def publisher(run: Run, index: int) -> threading.Thread:
     rng = run.worker_rng()
-    flows = flows_of("pzq")
+    flows = run.flows("pzq")
 
     def session(gateway: GatewayProcess, generation: int) -> None:
         with zmq.Context() as context:

@@ -21,7 +21,7 @@ from polymq.clients import tcp
 from polymq.torture.bodies import BodyId, make_body
 from polymq.torture.gateway import GatewayDidNotStart, GatewayProcess, start_gateway
 from polymq.torture.ledger import Ledger
-from polymq.torture.topology import FLOWS, Flow
+from polymq.torture.topology import FLOWS, Flow, flows_of
 
 # Any one socket operation; a live gateway this slow on a loaded 2-core machine is still treated
 # as alive (the session ends and reconnects, and what it held counts as in flight).
@@ -44,6 +44,9 @@ class Settings:
     flood: str | None = None  # the protocol whose publishers flood (no pause, no window, big batches)
     flood_window: int = 64
     flood_batch: int = 100
+    # The flood's own pause: far above max_backlog, so its queue stays deep all along, yet bounded, so
+    # that the drain after it takes seconds rather than hours.
+    flood_backlog: int = 50_000
 
 
 class Gateways:
@@ -84,11 +87,14 @@ class Gateways:
             self.ledger.record_error(f"the gateway exited on its own (code {code}):\n{log}")
         gateway.stop(signal.SIGKILL)
         self.ledger.record_kill(generation)
+        self.ledger.record_restart(generation)
 
     def stop(self) -> None:
         with self._changed:
             gateway, self._gateway = self._gateway, None
             self._changed.notify_all()
+        if gateway is not None:
+            self.ledger.record_restart(self.generation)
         if gateway is not None:
             code = gateway.process.poll()
             if code is not None:
@@ -141,7 +147,13 @@ class Run:
         return self.settings.flood == protocol
 
     def throttled(self, flow: Flow) -> bool:
-        return not self.flooding(flow.publisher) and self.ledger.backlog(flow.index) > self.settings.max_backlog
+        limit = self.settings.flood_backlog if self.flooding(flow.publisher) else self.settings.max_backlog
+        return self.ledger.backlog(flow.index) > limit
+
+    def flows(self, protocol: str) -> tuple[Flow, ...]:
+        """The flows a publisher of `protocol` writes to: a flood goes to its protocol's own topic only."""
+        flows = flows_of(protocol)
+        return flows[:1] if self.flooding(protocol) else flows
 
     def window(self, protocol: str) -> int:
         return self.settings.flood_window if self.flooding(protocol) else self.settings.window
@@ -243,7 +255,9 @@ class ConsumerSession:
         return ACK
 
     def ended_cleanly(self) -> None:
-        self.broken = False
+        """The session stopped reading on its own: cleanly, unless its gateway went away meanwhile
+        (what it acknowledged last may not have been read)."""
+        self.broken = not self.run.gateways.alive(self.generation)
 
     def end(self) -> None:
         self.run.ledger.record_session_end(self.protocol, self.id, crashed=self.crashed,
