@@ -40,6 +40,10 @@ HEARTBEAT_EVERY_S = 1.0
 # machine is never taken for gone (its jobs would come twice), short enough that a crashed one's
 # jobs come back within a run.
 HEARTBEAT_TIMEOUT_MS = 20_000
+# Requests a client keeps awaiting their REPLY: one, so that a worker of its queue (two, one slot
+# each) is free as each comes and it is confirmed; a deeper window mostly makes requests that wait,
+# which get no REPLY (a flood uses the flood's window).
+CLIENT_WINDOW = 1
 # A request with no REPLY this long is taken as waiting for a worker: it leaves the client's window.
 WAITING_S = 2.0
 
@@ -59,7 +63,8 @@ def publisher(run: Run, index: int) -> threading.Thread:
                     for msgid in [msgid for msgid, (_, sent_at) in pending.items() if now - sent_at > WAITING_S]:
                         del pending[msgid]
                     flow = rng.choice(flows)
-                    if len(pending) < run.window("emqp") and not run.throttled(flow):
+                    window = run.window("emqp") if run.flooding("emqp") else CLIENT_WINDOW
+                    if len(pending) < window and not run.throttled(flow):
                         if run.roll(rng, run.settings.disconnect_p):
                             run.ledger.record_session_end("emqp", 0, disconnected=True)
                             return

@@ -14,6 +14,7 @@ from pathlib import Path
 import attrs
 
 from polymq.torture import emqp, mqks, nsq, phpmq, pzq
+from polymq.torture.gateway import GatewayDidNotStart
 from polymq.torture.ledger import Ledger, Report
 from polymq.torture.topology import PROTOCOLS, SINKS, Sink
 from polymq.torture.worker import Gateways, Run, Settings, percentile
@@ -94,6 +95,8 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
     publishers: list[threading.Thread] = []
     consumers: list[threading.Thread] = []
     drained = False
+    measure_start = time.monotonic()
+    rates: Rates | None = None
     try:
         gateways.start()
         run.consuming.set()
@@ -139,12 +142,20 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
         run.consuming.clear()
         _join(consumers, ledger)
         gateways.stop()
+    except GatewayDidNotStart:
+        pass  # recorded: the run ends here, its report says so
+    except TimeoutError as error:
+        ledger.record_error(str(error))
     finally:
         run.publishing.clear()
         run.consuming.clear()
         gateways.stop()
+        for thread in publishers + consumers:
+            thread.join(JOIN_S)  # at once after a run that went its way
         if own_dir is not None:
             shutil.rmtree(own_dir, ignore_errors=True)
+    if rates is None:
+        rates = _rates(ledger, time.monotonic() - measure_start)
     return Result(ledger.check(), rates, gateways.starts, time.monotonic() - started, drained)
 
 

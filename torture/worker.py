@@ -26,6 +26,8 @@ from polymq.torture.topology import FLOWS, Flow, flows_of
 # Any one socket operation; a live gateway this slow on a loaded 2-core machine is still treated
 # as alive (the session ends and reconnects, and what it held counts as in flight).
 IO_TIMEOUT_S = 10.0
+# A start of the gateway on a store full of a run's records, on a loaded 2-core machine: far below.
+START_TIMEOUT_S = 60.0
 # How often a waiting client looks whether its gateway is still the current one.
 POLL_S = 0.1
 
@@ -63,7 +65,7 @@ class Gateways:
 
     def start(self) -> None:
         try:
-            gateway = start_gateway(self.data_dir, self.args)
+            gateway = start_gateway(self.data_dir, self.args, ready_timeout=START_TIMEOUT_S)
         except GatewayDidNotStart as error:
             self.ledger.record_error(str(error))
             raise
