@@ -9,7 +9,6 @@ import random
 import signal
 import statistics
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -203,9 +202,6 @@ def percentile(values: list[float], fraction: float) -> float:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[min(98, max(0, round(fraction * 100) - 1))]
 
-
-def monotonic() -> float:
-    return time.monotonic()
 
 
 ACK, REQUEUE, CRASH, DISCONNECT = "ack", "requeue", "crash", "disconnect"
