@@ -17,7 +17,7 @@ from polymq.torture.worker import Settings
               help="Seconds of publishing, consuming and killing before the drain.")
 @click.option("--seed", type=int, default=0, show_default=True, help="The random moments' seed.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The gateway's store (default: a temporary folder, removed afterwards).")
+              help="The gateway's store, an empty folder (default: a temporary one, removed afterwards).")
 @click.option("--kill-min", type=click.FloatRange(min=0.5), default=2.0, show_default=True,
               help="Shortest process life before a SIGKILL (s).")
 @click.option("--kill-max", type=click.FloatRange(min=0.5), default=6.0, show_default=True,
@@ -26,7 +26,8 @@ from polymq.torture.worker import Settings
 @click.option("--chaos/--no-chaos", default=True, show_default=True,
               help="Random disconnects, consumer crashes and requeues.")
 @click.option("--flood", type=click.Choice(PROTOCOLS), default=None,
-              help="This protocol's publishers flood (no pause, big batches, a deep window).")
+              help="This protocol's publishers flood: big batches, a deep window, a pause only past 50000"
+                   " copies waiting.")
 @click.option("--publishers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Publishers per protocol.")
 @click.option("--consumers", type=click.IntRange(min=1), default=2, show_default=True,
