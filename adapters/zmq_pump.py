@@ -54,7 +54,7 @@ class ZmqPump:
         self.closed = False
         self.received = 0
         self.sent = 0
-        self.unroutable = 0  # messages for a peer that had gone (ROUTER_MANDATORY)
+        self.unroutable = 0  # messages for a peer that had gone (ROUTER_MANDATORY, or mid-message)
 
     def send(self, frames: Sequence[bytes]) -> None:
         """Send a multipart message now if the socket takes it, else queue it; the pump sends what
@@ -89,8 +89,9 @@ class ZmqPump:
 
     def _send_one(self, frames: Sequence[bytes]) -> bool:
         """One message, frame by frame with int flags (pyzmq's send_multipart pays enum operations
-        per frame); False if the socket cannot take it now. Only the first frame can say Again: the
-        rest of a message always follows it."""
+        per frame); False if the socket cannot take it now. A later frame says Again only when the
+        peer a DEALER chose went away in the middle of the message: libzmq dropped it, and there is
+        nobody to tell (a PZQ delivery comes back at its ACK timeout)."""
         send = self.sock.send
         try:
             send(frames[0], _NOBLOCK | _SNDMORE if len(frames) > 1 else _NOBLOCK)
@@ -102,8 +103,17 @@ class ZmqPump:
             self.unroutable += 1  # a ROUTER_MANDATORY socket's peer is gone: nobody to tell
             return True
         last = len(frames) - 1
-        for index in range(1, last + 1):
-            send(frames[index], _NOBLOCK | _SNDMORE if index < last else _NOBLOCK)
+        index = 1
+        try:
+            for index in range(1, last + 1):
+                send(frames[index], _NOBLOCK | _SNDMORE if index < last else _NOBLOCK)
+        except zmq.Again:
+            # libzmq dropped the message and now drops frames up to the message's end (lb.cpp's
+            # dropping mode): send them, or it would drop the next message instead.
+            for rest in range(index + 1, last + 1):
+                send(frames[rest], _NOBLOCK | _SNDMORE if rest < last else _NOBLOCK)
+            self.unroutable += 1
+            return True
         self.sent += 1
         return True
 

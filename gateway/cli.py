@@ -1,7 +1,7 @@
-"""The `polymq` command: serve, config, bench, conformance.
+"""The `polymq` command: serve, config, bench, conformance, torture.
 
 The bench and conformance commands are the protocols' own (their units name them), imported only
-when one is asked for: `polymq serve` loads no benchmark or conformance code.
+when one is asked for, as is torture: `polymq serve` loads no benchmark, conformance or torture code.
 """
 
 from __future__ import annotations
@@ -51,12 +51,31 @@ def _conformance_targets() -> dict[str, str]:
     return found
 
 
+# `polymq torture`: every protocol at once under SIGKILLs, imported only when asked for.
+TORTURE_TARGET = "polymq.torture.command:command"
+
+
+# Commands of the group itself loaded only when used (or listed by --help).
+LAZY_COMMANDS = {"torture": TORTURE_TARGET}
+
+
+class MainGroup(click.Group):
+    """The `polymq` group: its own commands, and LAZY_COMMANDS imported when asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = LAZY_COMMANDS.get(name)
+        return load_command(target) if target is not None else super().get_command(ctx, name)
+
+
 # `polymq conformance all`: every unit's suite in turn (gateway/conformance_all.py names none).
 ALL = "all"
 ALL_TARGET = "polymq.gateway.conformance_all:command"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=MainGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", "-V", prog_name="polymq")
 def main() -> None:
     """polymq: one gateway for many message-queue protocols over one queue engine.
@@ -67,6 +86,7 @@ def main() -> None:
     polymq wait          return once a gateway serves (for scripts that start one)
     polymq bench         measure a server of a protocol (throughput and latency)
     polymq conformance   black-box checks of a server of a protocol, against any address
+    polymq torture       every protocol at once under SIGKILLs: nothing acknowledged may be lost
     """
 
 

@@ -117,9 +117,9 @@ def test_the_gateway_names_no_protocol() -> None:
     assert [unit.name for unit in protocols()] == ["nsq", "mqks", "phpmq", "pzq", "emqp"]
 
 
-def test_serve_loads_no_benchmark_or_conformance_code() -> None:
-    probe = ("import sys, polymq.gateway.cli; "
-             "print(sorted(m for m in sys.modules if m.startswith(('polymq.bench', 'polymq.conformance'))))")
+def test_serve_loads_no_benchmark_conformance_or_torture_code() -> None:
+    probe = ("import sys, polymq.gateway.cli; print(sorted(m for m in sys.modules"
+             " if m.startswith(('polymq.bench', 'polymq.conformance', 'polymq.torture'))))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

@@ -23,11 +23,12 @@ def _polymq(*args: str) -> subprocess.CompletedProcess[str]:
 def test_help_names_every_command() -> None:
     result = _polymq("--help")
     assert result.returncode == 0
-    for name in ("serve", "bench", "conformance"):
+    for name in ("serve", "bench", "conformance", "torture"):
         assert f"polymq {name}" in result.stdout
 
 
-@pytest.mark.parametrize("args", [("serve", "--help"), ("bench", "nsq", "--help"), ("conformance", "nsq", "--help")])
+@pytest.mark.parametrize("args", [("serve", "--help"), ("bench", "nsq", "--help"), ("conformance", "nsq", "--help"),
+                                  ("torture", "--help")])
 def test_subcommand_help(args: tuple[str, ...]) -> None:
     result = _polymq(*args)
     assert result.returncode == 0

@@ -125,6 +125,60 @@ async def test_a_peer_gone_in_the_middle_of_a_message_costs_nothing_else() -> No
         pump.close()
 
 
+class _PeerLeavesAfterTheFirstFrame(list[bytes]):
+    """A message whose peer goes away (and is seen to go) between its first frame and its second."""
+
+    def __init__(self, frames: list[bytes], peer: zmq.Socket) -> None:
+        super().__init__(frames)
+        self.peer: zmq.Socket | None = peer
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        if index == 1 and self.peer is not None:
+            self.peer.close()
+            self.peer = None
+            time.sleep(0.3)  # libzmq's I/O thread tells the socket: its next send sees the pipe going
+        return super().__getitem__(index)
+
+
+async def test_a_receiver_gone_in_the_middle_of_a_sent_message_costs_nothing_else() -> None:
+    """A DEALER (PZQ's send socket) whose peer goes between two frames of a message says Again at
+    the later frame, having dropped the message (found by `polymq torture`: it ended the gateway)."""
+    with zmq.Context() as context:
+        server = context.socket(zmq.DEALER)
+        server.setsockopt(zmq.LINGER, 0)
+        port = server.bind_to_random_port("tcp://127.0.0.1")
+        endpoint = f"tcp://127.0.0.1:{port}"
+        leaving = context.socket(zmq.ROUTER)
+        leaving.setsockopt(zmq.LINGER, 0)
+        leaving.connect(endpoint)
+        pump = ZmqPump(server, lambda messages: None)
+        # The pipe to the peer is up once the server can send.
+        deadline = time.monotonic() + DEADLINE_S
+        while not pump.sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        pump.send(_PeerLeavesAfterTheFirstFrame([b"key", b"sent-us", b"", b"body"], leaving))
+        assert (pump.unroutable, list(pump.outgoing)) == (1, [])
+        staying = context.socket(zmq.ROUTER)
+        staying.setsockopt(zmq.LINGER, 0)
+        staying.connect(endpoint)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.run)
+            pump.send([b"next", b"message"])
+            pump.send([b"and", b"another"])
+            got: list[list[bytes]] = []
+            with trio.fail_after(DEADLINE_S):
+                while len(got) < 2:
+                    if staying.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        got.append(staying.recv_multipart()[1:])
+                    else:
+                        await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+        assert got == [[b"next", b"message"], [b"and", b"another"]]
+        staying.close()
+        pump.close()
+
+
 async def test_a_slow_reader_gets_everything_in_order_once_it_reads() -> None:
     """More than the high-water mark queued for a peer: the pump holds the rest until it can send."""
     with zmq.Context() as context:

@@ -1,0 +1,127 @@
+"""`polymq torture` (docs/testing.md): the checker on hand-made records, then a 30-second run of the
+real command, every protocol at once under SIGKILLs, as a subprocess."""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+
+from polymq.torture.bodies import BodyId, make_body, parse_body
+from polymq.torture.ledger import Ledger
+from polymq.torture.topology import FLOWS, PROTOCOLS
+
+# -- bodies and the checker ------------------------------------------------------------------------
+
+
+def test_a_body_carries_its_id_and_any_changed_byte_is_seen() -> None:
+    body = make_body(3, 41, random.Random(1))
+    assert parse_body(body) == BodyId(3, 41)
+    for index in range(len(body)):
+        changed = body[:index] + bytes([body[index] ^ 0x01]) + body[index + 1:]
+        assert parse_body(changed) != BodyId(3, 41)
+    assert parse_body(body[:-1]) is None
+    assert parse_body(b"") is None
+
+
+def _sent(ledger: Ledger, flow: int, seq: int) -> tuple[bytes, bytes]:
+    body_id = BodyId(flow, seq)
+    ledger.record_sent([(body_id.key, body_id)])
+    return body_id.key, make_body(flow, seq, random.Random(seq))
+
+
+PZQ_FLOW = next(flow for flow in FLOWS if flow.publisher == "pzq")
+PZQ_SINK = PZQ_FLOW.sinks[0]
+
+
+def test_checker_counts_an_acknowledged_copy_never_delivered_as_lost() -> None:
+    ledger = Ledger()
+    key, _ = _sent(ledger, PZQ_FLOW.index, 1)
+    ledger.record_acked("pzq", [key], 0.001)
+    report = ledger.check()
+    assert (report.protocols["pzq"].acked, report.protocols["pzq"].lost) == (1, 1)
+    assert not report.ok
+    assert report.last_line() == ("acked=1 delivered=0 lost=1 duplicated=0 unexpected=0"
+                                  " protocols=nsq,mqks,phpmq,pzq,emqp")
+
+
+def test_checker_allows_an_unacknowledged_publish_to_vanish_or_come() -> None:
+    ledger = Ledger()
+    _sent(ledger, PZQ_FLOW.index, 1)
+    key, body = _sent(ledger, PZQ_FLOW.index, 2)
+    assert ledger.record_receipt(PZQ_SINK, body) == key
+    ledger.record_finish(PZQ_SINK, key, session=1, generation=1)
+    report = ledger.check()
+    assert report.ok
+    assert (report.protocols["pzq"].acked, report.protocols["pzq"].delivered) == (0, 1)
+
+
+def test_checker_explains_a_duplicate_only_by_a_hard_end_or_a_kill() -> None:
+    ledger = Ledger()
+    explained_by_kill, _ = _sent(ledger, PZQ_FLOW.index, 1)
+    explained_by_crash, _ = _sent(ledger, PZQ_FLOW.index, 2)
+    unexplained, _ = _sent(ledger, PZQ_FLOW.index, 3)
+    ledger.record_acked("pzq", [explained_by_kill, explained_by_crash, unexplained], 0.001)
+    ledger.record_kill(1)
+    ledger.record_restart(1)
+    ledger.record_session_end("pzq", 2, disconnected=True)
+    for key, first_session, first_generation in ((explained_by_kill, 1, 1), (explained_by_crash, 2, 2),
+                                                 (unexplained, 3, 2)):
+        ledger.record_finish(PZQ_SINK, key, first_session, first_generation)
+        ledger.record_finish(PZQ_SINK, key, 4, 2)
+    ledger.record_restart(2)  # the second process ends after both acknowledgements: no excuse
+    report = ledger.check()
+    assert report.protocols["pzq"].duplicated == 3
+    assert report.protocols["pzq"].unexplained_duplicates == 1
+    assert not report.ok
+    assert any(f"unexplained duplicate: {unexplained.decode()}" in problem for problem in report.problems)
+    assert report.protocols["pzq"].lost == 0
+
+
+def test_checker_counts_corrupted_foreign_and_misrouted_bodies_as_unexpected() -> None:
+    ledger = Ledger()
+    _, body = _sent(ledger, PZQ_FLOW.index, 1)
+    never_sent = make_body(PZQ_FLOW.index, 99, random.Random(0))
+    assert ledger.record_receipt(PZQ_SINK, b"x" + body[1:]) is None
+    assert ledger.record_receipt(PZQ_SINK, never_sent) is None
+    nsq_sink = FLOWS[0].sinks[0]
+    assert ledger.record_receipt(nsq_sink, body) is None  # a PZQ publish read from an NSQ channel
+    report = ledger.check()
+    assert (report.protocols["pzq"].unexpected, report.protocols["nsq"].unexpected) == (2, 1)
+    assert not report.ok
+
+
+# -- the real command ------------------------------------------------------------------------------
+
+LAST_LINE = re.compile(r"acked=(\d+) delivered=(\d+) lost=(\d+) duplicated=(\d+) unexpected=(\d+) "
+                       r"protocols=nsq,mqks,phpmq,pzq,emqp")
+PROTOCOL_LINE = re.compile(r"(\w+): acked=(\d+) delivered=(\d+) lost=(\d+) duplicated=(\d+) unexpected=(\d+) .*"
+                           r" unexplained_duplicates=(\d+)$")
+SUMMARY_LINE = re.compile(r"torture: duration=30s seed=\d+ kills=(\d+) starts=(\d+) drained=yes ")
+# 30 s of load, a restart per kill and a drain on a loaded 2-core machine: far below this.
+RUN_TIMEOUT_S = 600
+
+
+@pytest.mark.slow
+def test_thirty_seconds_of_every_protocol_under_sigkills_lose_nothing() -> None:
+    run = subprocess.run([sys.executable, "-m", "polymq", "torture", "--duration", "30", "--seed", "1"],
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    lines = run.stdout.splitlines()
+    explain = f"stdout:\n{run.stdout}\nstderr (end):\n{run.stderr[-4000:]}"
+    assert lines and LAST_LINE.fullmatch(lines[-1]), explain
+    acked, delivered, lost, _, unexpected = map(int, LAST_LINE.fullmatch(lines[-1]).groups())  # type: ignore[union-attr]
+    assert (lost, unexpected) == (0, 0), explain
+    assert acked > 0 and delivered > 0, explain
+    summary = next(filter(None, map(SUMMARY_LINE.match, lines)), None)
+    assert summary is not None, explain
+    kills, starts = map(int, summary.groups())
+    assert kills >= 1 and starts == kills + 1, explain  # every SIGKILL was followed by a restart
+    counts = {match[1]: tuple(map(int, match.groups()[1:])) for match in map(PROTOCOL_LINE.match, lines) if match}
+    assert sorted(counts) == sorted(PROTOCOLS), explain
+    for protocol, (p_acked, p_delivered, p_lost, _, p_unexpected, unexplained) in counts.items():
+        assert p_acked > 0 and p_delivered > 0, f"{protocol}: {explain}"
+        assert (p_lost, p_unexpected, unexplained) == (0, 0, 0), f"{protocol}: {explain}"
+    assert run.returncode == 0, explain

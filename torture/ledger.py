@@ -1,0 +1,242 @@
+"""The records of a run, written by the client threads, and the check of them (pure: no sockets).
+
+Every message copy (a body in one sink) is followed from its send to each acknowledgement a consumer
+gave it. A consumer *session* is one connection of one consumer; it ends cleanly, or *hard*: a
+random disconnect, a crash holding unacknowledged messages, or a gateway that went away. A copy
+acknowledged twice is a duplicate; it is explained when the first acknowledgement's session ended
+hard, or its gateway process ended (SIGKILL or stop) and the second came from a later one (the
+acknowledgement may never have been read or stored), otherwise it is a finding.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter, defaultdict
+
+import attrs
+
+from polymq.torture.bodies import BodyId, parse_body
+from polymq.torture.topology import FLOWS, PROTOCOLS, SINKS
+
+EXAMPLES = 5  # copies quoted per kind of problem
+
+
+@attrs.frozen(slots=True)
+class Finish:
+    session: int
+    generation: int
+
+
+@attrs.define(slots=True)
+class ProtocolCounts:
+    sent: int = 0  # copies of publishes written to a socket
+    acked: int = 0  # copies of publishes the gateway confirmed
+    delivered: int = 0  # distinct copies a consumer of this protocol acknowledged
+    lost: int = 0
+    duplicated: int = 0
+    unexplained_duplicates: int = 0
+    unexpected: int = 0
+    receipts: int = 0  # deliveries received, redeliveries included
+    requeues: int = 0
+    crashes: int = 0  # consumer sessions ended holding unacknowledged messages
+    disconnects: int = 0  # sessions (consumers and publishers) closed at a random moment
+
+    def line(self, protocol: str) -> str:
+        return (f"{protocol}: acked={self.acked} delivered={self.delivered} lost={self.lost}"
+                f" duplicated={self.duplicated} unexpected={self.unexpected} sent={self.sent}"
+                f" receipts={self.receipts} requeues={self.requeues} crashes={self.crashes}"
+                f" disconnects={self.disconnects} unexplained_duplicates={self.unexplained_duplicates}")
+
+
+@attrs.frozen(slots=True)
+class Report:
+    protocols: dict[str, ProtocolCounts]
+    kills: int
+    problems: tuple[str, ...]  # examples of each finding
+    harness_errors: tuple[str, ...]
+
+    def total(self) -> ProtocolCounts:
+        total = ProtocolCounts()
+        for counts in self.protocols.values():
+            for field in attrs.fields(ProtocolCounts):
+                setattr(total, field.name, getattr(total, field.name) + getattr(counts, field.name))
+        return total
+
+    @property
+    def ok(self) -> bool:
+        total = self.total()
+        return not (total.lost or total.unexpected or total.unexplained_duplicates or self.harness_errors)
+
+    def last_line(self) -> str:
+        total = self.total()
+        return (f"acked={total.acked} delivered={total.delivered} lost={total.lost}"
+                f" duplicated={total.duplicated} unexpected={total.unexpected} protocols={','.join(self.protocols)}")
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sent: dict[bytes, BodyId] = {}  # body key → its id, from the moment it is written
+        self.acked: set[bytes] = set()
+        self.finishes: dict[tuple[bytes, str], list[Finish]] = defaultdict(list)
+        self.missing: set[tuple[bytes, str]] = set()  # acknowledged copies not delivered yet
+        self.unexpected: list[tuple[str, str]] = []  # (sink, what came)
+        self.receipts: Counter[str] = Counter()  # by sink
+        self.copy_receipts: Counter[tuple[bytes, str]] = Counter()  # by copy: what a lost one went through
+        self.requeues: Counter[str] = Counter()  # by sink
+        self.crashes: Counter[str] = Counter()  # by protocol
+        self.disconnects: Counter[str] = Counter()  # by protocol
+        self.hard_ended: set[int] = set()  # consumer sessions
+        self.kills: set[int] = set()  # generations ended by SIGKILL
+        self.ended: set[int] = set()  # generations ended by SIGKILL or a stop
+        self.errors: list[str] = []
+        self.ack_latencies: defaultdict[str, list[float]] = defaultdict(list)  # by publishing protocol
+        self.acked_in_window: Counter[str] = Counter()  # by publishing protocol, while measuring
+        self.delivered_in_window: Counter[str] = Counter()  # by consuming protocol, while measuring
+        self.measuring = False
+        self.flow_sent: Counter[int] = Counter()  # copies, by flow
+        self.flow_done: Counter[int] = Counter()  # distinct copies delivered, by flow
+        self.subscribed: set[str] = set()  # consumer threads that have made their queue
+        self._sessions = itertools.count(1)
+
+    # -- writers -----------------------------------------------------------------------------
+
+    def new_session(self) -> int:
+        with self.lock:
+            return next(self._sessions)
+
+    def record_subscribed(self, thread: str) -> None:
+        with self.lock:
+            self.subscribed.add(thread)
+
+    def record_sent(self, bodies: list[tuple[bytes, BodyId]]) -> None:
+        with self.lock:
+            for key, body_id in bodies:
+                self.sent[key] = body_id
+                self.flow_sent[body_id.flow] += len(FLOWS[body_id.flow].sinks)
+
+    def record_acked(self, protocol: str, keys: list[bytes], latency: float) -> None:
+        with self.lock:
+            for key in keys:
+                if key in self.acked:
+                    continue
+                self.acked.add(key)
+                body_id = self.sent[key]
+                for sink in FLOWS[body_id.flow].sinks:
+                    if not self.finishes.get((key, sink)):
+                        self.missing.add((key, sink))
+                if self.measuring:
+                    self.acked_in_window[protocol] += 1
+            if self.measuring:
+                self.ack_latencies[protocol].append(latency)
+
+    def record_receipt(self, sink: str, body: bytes) -> bytes | None:
+        """A delivery arrived at `sink`: its body's key when it is one this run sent there, else
+        None (counted as unexpected; the consumer acknowledges it all the same)."""
+        body_id = parse_body(body)
+        with self.lock:
+            self.receipts[sink] += 1
+            if body_id is None:
+                self.unexpected.append((sink, f"corrupted or foreign body {body[:60]!r}"))
+                return None
+            key = body_id.key
+            if key not in self.sent:
+                self.unexpected.append((sink, f"never sent: {body[:60]!r}"))
+                return None
+            if sink not in FLOWS[body_id.flow].sinks:
+                topic = FLOWS[body_id.flow].topic
+                self.unexpected.append((sink, f"published to {topic}, not read here: {body[:60]!r}"))
+                return None
+            self.copy_receipts[(key, sink)] += 1
+            return key
+
+    def record_finish(self, sink: str, key: bytes, session: int, generation: int) -> None:
+        with self.lock:
+            finishes = self.finishes[(key, sink)]
+            if not finishes:
+                self.flow_done[self.sent[key].flow] += 1
+                if self.measuring:
+                    self.delivered_in_window[SINKS[sink].protocol] += 1
+            finishes.append(Finish(session, generation))
+            self.missing.discard((key, sink))
+
+    def record_requeue(self, sink: str) -> None:
+        with self.lock:
+            self.requeues[sink] += 1
+
+    def record_session_end(self, protocol: str, session: int, *, crashed: bool = False,
+                           disconnected: bool = False, broken: bool = False) -> None:
+        with self.lock:
+            if crashed or disconnected or broken:
+                self.hard_ended.add(session)
+            if crashed:
+                self.crashes[protocol] += 1
+            if disconnected:
+                self.disconnects[protocol] += 1
+
+    def record_kill(self, generation: int) -> None:
+        with self.lock:
+            self.kills.add(generation)
+
+    def record_restart(self, generation: int) -> None:
+        with self.lock:
+            self.ended.add(generation)
+
+    def record_error(self, text: str) -> None:
+        with self.lock:
+            self.errors.append(text)
+
+    # -- readers -----------------------------------------------------------------------------
+
+    def _explained(self, first: Finish, second: Finish) -> bool:
+        """A copy acknowledged again: the first acknowledgement's connection ended hard, or its
+        gateway process ended (SIGKILL, stop) before the second one's."""
+        return first.session in self.hard_ended or (first.generation in self.ended
+                                                     and second.generation > first.generation)
+
+    def backlog(self, flow: int) -> int:
+        """Copies of `flow` sent and not delivered yet (publishers pause above a limit)."""
+        with self.lock:
+            return self.flow_sent[flow] - self.flow_done[flow]
+
+    def progress(self) -> tuple[int, int]:
+        """(deliveries received so far, acknowledged copies not delivered yet)."""
+        with self.lock:
+            return sum(self.receipts.values()), len(self.missing)
+
+    def check(self) -> Report:
+        with self.lock:
+            counts = {protocol: ProtocolCounts() for protocol in PROTOCOLS}
+            problems: list[str] = []
+            for key, body_id in self.sent.items():
+                flow = FLOWS[body_id.flow]
+                counts[flow.publisher].sent += len(flow.sinks)
+                if key in self.acked:
+                    counts[flow.publisher].acked += len(flow.sinks)
+            lost = sorted(self.missing)
+            for _, sink in lost:
+                counts[SINKS[sink].protocol].lost += 1
+            problems += [f"lost: {key.decode()} in {sink}, received {self.copy_receipts[(key, sink)]} times, never"
+                         " acknowledged" for key, sink in lost[:EXAMPLES]]
+            unexplained = []
+            for (key, sink), finishes in self.finishes.items():
+                protocol = SINKS[sink].protocol
+                counts[protocol].delivered += 1
+                if len(finishes) > 1:
+                    counts[protocol].duplicated += 1
+                    if not all(self._explained(first, second) for first, second in itertools.pairwise(finishes)):
+                        counts[protocol].unexplained_duplicates += 1
+                        unexplained.append(f"unexplained duplicate: {key.decode()} in {sink} {finishes}")
+            problems += unexplained[:EXAMPLES]
+            for sink, _ in self.unexpected:
+                counts[SINKS[sink].protocol].unexpected += 1
+            problems += [f"unexpected in {sink}: {what}" for sink, what in self.unexpected[:EXAMPLES]]
+            for sink, number in self.receipts.items():
+                counts[SINKS[sink].protocol].receipts += number
+            for sink, number in self.requeues.items():
+                counts[SINKS[sink].protocol].requeues += number
+            for protocol in PROTOCOLS:
+                counts[protocol].crashes = self.crashes[protocol]
+                counts[protocol].disconnects = self.disconnects[protocol]
+            return Report(counts, len(self.kills), tuple(problems), tuple(self.errors))

@@ -1,0 +1,210 @@
+"""One run: the gateway on a store the run owns, every protocol's clients at once, SIGKILLs at
+random moments with a restart on the same store, then a drain and the check of the records."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from polymq.torture import emqp, mqks, nsq, phpmq, pzq
+from polymq.torture.gateway import GatewayDidNotStart
+from polymq.torture.ledger import Ledger, Report
+from polymq.torture.topology import PROTOCOLS, SINKS, Sink
+from polymq.torture.worker import Gateways, Run, Settings, percentile
+
+CLIENTS: dict[str, tuple[Callable[[Run, int], threading.Thread], Callable[[Run, Sink, int], threading.Thread]]] = {
+    "nsq": (nsq.publisher, nsq.consumer),
+    "mqks": (mqks.publisher, mqks.consumer),
+    "phpmq": (phpmq.publisher, phpmq.consumer),
+    "pzq": (pzq.publisher, pzq.consumer),
+    "emqp": (emqp.publisher, emqp.consumer),
+}
+
+# The gateway's options in a run: PZQ's queue is the run's; deliveries held by a live consumer never
+# time out within a run (a crashed one's come back with the next process life or the final one).
+PZQ_ACK_TIMEOUT_MS = 600_000
+GATEWAY_ARGS = (
+    "--pzq-queue", "torture_pzq",
+    "--pzq-ack-timeout", str(PZQ_ACK_TIMEOUT_MS),
+    "--emqp-heartbeat-timeout", str(emqp.HEARTBEAT_TIMEOUT_MS),
+)
+JOIN_S = 30.0  # a client thread ends within its socket timeout and a poll
+
+
+@attrs.define(slots=True)
+class Options:
+    duration_s: float = 30.0
+    seed: int = 0
+    data_dir: Path | None = None  # None: a temporary folder, removed afterwards
+    kill_min_s: float = 2.0  # a process life lasts uniform(kill_min_s, kill_max_s) before its SIGKILL
+    kill_max_s: float = 6.0
+    kills: bool = True
+    chaos: bool = True
+    drain_timeout_s: float = 180.0
+    idle_timeout_s: float = 60.0  # the drain gives up after this long without any delivery
+    settle_s: float = 1.0  # everything acknowledged delivered: this quiet long for the stragglers
+    gateway_args: tuple[str, ...] = ()
+    settings: Settings = attrs.Factory(Settings)
+
+
+@attrs.frozen(slots=True)
+class Rates:
+    """What each protocol got while the clients ran (the measured window, without the drain)."""
+
+    seconds: float
+    acked: dict[str, int]
+    delivered: dict[str, int]
+    ack_p50_ms: dict[str, float]
+    ack_p99_ms: dict[str, float]
+
+    def lines(self) -> list[str]:
+        return [
+            f"rate {protocol}: acked_per_s={self.acked[protocol] / self.seconds:.0f}"
+            f" delivered_per_s={self.delivered[protocol] / self.seconds:.0f}"
+            f" ack_p50_ms={self.ack_p50_ms[protocol]:.1f} ack_p99_ms={self.ack_p99_ms[protocol]:.1f}"
+            for protocol in PROTOCOLS
+        ]
+
+
+@attrs.frozen(slots=True)
+class Result:
+    report: Report
+    rates: Rates
+    starts: int
+    elapsed_s: float
+    drained: bool
+
+
+def run_torture(options: Options, progress: Callable[[str], None] = lambda _: None) -> Result:
+    started = time.monotonic()
+    own_dir = None
+    data_dir = options.data_dir
+    if data_dir is None:
+        own_dir = data_dir = Path(tempfile.mkdtemp(prefix="polymq-torture-"))
+    ledger = Ledger()
+    gateways = Gateways(data_dir, (*GATEWAY_ARGS, *options.gateway_args), ledger)
+    run = Run(options.settings, gateways, ledger, options.seed)
+    rng = random.Random(options.seed)
+    publishers: list[threading.Thread] = []
+    consumers: list[threading.Thread] = []
+    drained = False
+    measure_start = time.monotonic()
+    rates: Rates | None = None
+    try:
+        gateways.start()
+        run.consuming.set()
+        for sink in SINKS.values():
+            consumers += [CLIENTS[sink.protocol][1](run, sink, index) for index in range(options.settings.consumers)]
+        # Every sink exists before the first publish (an MQKS publish to an event without a queue
+        # is dropped, and a channel made later would miss what came before it).
+        _wait_for(lambda: _sinks_ready(ledger, len(SINKS) * options.settings.consumers), 60.0)
+        if options.chaos:
+            run.chaos.set()
+        with ledger.lock:
+            ledger.measuring = True
+        measure_start = time.monotonic()
+        run.publishing.set()
+        for protocol in PROTOCOLS:
+            publishers += [CLIENTS[protocol][0](run, index) for index in range(options.settings.publishers)]
+        end = measure_start + options.duration_s
+        while (now := time.monotonic()) < end:
+            life = rng.uniform(options.kill_min_s, options.kill_max_s)
+            if not options.kills or now + life >= end:
+                time.sleep(end - now)
+                break
+            time.sleep(life)
+            gateways.kill()
+            progress(f"SIGKILL: process life {gateways.generation} after {life:.1f} s")
+            gateways.start()
+        run.publishing.clear()
+        measured = time.monotonic() - measure_start
+        with ledger.lock:
+            ledger.measuring = False
+        _join(publishers, ledger)
+        rates = _rates(ledger, measured)
+        run.chaos.clear()
+        # A last restart (SIGKILL, or a clean stop with --no-kills): what crashed consumers held comes
+        # back with the last process life (PZQ's and eMQP's peers are not seen to go).
+        if options.kills:
+            gateways.kill()
+            progress(f"SIGKILL: process life {gateways.generation}, then the drain")
+        else:
+            gateways.stop()
+        gateways.start()
+        drained = _drain(ledger, options)
+        run.consuming.clear()
+        _join(consumers, ledger)
+        gateways.stop()
+    except GatewayDidNotStart:
+        pass  # recorded: the run ends here, its report says so
+    except TimeoutError as error:
+        ledger.record_error(str(error))
+    finally:
+        run.publishing.clear()
+        run.consuming.clear()
+        gateways.stop()
+        for thread in publishers + consumers:
+            thread.join(JOIN_S)  # at once after a run that went its way
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+    if rates is None:
+        rates = _rates(ledger, time.monotonic() - measure_start)
+    return Result(ledger.check(), rates, gateways.starts, time.monotonic() - started, drained)
+
+
+def _sinks_ready(ledger: Ledger, sessions: int) -> bool:
+    """Each consumer thread has had a session running long enough to have made its queue."""
+    with ledger.lock:
+        return len(ledger.subscribed) >= sessions
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the consumers did not subscribe in time")
+        time.sleep(0.05)
+
+
+def _drain(ledger: Ledger, options: Options) -> bool:
+    """Wait until every acknowledged copy was delivered and nothing more came for a while; False
+    when the drain gave up (nothing came for `idle_timeout_s`, or `drain_timeout_s` passed)."""
+    start = last_change = time.monotonic()
+    last_count = -1
+    while True:
+        now = time.monotonic()
+        count, missing = ledger.progress()
+        if count != last_count:
+            last_count, last_change = count, now
+        quiet = now - last_change
+        if missing == 0 and quiet >= options.settle_s:
+            return True
+        if quiet >= options.idle_timeout_s or now - start >= options.drain_timeout_s:
+            return False
+        time.sleep(0.05)
+
+
+def _join(threads: list[threading.Thread], ledger: Ledger) -> None:
+    for thread in threads:
+        thread.join(JOIN_S)
+        if thread.is_alive():
+            ledger.record_error(f"{thread.name} did not end")
+
+
+def _rates(ledger: Ledger, seconds: float) -> Rates:
+    with ledger.lock:
+        latencies = {protocol: sorted(ledger.ack_latencies[protocol]) for protocol in PROTOCOLS}
+        return Rates(
+            seconds=max(seconds, 1e-9),
+            acked={protocol: ledger.acked_in_window[protocol] for protocol in PROTOCOLS},
+            delivered={protocol: ledger.delivered_in_window[protocol] for protocol in PROTOCOLS},
+            ack_p50_ms={protocol: percentile(latencies[protocol], 0.50) * 1000 for protocol in PROTOCOLS},
+            ack_p99_ms={protocol: percentile(latencies[protocol], 0.99) * 1000 for protocol in PROTOCOLS},
+        )
