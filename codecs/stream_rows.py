@@ -19,7 +19,7 @@ import array
 import json
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -80,9 +80,11 @@ def encode_read_row(position: int, message_id: int, timestamp_ns: int, attempts:
 def decode_read_rows(data: bytes) -> Iterator[ReadRow]:
     """Every row of a read batch; ValueError on a batch cut short (a broken response)."""
     columns = decode_read_columns(data)
-    for row in zip(columns.positions, columns.ids, columns.timestamps_ns, columns.attempts, columns.topics,
-                   columns.headers, columns.bodies, columns.origins, strict=True):
-        yield ReadRow(*row[:4], row[4].decode("utf-8"), *row[5:7], row[7].decode("ascii"))
+    for position, message_id, timestamp_ns, attempts, topic, headers, body, origin in zip(
+            columns.positions, columns.ids, columns.timestamps_ns, columns.attempts, columns.topics, columns.headers,
+            columns.bodies, columns.origins, strict=True):
+        yield ReadRow(position, message_id, timestamp_ns, attempts, topic.decode("utf-8"), headers, body,
+                      origin.decode("ascii"))
 
 
 @attrs.define(slots=True)
@@ -247,6 +249,32 @@ class ColumnsWriter:
             self.headers.append(headers)
         self.headers_ends.append(self.headers_bytes)
         return True
+
+    def add_messages(self, messages: Iterable[Any], positions: Iterable[int], default_topic: str,
+                     topic_bytes: dict[str, bytes], max_bytes: int) -> None:
+        """Add a row for each message (an object with `id`, `timestamp_ns`, `attempts`, `topic`,
+        `headers`, `body` and `origin`) under its position, until the batch would pass `max_bytes`
+        (one row at least) or cannot name one more topic or origin. `topic_bytes` caches encoded
+        topics across batches."""
+        origin_bytes: dict[str, bytes] = {}
+        for message, position in zip(messages, positions, strict=False):
+            topic: str = message.topic or default_topic
+            raw_topic = topic_bytes.get(topic)
+            if raw_topic is None:
+                raw_topic = topic_bytes[topic] = topic.encode("utf-8", "surrogateescape")
+            headers = message.headers
+            raw_headers = json.dumps(headers, separators=(",", ":")).encode() if headers else b""
+            origin: str = message.origin or ""
+            raw_origin = origin_bytes.get(origin)
+            if raw_origin is None:
+                raw_origin = origin_bytes[origin] = origin.encode("ascii", "replace")
+            body: bytes = message.body
+            before = self.size
+            if before and before + len(body) + len(raw_headers) > max_bytes:
+                return
+            if not self.add(position, message.id, message.timestamp_ns, message.attempts, raw_topic, raw_headers, body,
+                            raw_origin):
+                return
 
     @property
     def size(self) -> int:

@@ -204,8 +204,12 @@ class StreamHttpApi:
     def _rows(self, messages: list[Message], positions: Iterable[int], queue_name: str, columns: bool) -> Response:
         """A read batch: each message under its position, up to MAX_READ_BYTES (at least one row)."""
         topic_bytes = self._topic_bytes
+        if columns:
+            writer = stream_rows.ColumnsWriter()
+            writer.add_messages(messages, positions, queue_name, topic_bytes, MAX_READ_BYTES)
+            self.traffic.messages_out += len(writer.positions)
+            return Response(200, writer.encode(), stream_rows.COLUMNS_CONTENT_TYPE)
         encode = stream_rows.encode_read_row
-        writer = stream_rows.ColumnsWriter() if columns else None
         parts: list[bytes] = []
         size = 0
         for message, position in zip(messages, positions, strict=False):
@@ -217,23 +221,12 @@ class StreamHttpApi:
             origin = message.origin
             raw_headers = json.dumps(headers, separators=(",", ":")).encode() if headers else b""
             raw_origin = origin.encode("ascii", "replace") if origin else b""
-            if writer is not None:
-                before = writer.size
-                if before and before + len(message.body) + len(raw_headers) > MAX_READ_BYTES:
-                    break
-                if not writer.add(position, message.id, message.timestamp_ns, message.attempts, raw_topic, raw_headers,
-                                  message.body, raw_origin):
-                    break
-                continue
             row = encode(position, message.id, message.timestamp_ns, message.attempts, raw_topic, raw_headers,
                          message.body, raw_origin)
             size += len(row)
             if size > MAX_READ_BYTES and parts:
                 break
             parts.append(row)
-        if writer is not None:
-            self.traffic.messages_out += len(writer.positions)
-            return Response(200, writer.encode(), stream_rows.COLUMNS_CONTENT_TYPE)
         self.traffic.messages_out += len(parts)
         return Response(200, b"".join(parts), stream_rows.CONTENT_TYPE)
 
