@@ -83,27 +83,30 @@ class Program:
     """One of NSQ's programs, run with its output collected; stopped by its PID."""
 
     def __init__(self, args: Sequence[str | Path], *, cwd: Path | None = None) -> None:
-        self.process = subprocess.Popen([str(arg) for arg in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        # Output and log each in a pipe of its own: through one pipe, a log line can land between a
+        # message nsq_tail prints and its newline.
+        self.process = subprocess.Popen([str(arg) for arg in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, cwd=cwd)
-        self.lines: list[str] = []
+        self.lines: list[str] = []  # whole lines of both, in the order they were read
         self._changed = threading.Condition()
-        self._read_all = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pumps = [threading.Thread(target=self._pump, args=(stream,), daemon=True)
+                       for stream in (self.process.stdout, self.process.stderr)]
+        for pump in self._pumps:
+            pump.start()
 
-    def _pump(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
+    def _pump(self, stream: Any) -> None:
+        for line in stream:
             with self._changed:
                 self.lines.append(line.rstrip("\n"))
                 self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()
-        self._read_all.set()
 
     def wait(self, timeout: float) -> int:
         """Its exit status once it has ended and all it wrote is in `lines`."""
         status = self.process.wait(timeout)
-        self._read_all.wait(timeout)
+        for pump in self._pumps:
+            pump.join(timeout)
         return status
 
     def wait_for_lines(self, check: Callable[[list[str]], Any], timeout: float = START_TIMEOUT_S) -> Any:
