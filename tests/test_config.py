@@ -161,7 +161,7 @@ def test_text_logs_one_format_for_every_line_with_the_start_and_stop_facts(tmp_p
     assert all(parsed), [line for line, match in zip(lines, parsed, strict=True) if not match]
     messages = [(match.group(2), match.group(3)) for match in parsed if match]
     data_dir = tmp_path / "data"
-    start = f"storage {data_dir}, fsync always (fdatasync by kernel AIO): restored 0 topics"
+    start = f"storage {data_dir}, fsync always (fdatasync in a thread): restored 0 topics"
     assert any(component == "gateway" and message.startswith(start) for component, message in messages)
     assert any(component == "http" and "Running on http://127.0.0.1:" in message
                for component, message in messages)  # hypercorn's own line, in the same format

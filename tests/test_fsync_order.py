@@ -187,8 +187,8 @@ def _traced_run(command: list[str], workdir: Path, workload: Callable[[TracedPro
 @pytest.mark.parametrize("syncs", ["fdatasync by kernel AIO", "fdatasync in a thread"])
 def test_fsync_always_syncs_every_record_before_its_ack(tmp_path: Path, syncs: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    if "thread" in syncs:
-        monkeypatch.setenv("POLYMQ_SYNC_THREAD", "1")
+    if "AIO" in syncs:
+        monkeypatch.setenv("POLYMQ_SYNC_AIO", "1")
     report, log = _traced_run(_gateway_command(tmp_path / "data", "always"), tmp_path)
     assert any(f"fsync always ({syncs})" in line for line in log), log[:5]
     # Not vacuous: every publish's OK was found in the trace and its records looked at.
