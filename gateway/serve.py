@@ -39,6 +39,7 @@ from polymq.core.storage import DataDirInUse, MemoryStorage
 from polymq.gateway import logs
 from polymq.gateway.admin_access import AccessError, AdminAccess
 from polymq.gateway.admin_api import AdminApi
+from polymq.gateway.collector import collect_on_a_clock
 from polymq.gateway.committer import Committer
 from polymq.gateway.config import HTTP_LISTENER, OPTIONS_BY_KEY, Config, click_options, from_command_line, to_toml
 from polymq.gateway.http import serve_gateway_http
@@ -313,6 +314,7 @@ async def run_gateway(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timer_task.run)
             nursery.start_soon(metrics.measure_loop_lag)
+            nursery.start_soon(collect_on_a_clock)
             if committer is not None:
                 nursery.start_soon(committer.run)
             for bound in prepared.bound:

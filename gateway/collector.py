@@ -1,0 +1,63 @@
+"""Full garbage collections on a clock, not on CPython's heap-growth rule.
+
+CPython runs a full (generation 2) collection whenever the objects promoted since the last one
+pass a quarter of those that survived it. A gateway holding a backlog in memory promotes a
+`Message` per copy it reads back, so while a backlog is read the rule fires every quarter of
+growth and each collection walks every message held: 19 full collections took 1.15 s of the
+gateway's 5.0 s of CPU while `polymq bench spark --scenario endpoints` published and read a
+million rows (docs/performance.md). Messages form no reference cycles; what does (tasks,
+connections, requests) is nearly always collected young, by the generation 0 and 1 collections,
+which stay as CPython runs them.
+
+So while the gateway runs, generation 2 is collected by this task instead: at most every
+`FULL_COLLECTION_INTERVAL_S`, and never more often than keeps the collections' own time under
+`FULL_COLLECTION_SHARE` of the elapsed time, so a very large heap costs longer pauses between
+collections, not more CPU. Cyclic garbage that outlived the young collections waits at most that
+long. The process's thresholds are put back when the task ends.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import trio
+
+# Cyclic garbage that reached the oldest generation lives at most about this long: short next to
+# any client's timeout, long next to a full collection of a million held messages (~60 ms here).
+FULL_COLLECTION_INTERVAL_S = 10.0
+# A full collection's time is at most this share of the time between two (a heap so large that a
+# collection takes 0.5 s is collected every 50 s).
+FULL_COLLECTION_SHARE = 0.01
+# A generation-2 threshold the count of generation-1 collections never passes: no automatic full
+# collection (gc.set_threshold takes a C int).
+NEVER = 2**31 - 1
+
+# Gateways running in this process (tests run several) and the threshold the first one found.
+_running: list[int] = []
+
+
+def pause_after(took: float) -> float:
+    """Seconds until the next full collection, after one that took `took` seconds."""
+    return max(FULL_COLLECTION_INTERVAL_S, took / FULL_COLLECTION_SHARE)
+
+
+async def collect_on_a_clock() -> None:
+    """Run the process's full collections until cancelled; CPython's own rule again afterwards."""
+    young, middle, oldest = gc.get_threshold()
+    if not _running:
+        _running.append(oldest)
+        gc.set_threshold(young, middle, NEVER)
+    else:
+        _running.append(_running[0])
+    try:
+        while True:
+            started = time.perf_counter()
+            gc.collect(2)
+            took = time.perf_counter() - started
+            await trio.sleep(pause_after(took))
+    finally:
+        found = _running.pop()
+        if not _running:
+            young, middle, _ = gc.get_threshold()
+            gc.set_threshold(young, middle, found)
