@@ -3,8 +3,10 @@ rows, and any bytes decoded to rows or one clear problem, never an exception."""
 
 from __future__ import annotations
 
+import json
 import struct
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -155,3 +157,63 @@ def test_a_batch_names_at_most_so_many_origins() -> None:
     assert not writer.add(999, 0, 0, 1, b"t", b"", b"x", b"one-too-many")
     assert writer.add(999, 0, 0, 1, b"t", b"", b"x", b"o0")  # a known one still goes in
     assert len(stream_rows.decode_read_column_buffers(writer.encode()).origins) == stream_rows.MAX_COLUMN_ORIGINS
+
+
+# -- a read's messages added a column at a time ------------------------------------------------
+
+
+@attrs.frozen
+class Held:
+    """What the engine's `Message` offers a read."""
+
+    id: int
+    timestamp_ns: int
+    attempts: int
+    topic: str | None
+    headers: dict[str, object] | None
+    body: bytes
+    origin: str | None
+
+
+def _row_by_row(writer: stream_rows.ColumnsWriter, messages: list[Held], positions: list[int], default_topic: str,
+                max_bytes: int) -> None:
+    """The reference: each message through `add`, checking the bound before each row."""
+    for message, position in zip(messages, positions, strict=False):
+        raw_headers = json.dumps(message.headers, separators=(",", ":")).encode() if message.headers else b""
+        if writer.size and writer.size + len(message.body) + len(raw_headers) > max_bytes:
+            return
+        if not writer.add(position, message.id, message.timestamp_ns, message.attempts,
+                          (message.topic or default_topic).encode("utf-8", "surrogateescape"), raw_headers,
+                          message.body, (message.origin or "").encode("ascii", "replace")):
+            return
+
+
+held = st.builds(Held, st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1), st.integers(0, 65535),
+                 st.sampled_from([None, "", "t", "other", "t\udcff", "é"]),
+                 st.sampled_from([None, {}, {"k": "v"}, {"n": 1, "l": [1, 2]}]), st.binary(max_size=40),
+                 st.sampled_from([None, "", "nsq", "mqks", "é", "è"]))
+
+
+@given(st.lists(held, max_size=30), st.data(), st.integers(0, 400), st.lists(held, max_size=3))
+def test_columns_added_at_once_are_the_rows_added_one_by_one(messages: list[Held], data: st.DataObject,
+                                                             max_bytes: int, earlier: list[Held]) -> None:
+    positions = data.draw(st.lists(st.integers(0, 2**62), min_size=max(0, len(messages) - 2),
+                                   max_size=len(messages) + 2))
+    at_once, one_by_one = stream_rows.ColumnsWriter(), stream_rows.ColumnsWriter()
+    for writer in (at_once, one_by_one):  # a batch that already holds rows
+        _row_by_row(writer, earlier, list(range(len(earlier))), "q", 10**6)
+    at_once.add_messages(messages, positions, "q", {}, max_bytes)
+    _row_by_row(one_by_one, messages, positions, "q", max_bytes)
+    assert at_once.encode() == one_by_one.encode()
+
+
+@pytest.mark.parametrize("limit", ["origins", "topics"])
+def test_columns_added_at_once_stop_where_a_row_names_one_name_too_many(limit: str) -> None:
+    many = stream_rows.MAX_COLUMN_ORIGINS + 5 if limit == "origins" else stream_rows.MAX_COLUMN_TOPICS + 5
+    messages = [Held(n, 0, 1, f"t{n}" if limit == "topics" else "t", None, b"x",
+                     f"o{n}" if limit == "origins" else "nsq") for n in range(many)]
+    at_once, one_by_one = stream_rows.ColumnsWriter(), stream_rows.ColumnsWriter()
+    at_once.add_messages(messages, list(range(many)), "q", {}, 10**9)
+    _row_by_row(one_by_one, messages, list(range(many)), "q", 10**9)
+    assert at_once.encode() == one_by_one.encode()
+    assert len(at_once.positions) < many
