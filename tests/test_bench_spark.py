@@ -26,7 +26,8 @@ def test_the_endpoints_scenario_publishes_and_reads_every_row(tmp_path: Path) ->
                          "--json")
     assert done.returncode == 0, done.stderr + done.stdout
     results = {r["scenario"]: r for r in json.loads(done.stdout)}
-    assert list(results) == ["publish endpoint", "read endpoint (first read)", "read endpoint (again)"]
+    assert list(results) == ["publish endpoint", "read endpoint (first read, columns)",
+                             "read endpoint (again, columns)", "read endpoint (again, rows)"]
     assert all(r["rows"] == 2500 and r["seconds"] > 0 and r["rows_per_s"] > 0 for r in results.values())
 
 
