@@ -26,6 +26,7 @@ import attrs
 import trio
 import zmq
 
+from polymq.clients import zmq_socket
 from polymq.clients.trio_zmq import Frames, SocketPump
 from polymq.codecs import pzq
 
@@ -59,7 +60,7 @@ class _Client:
         self._context = zmq.Context.instance()
         sock = self._context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(f"tcp://{address}")
+        sock.connect(zmq_socket.endpoint(address))
         self.pump = SocketPump(sock, self._received)
         self._nursery_manager = trio.open_nursery()
         self._nursery: trio.Nursery | None = None

@@ -19,10 +19,16 @@ NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)
 
 
+def endpoint(address: str) -> str:
+    """The ZeroMQ endpoint of `HOST:PORT` (TCP), or `address` itself when it names its transport
+    (`ipc:///tmp/pzq-monitor`, PZQ's default monitor)."""
+    return address if "://" in address else f"tcp://{address}"
+
+
 def open_socket(context: zmq.Context, kind: int, address: str, *, timeout: float | None = None,
                 identity: bytes | None = None, linger_ms: int = 0) -> zmq.Socket:
-    """A socket of `kind` connected to `HOST:PORT`; with `timeout`, a blocking send or receive gives
-    up after that long (zmq.Again)."""
+    """A socket of `kind` connected to `HOST:PORT` or an endpoint (`endpoint`); with `timeout`, a
+    blocking send or receive gives up after that long (zmq.Again)."""
     sock = context.socket(kind)
     sock.setsockopt(zmq.LINGER, linger_ms)
     if identity is not None:
@@ -30,7 +36,7 @@ def open_socket(context: zmq.Context, kind: int, address: str, *, timeout: float
     if timeout is not None:
         sock.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
         sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
-    sock.connect(f"tcp://{address}")
+    sock.connect(endpoint(address))
     return sock
 
 

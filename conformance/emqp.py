@@ -27,6 +27,7 @@ import click
 import zmq
 
 from polymq.clients import emqp as emqp_client
+from polymq.clients import zmq_socket
 from polymq.codecs import emqp
 from polymq.conformance import runner
 from polymq.conformance.runner import CheckFailed, Registry, expect_equal
@@ -389,7 +390,7 @@ def _pubsub(t: Target) -> None:
     for sock, prefix in ((subscriber, topic[:-2]), (other, topic + b"-not")):
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, prefix)
-        sock.connect(f"tcp://{t.pubsub[1]}")
+        sock.connect(zmq_socket.endpoint(t.pubsub[1]))
     publisher = t.peer(t.pubsub[0])
     try:
         deadline = time.monotonic() + t.timeout

@@ -373,7 +373,7 @@ def make_context_factory(receive: str, send: str, monitor: str, timeout: float, 
 @click.command()
 @runner.address_options(("--receive", DEFAULT_RECEIVE, "The receive socket (producers), HOST:PORT."),
                  ("--send", DEFAULT_SEND, "The send socket (consumers), HOST:PORT."),
-                 ("--monitor", DEFAULT_MONITOR, "The monitor socket, HOST:PORT."))
+                 ("--monitor", DEFAULT_MONITOR, "The monitor socket, HOST:PORT or ipc://PATH."))
 @runner.selection_options("core")
 @runner.timeout_option("answer")
 @click.option("--ack-timeout", default=DEFAULT_ACK_TIMEOUT_S, show_default=True, type=float,

@@ -291,6 +291,10 @@ def timeout_option(what: str) -> Callable[[F], F]:
                         help=f"seconds to wait for any one expected {what}")
 
 
+# A ZeroMQ endpoint of a local socket file (PZQ's monitor listens on `ipc:///tmp/pzq-monitor`).
+IPC_PREFIX = "ipc://"
+
+
 def address_options(*options: tuple[str, str | None, str]) -> Callable[[F], F]:
     """`--NAME HOST:PORT` options of ZeroMQ endpoints: (flag, default or None, help) each, in order."""
 
@@ -383,9 +387,12 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 def address_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    """A click callback: `HOST:PORT` as given, checked, with an IPv6 host in brackets (a ZeroMQ endpoint)."""
+    """A click callback: `HOST:PORT` as given, checked, with an IPv6 host in brackets (a ZeroMQ
+    endpoint); or an `ipc://PATH` endpoint as it is."""
     if value is None:
         return None
+    if value.startswith(IPC_PREFIX) and len(value) > len(IPC_PREFIX):
+        return value
     host, port = parse_address(value)
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +88,34 @@ def test_without_a_restart_command_the_restart_check_is_left_out(tmp_path: Path)
     with running_gateway("--pzq-ack-timeout", "500", data_dir=tmp_path) as gateway:
         code, lines = run_suite("--receive", gateway.addresses["pzq-receive"], "--send", gateway.addresses["pzq-send"],
                                 "--monitor", gateway.addresses["pzq-monitor"], "--only", "core", "--ack-timeout", "0.5")
+    assert code == 0 and lines[-1] == "9 passed, 0 failed", "\n".join(lines)
+
+
+def test_the_monitor_may_be_an_ipc_endpoint(tmp_path: Path) -> None:
+    """PZQ's own monitor listens on `ipc:///tmp/pzq-monitor` by default: the gateway's TCP monitor is
+    reached here through a ZeroMQ proxy bound on a socket file."""
+    endpoint = f"ipc://{tmp_path}/monitor"
+    with running_gateway("--pzq-ack-timeout", "500", data_dir=tmp_path / "data") as gateway:
+        context = zmq.Context()
+        front, back = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+        front.bind(endpoint)
+        back.connect(f"tcp://{gateway.addresses['pzq-monitor']}")
+
+        def relay() -> None:
+            with contextlib.suppress(zmq.ContextTerminated):
+                zmq.proxy(front, back)
+            front.close(linger=0)
+            back.close(linger=0)
+
+        relaying = threading.Thread(target=relay, daemon=True)
+        relaying.start()
+        try:
+            code, lines = run_suite("--receive", gateway.addresses["pzq-receive"], "--send",
+                                    gateway.addresses["pzq-send"], "--monitor", endpoint, "--only", "core",
+                                    "--ack-timeout", "0.5")
+        finally:
+            context.term()  # ends the proxy, which closes its sockets
+            relaying.join()
     assert code == 0 and lines[-1] == "9 passed, 0 failed", "\n".join(lines)
 
 
