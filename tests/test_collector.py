@@ -42,6 +42,24 @@ async def test_cycles_in_the_oldest_generation_are_collected_on_the_clock(
     assert gc.get_threshold() == (young, middle, oldest)
 
 
+async def test_cycles_among_objects_that_survived_a_collection_are_found_when_thawed(
+        autojump_clock: trio.testing.MockClock) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(collector.collect_on_a_clock)
+        await trio.sleep(1)
+        node = Node()
+        await trio.sleep(collector.FULL_COLLECTION_INTERVAL_S)  # it survives a collection: frozen
+        assert gc.get_freeze_count() > 0
+        garbage = weakref.ref(node)
+        del node
+        await trio.sleep(collector.FULL_COLLECTION_INTERVAL_S)
+        assert garbage() is not None  # collections walk only what came since
+        await trio.sleep(collector.FULL_COLLECTION_INTERVAL_S * (collector.THAW_EVERY - 2))
+        assert garbage() is None  # the thawing one walks everything
+        nursery.cancel_scope.cancel()
+    assert gc.get_freeze_count() == 0
+
+
 async def test_the_threshold_comes_back_when_the_last_of_several_gateways_stops(
         autojump_clock: trio.testing.MockClock) -> None:
     before = gc.get_threshold()
