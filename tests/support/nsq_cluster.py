@@ -83,8 +83,15 @@ def nsq_tool(name: str) -> NsqTool:
     if nsq_tool_is_fake(name):
         if NSQ_BIN_REQUIRED and not NSQ_FAKES:
             pytest.fail(f"{name} not found in POLYMQ_NSQ_BIN={NSQ_BIN}")
-        return NsqTool(name, (sys.executable, str(FAKES_DIR / f"fake_{name}.py")), fake=True)
+        return nsq_fake(name)
     return NsqTool(name, (str(NSQ_BIN / name),), fake=False)
+
+
+def nsq_fake(name: str) -> NsqTool:
+    """The fake of one of the tools, present or not the real one."""
+    if name not in FAKED_TOOLS:
+        raise ValueError(f"{name} has no fake")
+    return NsqTool(name, (sys.executable, str(FAKES_DIR / f"fake_{name}.py")), fake=True)
 
 
 def wait_until(check: Callable[[], Any], what: str, timeout: float = WAIT_TIMEOUT_S) -> Any:
