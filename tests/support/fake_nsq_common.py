@@ -381,7 +381,7 @@ class Consumer:
         conn = connection.conn
         try:
             while True:
-                frame = conn.next_frame(timeout=READ_TIMEOUT_S * 2, heartbeats=True)
+                frame = conn.next_frame(timeout=READ_TIMEOUT_S, heartbeats=True)
                 if frame is None:
                     log(f"{self.prefix} ({connection.address}) IO error - read timeout")
                     break

@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 import urllib.parse
 from typing import Any
 
@@ -123,7 +124,7 @@ def stat_loop(values: dict[str, Any]) -> None:
                   f"{current['requeue_count']:7d} {current['timeout_count']:7d} {current['message_count']:12d} "
                   f"{current['client_count']:7d}", flush=True)
         previous = current
-        threading.Event().wait(interval)
+        time.sleep(interval)
         round_ += 1
     exit_now(0)
 

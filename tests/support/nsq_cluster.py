@@ -135,6 +135,8 @@ class Program:
         # message nsq_tail prints and its newline.
         self.process = subprocess.Popen([str(arg) for arg in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, cwd=cwd)
+        # The program's path; a fake's (support/fake_<tool>.py), not python's, for a fake.
+        self.name = str(args[1] if str(args[0]) == sys.executable and len(args) > 1 else args[0])
         self.lines: list[str] = []  # whole lines of both, in the order they were read
         self._changed = threading.Condition()
         self._pumps = [threading.Thread(target=self._pump, args=(stream,), daemon=True)
@@ -163,7 +165,7 @@ class Program:
             while not (found := check(self.lines)):
                 left = deadline - time.monotonic()
                 if left <= 0 or (self.process.poll() is not None and not found):
-                    raise AssertionError(f"{self.process.args[0]}: not in its output:\n" + "\n".join(self.lines[-20:]))
+                    raise AssertionError(f"{self.name}: not in its output:\n" + "\n".join(self.lines[-20:]))
                 self._changed.wait(min(left, 0.5))
             return found
 
