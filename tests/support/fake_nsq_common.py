@@ -64,6 +64,12 @@ HTTP_REQUEST_TIMEOUT_S = 5.0
 EXIT_FATAL = 1
 EXIT_USAGE = 2
 
+# go-nsq protocol.go isValidName: what NewConsumer accepts as a topic or channel name.
+_VALID_NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+MAX_NAME_LENGTH = 64
+# Go's net/http client names itself so; go-nsq and nsq's http_api set no User-Agent of their own.
+HTTP_USER_AGENT = "Go-http-client/1.1"
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -150,7 +156,8 @@ def parse_flags(program: str, argv: Sequence[str], spec: dict[str, tuple[str, An
 
 def get_v1(address: str, path: str, timeout: float = HTTP_REQUEST_TIMEOUT_S) -> Any:
     """GET of nsq's v1 HTTP API (internal/http_api GETV1): any status but 200 is an error."""
-    request = urllib.request.Request(f"http://{address}{path}", headers={"Accept": ACCEPT_V1})
+    request = urllib.request.Request(f"http://{address}{path}",
+                                     headers={"Accept": ACCEPT_V1, "User-Agent": HTTP_USER_AGENT})
     with urllib.request.urlopen(request, timeout=timeout) as reply:
         return json.load(reply)
 
@@ -239,6 +246,10 @@ class Consumer:
 
     def __init__(self, topic: str, channel: str, max_in_flight: int, user_agent: str,
                  deliveries: queue.Queue[Delivery]) -> None:
+        """Raises ValueError for a name go-nsq refuses ("invalid topic name", "invalid channel name")."""
+        for kind, name in (("topic", topic), ("channel", channel)):
+            if not (1 <= len(name) <= MAX_NAME_LENGTH and _VALID_NAME.match(name)):
+                raise ValueError(f"invalid {kind} name")
         self.topic, self.channel = topic, channel
         self.max_in_flight = max_in_flight
         self.user_agent = user_agent

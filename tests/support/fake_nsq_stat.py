@@ -39,6 +39,11 @@ COUNTS = ("depth", "backend_depth", "in_flight_count", "deferred_count", "requeu
           "message_count", "client_count")
 
 
+def error_list(errors: list[str]) -> str:
+    """clusterinfo ErrList's text: one error a line."""
+    return "\n".join(errors)
+
+
 def producers_of(topic: str, lookupds: list[str], nsqds: list[str], timeout: float) -> list[str]:
     """The HTTP addresses of the topic's producers (clusterinfo GetLookupdTopicProducers and
     GetNSQDTopicProducers), each once."""
@@ -56,7 +61,7 @@ def producers_of(topic: str, lookupds: list[str], nsqds: list[str], timeout: flo
                 if address not in found:
                     found.append(address)
         if len(errors) == len(lookupds):
-            fatal(f"ERROR: failed to get topic producers - failed to query any nsqlookupd: {errors}")
+            fatal(f"ERROR: failed to get topic producers - failed to query any nsqlookupd: {error_list(errors)}")
         return found
     for nsqd in nsqds:
         try:
@@ -67,7 +72,7 @@ def producers_of(topic: str, lookupds: list[str], nsqds: list[str], timeout: flo
         if any(t.get("topic_name") == topic for t in stats.get("topics") or []) and nsqd not in found:
             found.append(nsqd)
     if len(errors) == len(nsqds):
-        fatal(f"ERROR: failed to get topic producers - failed to query any nsqd: {errors}")
+        fatal(f"ERROR: failed to get topic producers - failed to query any nsqd: {error_list(errors)}")
     return found
 
 
@@ -94,8 +99,8 @@ def channel_totals(producers: list[str], topic: str, channel: str, timeout: floa
                     totals[name] += int(channel_stats.get(name, 0))
                 depth, backend = int(channel_stats.get("depth", 0)), int(channel_stats.get("backend_depth", 0))
                 totals["memory_depth"] += depth - backend
-    if producers and len(errors) == len(producers):
-        fatal(f"ERROR: failed to get nsqd stats - failed to query any nsqd: {errors}")
+    if len(errors) == len(producers):  # no producer at all too, as clusterinfo counts
+        fatal(f"ERROR: failed to get nsqd stats - failed to query any nsqd: {error_list(errors)}")
     return totals
 
 

@@ -59,7 +59,10 @@ def main(argv: list[str]) -> None:
     shown: dict[Consumer, int] = {}
     for topic in values["topic"]:
         log(f"Adding consumer for topic: {topic}")
-        consumer = Consumer(topic, channel, max_in_flight, user_agent, deliveries)
+        try:
+            consumer = Consumer(topic, channel, max_in_flight, user_agent, deliveries)
+        except ValueError as error:
+            fatal(str(error))
         shown[consumer] = 0
         consumer.connect_to_nsqds(values["nsqd-tcp-address"])
         consumer.connect_to_lookupds(values["lookupd-http-address"])

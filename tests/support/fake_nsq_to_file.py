@@ -144,12 +144,19 @@ def main(argv: list[str]) -> None:
     deliveries: queue.Queue[Delivery] = queue.Queue()
     loggers: dict[Consumer, FileLogger] = {}
     for topic in dict.fromkeys(values["topic"]):
-        consumer = Consumer(topic, values["channel"], values["max-in-flight"], user_agent, deliveries)
+        try:
+            consumer = Consumer(topic, values["channel"], values["max-in-flight"], user_agent, deliveries)
+        except ValueError as error:  # nsq_to_file logs it and goes on without the topic
+            log(f"ERROR: couldn't create logger for new topic {topic}: {error}")
+            continue
         loggers[consumer] = FileLogger(consumer, Path(values["output-dir"]),
                                        filename_format(values["filename-format"], topic, values["host-identifier"]),
                                        values["datetime-format"], values["max-in-flight"])
         consumer.connect_to_nsqds(values["nsqd-tcp-address"])
         consumer.connect_to_lookupds(values["lookupd-http-address"])
+    if not loggers:  # nothing to write: nsq_to_file waits for its signal all the same
+        stop_asked.wait()
+        return
     stopping = False
 
     def handle(delivery: Delivery) -> None:
