@@ -196,3 +196,22 @@ def test_nsq_stat_fake_prints_nsq_stats_lines(gateway: GatewayProcess) -> None:
         outputs[kind] = result.stdout
     assert outputs["fake"] == outputs["real"]
     assert outputs["fake"].splitlines()[2].split() == ["0", "0", "|", "3", "3", "0", "0", "0", "|", "0", "0", "3", "0"]
+
+
+# Go's log prefix: "2006/01/02 15:04:05 ".
+_LOG_TIME = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d ")
+
+
+@pytest.mark.parametrize("name", ["nsq_tail", "nsq_to_file", "nsq_stat", "to_nsq"])
+def test_fakes_answer_a_command_line_as_nsqs_tools(name: str) -> None:
+    """--version, a missing flag, an unknown one: the same exit status, output and message."""
+    for args in (["--version"], [], ["--topic=x"], ["--topic=x", "--channel=y"], ["--bogus"]):
+        results = {kind: subprocess.run([*tool.argv, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                        timeout=WAIT_TIMEOUT_S) for kind, tool in real_and_fake(name)}
+        real, fake = results["real"], results["fake"]
+        assert (fake.returncode, fake.stdout) == (real.returncode, real.stdout), (args, fake, real)
+        assert fake.returncode != 0 or fake.stdout == f"{name} v1.3.0\n", (args, fake)
+        if fake.returncode == 1:  # log.Fatal: the message's line
+            assert _LOG_TIME.sub("", fake.stderr.splitlines()[-1]) == _LOG_TIME.sub("", real.stderr.splitlines()[-1])
+        elif fake.returncode == 2:  # Go's flag package: its first line, before the usage the fakes leave out
+            assert fake.stderr.splitlines()[0] == real.stderr.splitlines()[0], (args, fake, real)

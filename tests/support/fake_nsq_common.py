@@ -502,9 +502,10 @@ def consumer_flags() -> dict[str, tuple[str, Any]]:
             "topic": (LIST, [])}
 
 
-def check_sources(values: dict[str, Any]) -> None:
+def check_sources(values: dict[str, Any], end: str = "") -> None:
+    """One of the two ways to find nsqds, not both (`end`: nsq_to_file's message has a full stop)."""
     if not values["nsqd-tcp-address"] and not values["lookupd-http-address"]:
-        fatal("--nsqd-tcp-address or --lookupd-http-address required")
+        fatal(f"--nsqd-tcp-address or --lookupd-http-address required{end}")
     if values["nsqd-tcp-address"] and values["lookupd-http-address"]:
         fatal("use --nsqd-tcp-address or --lookupd-http-address not both")
 

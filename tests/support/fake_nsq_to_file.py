@@ -135,7 +135,7 @@ def main(argv: list[str]) -> None:
         return
     if not values["channel"]:
         fatal("--channel is required")
-    check_sources(values)
+    check_sources(values, end=".")
     if not values["topic"]:
         fatal("--topic or --topic-pattern required")
     if values["sync-interval"] <= 0:
