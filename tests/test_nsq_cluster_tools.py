@@ -1,9 +1,11 @@
 """nsqadmin and nsq's tools, unchanged, against three polymq nodes behind a lookupd.
 
-Needs nsq 1.3.0's binaries in POLYMQ_NSQ_BIN (default ~/ref/nsq/bin; docs/cluster.md): each test
-skips, saying so, without them. nsqadmin runs against the real nsqlookupd and against the test
-lookupd (so the test lookupd is checked against what nsqadmin reads). Every process is started on
-127.0.0.1 and stopped by its PID; every wait is for a state, with a generous deadline.
+Each test runs against the real nsqlookupd (skipped without it) and against the test lookupd.
+nsq_tail, nsq_to_file, nsq_stat and to_nsq are nsq 1.3.0's programs when POLYMQ_NSQ_BIN (default
+~/ref/nsq/bin; docs/cluster.md) has them, else their fakes (support/fake_<tool>.py; always with
+POLYMQ_NSQ_FAKES=1), and the test's id says which. nsqadmin and nsqd have no fakes: their tests skip,
+saying so, without the binaries. Every process is started on 127.0.0.1 and stopped by its PID; every
+wait is for a state, with a generous deadline.
 """
 
 from __future__ import annotations
@@ -21,16 +23,31 @@ import attrs
 import pytest
 
 from support.gateway import GatewayProcess, running_gateway
-from support.nsq_cluster import Lookupd, Program, http, http_json, nsq_program, running_lookupd, wait_until
+from support.nsq_cluster import (
+    Lookupd,
+    Program,
+    http,
+    http_json,
+    nsq_program,
+    nsq_tool,
+    nsq_tool_label,
+    running_lookupd,
+    wait_until,
+)
 
 NODES = 3
+
+
+def with_tool(name: str) -> pytest.MarkDecorator:
+    """The test gets `tool`, the name of one of nsq's tools; its id says whether the real program or
+    its fake runs."""
+    return pytest.mark.parametrize("tool", [pytest.param(name, id=nsq_tool_label(name))])
 
 
 @attrs.define
 class Cluster:
     lookupd: Lookupd
     nodes: list[GatewayProcess]
-    admin: str  # nsqadmin's HTTP address
 
     def publish(self, topic: str, counts: list[int], prefix: str = "m") -> list[bytes]:
         """Publishes `counts[i]` messages on node i; returns every body."""
@@ -67,82 +84,92 @@ class Cluster:
 
 @pytest.fixture(scope="module", params=["nsqlookupd", "test lookupd"])
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    nsqadmin = nsq_program("nsqadmin")
     with ExitStack() as stack:
         lookupd = stack.enter_context(running_lookupd(request.param))
         nodes = [stack.enter_context(running_gateway(
             "--lookupd-tcp-address", lookupd.tcp_address, "--broadcast-address", "127.0.0.1", "--in-memory",
             "--no-mqks", "--no-phpmq", "--no-pzq", "--no-emqp")) for _ in range(NODES)]
-        admin = Program([nsqadmin, "--http-address=127.0.0.1:0", f"--lookupd-http-address={lookupd.http_address}"])
-        stack.callback(admin.stop)
-        cluster = Cluster(lookupd, nodes, admin.listening(1)["HTTP"])
+        cluster = Cluster(lookupd, nodes)
         wait_until(lambda: len(lookupd.get("/nodes")["producers"]) == NODES, "every node in lookupd's list")
         yield cluster
 
 
-def admin_action(cluster: Cluster, method: str, path: str, action: str | None = None) -> None:
+@pytest.fixture(scope="module")
+def admin(cluster: Cluster) -> Iterator[str]:
+    """nsqadmin's HTTP address, nsqadmin reading the cluster's lookupd (skipped without nsqadmin: no fake)."""
+    program = Program([nsq_program("nsqadmin"), "--http-address=127.0.0.1:0",
+                       f"--lookupd-http-address={cluster.lookupd.http_address}"])
+    try:
+        yield program.listening(1)["HTTP"]
+    finally:
+        program.stop()
+
+
+def admin_action(admin: str, method: str, path: str, action: str | None = None) -> None:
     body = json.dumps({"action": action}).encode() if action else None
-    status, data = http(cluster.admin, path, method, body, {"Content-Type": "application/json"})
+    status, data = http(admin, path, method, body, {"Content-Type": "application/json"})
     assert status == 200, (path, action, status, data)
 
 
-def test_nsqadmin_lists_every_node_and_totals_topics_and_channels(cluster: Cluster) -> None:
+def test_nsqadmin_lists_every_node_and_totals_topics_and_channels(cluster: Cluster, admin: str) -> None:
     for gateway in cluster.nodes:
         assert http(gateway.nsq_http, "/topic/create?topic=adm", "POST")[0] == 200
     cluster.on_every_node("/channel/create?topic=adm&channel=c")
     cluster.publish("adm", [1, 2, 3])
     cluster.registered("adm")
-    nodes = http_json(cluster.admin, "/api/nodes")["nodes"]
+    nodes = http_json(admin, "/api/nodes")["nodes"]
     assert sorted(node["tcp_port"] for node in nodes) == sorted(g.host_port("nsq-tcp")[1] for g in cluster.nodes)
     assert all(node["version"] == "1.3.0" and {"topic": "adm", "tombstoned": False} in node["topics"]
                for node in nodes)
-    assert "adm" in http_json(cluster.admin, "/api/topics")["topics"]
-    topic = http_json(cluster.admin, "/api/topics/adm")
+    assert "adm" in http_json(admin, "/api/topics")["topics"]
+    topic = http_json(admin, "/api/topics/adm")
     assert (topic["message_count"], len(topic["nodes"])) == (6, NODES)
     assert sorted(node["message_count"] for node in topic["nodes"]) == [1, 2, 3]
     (channel,) = topic["channels"]
     assert (channel["channel_name"], channel["depth"], channel["message_count"]) == ("c", 6, 6)
-    channel = http_json(cluster.admin, "/api/topics/adm/c")
+    channel = http_json(admin, "/api/topics/adm/c")
     assert (channel["depth"], channel["in_flight_count"], len(channel["nodes"])) == (6, 0, NODES)
-    node_page = http_json(cluster.admin, f"/api/nodes/127.0.0.1:{cluster.nodes[2].host_port('nsq-http')[1]}")
+    node_page = http_json(admin, f"/api/nodes/127.0.0.1:{cluster.nodes[2].host_port('nsq-http')[1]}")
     assert node_page["total_messages"] == 3 and [t["topic_name"] for t in node_page["topics"]] == ["adm"]
 
 
-def test_nsqadmin_actions_reach_every_node(cluster: Cluster) -> None:
+def test_nsqadmin_actions_reach_every_node(cluster: Cluster, admin: str) -> None:
     for gateway in cluster.nodes:
         assert http(gateway.nsq_http, "/topic/create?topic=act", "POST")[0] == 200
     cluster.on_every_node("/channel/create?topic=act&channel=c")
     cluster.on_every_node("/channel/create?topic=act&channel=d")
     cluster.publish("act", [2, 2, 2])
     cluster.registered("act")
-    admin_action(cluster, "POST", "/api/topics/act", "pause")
+    admin_action(admin, "POST", "/api/topics/act", "pause")
     assert all(stats and stats["paused"] for stats in cluster.topic_stats("act"))
-    admin_action(cluster, "POST", "/api/topics/act", "unpause")
+    admin_action(admin, "POST", "/api/topics/act", "unpause")
     assert not any(stats and stats["paused"] for stats in cluster.topic_stats("act"))
-    admin_action(cluster, "POST", "/api/topics/act/c", "pause")
+    admin_action(admin, "POST", "/api/topics/act/c", "pause")
     assert all(stats and stats["paused"] for stats in cluster.channel_stats("act", "c"))
-    admin_action(cluster, "POST", "/api/topics/act/c", "unpause")
+    admin_action(admin, "POST", "/api/topics/act/c", "unpause")
     assert not any(stats and stats["paused"] for stats in cluster.channel_stats("act", "c"))
-    admin_action(cluster, "POST", "/api/topics/act/c", "empty")
+    admin_action(admin, "POST", "/api/topics/act/c", "empty")
     assert [stats and stats["depth"] for stats in cluster.channel_stats("act", "c")] == [0, 0, 0]
     assert [stats and stats["depth"] for stats in cluster.channel_stats("act", "d")] == [2, 2, 2]
-    admin_action(cluster, "POST", "/api/topics/act", "empty")  # the topic's own backlog: none here
-    admin_action(cluster, "DELETE", "/api/topics/act/d")
+    admin_action(admin, "POST", "/api/topics/act", "empty")  # the topic's own backlog: none here
+    admin_action(admin, "DELETE", "/api/topics/act/d")
     assert cluster.channel_stats("act", "d") == [None, None, None]
     wait_until(lambda: "d" not in {c for c in cluster.lookupd.get("/lookup?topic=act")["channels"]},
                "channel d gone from lookupd")
-    admin_action(cluster, "DELETE", "/api/topics/act")
+    admin_action(admin, "DELETE", "/api/topics/act")
     assert cluster.topic_stats("act") == [None, None, None]
     wait_until(lambda: all("topic:act:" not in cluster.lookupd.registered(g.host_port("nsq-tcp")[1])
                            for g in cluster.nodes), "topic act unregistered by every node")
 
 
-def test_nsq_tail_reads_every_node_found_through_lookupd(cluster: Cluster) -> None:
-    nsq_tail = nsq_program("nsq_tail")
+@with_tool("nsq_tail")
+def test_nsq_tail_reads_every_node_found_through_lookupd(cluster: Cluster, tool: str) -> None:
+    nsq_tail = nsq_tool(tool)
     for gateway in cluster.nodes:
         assert http(gateway.nsq_http, "/topic/create?topic=tail", "POST")[0] == 200
     cluster.registered("tail")
-    tail = Program([nsq_tail, f"--lookupd-http-address={cluster.lookupd.http_address}", "--topic=tail", "-n", "6"])
+    tail = Program([*nsq_tail.argv, f"--lookupd-http-address={cluster.lookupd.http_address}", "--topic=tail",
+                    "-n", "6"])
     try:
         # nsq_tail subscribes an ephemeral channel of its own on each node it finds.
         wait_until(lambda: all(stats and any(c["client_count"] for c in stats["channels"])
@@ -154,14 +181,15 @@ def test_nsq_tail_reads_every_node_found_through_lookupd(cluster: Cluster) -> No
         tail.stop()
 
 
-def test_nsq_to_file_writes_every_nodes_messages(cluster: Cluster, tmp_path: Path) -> None:
-    nsq_to_file = nsq_program("nsq_to_file")
+@with_tool("nsq_to_file")
+def test_nsq_to_file_writes_every_nodes_messages(cluster: Cluster, tool: str, tmp_path: Path) -> None:
+    nsq_to_file = nsq_tool(tool)
     for gateway in cluster.nodes:
         assert http(gateway.nsq_http, "/topic/create?topic=tofile", "POST")[0] == 200
     cluster.on_every_node("/channel/create?topic=tofile&channel=archive")
     bodies = cluster.publish("tofile", [3, 1, 2], prefix="file")
     cluster.registered("tofile")
-    writer = Program([nsq_to_file, f"--lookupd-http-address={cluster.lookupd.http_address}", "--topic=tofile",
+    writer = Program([*nsq_to_file.argv, f"--lookupd-http-address={cluster.lookupd.http_address}", "--topic=tofile",
                       "--channel=archive", f"--output-dir={tmp_path}", "--sync-interval=100ms"])
     try:
         # It finishes each message once its file is synced: then no node holds one.
@@ -174,14 +202,15 @@ def test_nsq_to_file_writes_every_nodes_messages(cluster: Cluster, tmp_path: Pat
     assert sorted(written) == sorted(bodies)
 
 
-def test_nsq_stat_totals_a_channel_over_the_nodes(cluster: Cluster) -> None:
-    nsq_stat = nsq_program("nsq_stat")
+@with_tool("nsq_stat")
+def test_nsq_stat_totals_a_channel_over_the_nodes(cluster: Cluster, tool: str) -> None:
+    nsq_stat = nsq_tool(tool)
     for gateway in cluster.nodes:
         assert http(gateway.nsq_http, "/topic/create?topic=stat", "POST")[0] == 200
     cluster.on_every_node("/channel/create?topic=stat&channel=c")
     cluster.publish("stat", [1, 1, 2])
     cluster.registered("stat")
-    result = subprocess.run([nsq_stat, f"--lookupd-http-address={cluster.lookupd.http_address}", "--topic=stat",
+    result = subprocess.run([*nsq_stat.argv, f"--lookupd-http-address={cluster.lookupd.http_address}", "--topic=stat",
                              "--channel=c", "--count=1", "--interval=100ms"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
@@ -190,10 +219,11 @@ def test_nsq_stat_totals_a_channel_over_the_nodes(cluster: Cluster) -> None:
     assert last.split() == ["0", "0", "|", "4", "4", "0", "0", "0", "|", "0", "0", "4", "0"], result.stdout
 
 
-def test_to_nsq_publishes_to_a_node(cluster: Cluster) -> None:
-    to_nsq = nsq_program("to_nsq")
+@with_tool("to_nsq")
+def test_to_nsq_publishes_to_a_node(cluster: Cluster, tool: str) -> None:
+    to_nsq = nsq_tool(tool)
     gateway = cluster.nodes[0]
-    result = subprocess.run([to_nsq, f"--nsqd-tcp-address={gateway.nsq_tcp}", "--topic=tonsq"],
+    result = subprocess.run([*to_nsq.argv, f"--nsqd-tcp-address={gateway.nsq_tcp}", "--topic=tonsq"],
                             input=b"one\ntwo\nthree\n", capture_output=True, timeout=60, env={**os.environ})
     assert result.returncode == 0, result.stderr
     (stats,) = http_json(gateway.nsq_http, "/stats?format=json&topic=tonsq")["topics"]
@@ -202,7 +232,8 @@ def test_to_nsq_publishes_to_a_node(cluster: Cluster) -> None:
                == [gateway.host_port("nsq-tcp")[1]], "the new topic registered by its node")
 
 
-def test_polymq_nodes_and_an_nsqd_are_one_cluster(cluster: Cluster, tmp_path: Path) -> None:
+@with_tool("nsq_tail")
+def test_polymq_nodes_and_an_nsqd_are_one_cluster(cluster: Cluster, admin: str, tool: str, tmp_path: Path) -> None:
     nsqd = Program([nsq_program("nsqd"), "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                     f"--lookupd-tcp-address={cluster.lookupd.tcp_address}", "--broadcast-address=127.0.0.1",
                     f"--data-path={tmp_path}"])
@@ -212,10 +243,10 @@ def test_polymq_nodes_and_an_nsqd_are_one_cluster(cluster: Cluster, tmp_path: Pa
         bodies = [b"from-nsqd", *cluster.publish("mixed", [1, 1, 1], prefix="from-polymq")]
         wait_until(lambda: len(cluster.lookupd.get("/lookup?topic=mixed")["producers"]) == NODES + 1,
                    "the topic registered by the three polymq nodes and nsqd")
-        topic = http_json(cluster.admin, "/api/topics/mixed")
+        topic = http_json(admin, "/api/topics/mixed")
         assert (topic["message_count"], len(topic["nodes"])) == (4, NODES + 1)
         # Kept by each node's topic until a first channel takes them: nsq_tail's, on every node.
-        tail = Program([nsq_program("nsq_tail"), f"--lookupd-http-address={cluster.lookupd.http_address}",
+        tail = Program([*nsq_tool(tool).argv, f"--lookupd-http-address={cluster.lookupd.http_address}",
                         "--topic=mixed", "-n", "4"])
         try:
             assert tail.wait(60) == 0

@@ -1,10 +1,13 @@
 """NSQ's own programs for cluster tests: nsqlookupd, nsqadmin and the nsq_* tools, when present.
 
 They are looked for in POLYMQ_NSQ_BIN (default ~/ref/nsq/bin; docs/cluster.md says where to get
-them); a test that needs one skips, naming what is missing, when it is not there. Each program is
-started on 127.0.0.1 with port 0 where it listens, its log read for the address it took, and
-stopped by its PID. `Lookupd` is one interface over the real nsqlookupd and the test lookupd
-(support/fake_lookupd.py), so the same tests run against both.
+them); a test that needs one skips, naming what is missing, when it is not there. The tools
+nsq_tail, nsq_to_file, nsq_stat and to_nsq have fakes here (support/fake_<tool>.py, for CI, which
+has no Go): `nsq_tool` gives the real program when it is there, else its fake, and
+POLYMQ_NSQ_FAKES=1 takes the fakes even then. Each program is started on 127.0.0.1 with port 0
+where it listens, its log read for the address it took, and stopped by its PID. `Lookupd` is one
+interface over the real nsqlookupd and the test lookupd (support/fake_lookupd.py), so the same
+tests run against both.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -23,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from support.fake_lookupd import FakeLookupd
@@ -30,6 +35,11 @@ from support.fake_lookupd import FakeLookupd
 NSQ_BIN = Path(os.environ.get("POLYMQ_NSQ_BIN", "~/ref/nsq/bin")).expanduser()
 # Named on purpose, the folder must hold the programs: a missing one is then a failure, not a skip.
 NSQ_BIN_REQUIRED = "POLYMQ_NSQ_BIN" in os.environ
+# Set to 1: the tools run as their fakes even where the real programs are (how CI runs them).
+NSQ_FAKES = os.environ.get("POLYMQ_NSQ_FAKES", "") == "1"
+# The tools that have a fake: support/fake_<name>.py.
+FAKED_TOOLS = ("nsq_tail", "nsq_to_file", "nsq_stat", "to_nsq")
+FAKES_DIR = Path(__file__).parent
 START_TIMEOUT_S = 30.0
 WAIT_TIMEOUT_S = 60.0
 _LISTENING = re.compile(r"(TCP|HTTP): listening on (\S+:\d+)")
@@ -44,6 +54,44 @@ def nsq_program(name: str) -> Path:
         pytest.skip(f"{name} not found in {NSQ_BIN} (set POLYMQ_NSQ_BIN to the folder of nsq's binaries; "
                     "docs/cluster.md): the test against the real program is skipped")
     return path
+
+
+@attrs.frozen(slots=True)
+class NsqTool:
+    """How to run one of nsq's tools: its real program or its fake."""
+
+    name: str
+    argv: tuple[str, ...]
+    fake: bool
+
+
+def nsq_tool_is_fake(name: str) -> bool:
+    """Whether `nsq_tool(name)` gives the fake: asked for, or the real program is not in POLYMQ_NSQ_BIN."""
+    return NSQ_FAKES or not os.access(NSQ_BIN / name, os.X_OK)
+
+
+def nsq_tool_label(name: str) -> str:
+    """Which of the two `nsq_tool(name)` runs, known when tests are collected, for a test's id."""
+    return f"fake {name}" if nsq_tool_is_fake(name) else f"{name} 1.3.0"
+
+
+def nsq_tool(name: str) -> NsqTool:
+    """One of the tools with a fake: the real program when present (a failure if POLYMQ_NSQ_BIN names a
+    folder without it), else, or with POLYMQ_NSQ_FAKES=1, `python support/fake_<name>.py`."""
+    if name not in FAKED_TOOLS:
+        raise ValueError(f"{name} has no fake; nsq_program() runs it")
+    if nsq_tool_is_fake(name):
+        if NSQ_BIN_REQUIRED and not NSQ_FAKES:
+            pytest.fail(f"{name} not found in POLYMQ_NSQ_BIN={NSQ_BIN}")
+        return nsq_fake(name)
+    return NsqTool(name, (str(NSQ_BIN / name),), fake=False)
+
+
+def nsq_fake(name: str) -> NsqTool:
+    """The fake of one of the tools, present or not the real one."""
+    if name not in FAKED_TOOLS:
+        raise ValueError(f"{name} has no fake")
+    return NsqTool(name, (sys.executable, str(FAKES_DIR / f"fake_{name}.py")), fake=True)
 
 
 def wait_until(check: Callable[[], Any], what: str, timeout: float = WAIT_TIMEOUT_S) -> Any:
@@ -87,6 +135,8 @@ class Program:
         # message nsq_tail prints and its newline.
         self.process = subprocess.Popen([str(arg) for arg in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, cwd=cwd)
+        # The program's path; a fake's (support/fake_<tool>.py), not python's, for a fake.
+        self.name = str(args[1] if str(args[0]) == sys.executable and len(args) > 1 else args[0])
         self.lines: list[str] = []  # whole lines of both, in the order they were read
         self._changed = threading.Condition()
         self._pumps = [threading.Thread(target=self._pump, args=(stream,), daemon=True)
@@ -115,7 +165,7 @@ class Program:
             while not (found := check(self.lines)):
                 left = deadline - time.monotonic()
                 if left <= 0 or (self.process.poll() is not None and not found):
-                    raise AssertionError(f"{self.process.args[0]}: not in its output:\n" + "\n".join(self.lines[-20:]))
+                    raise AssertionError(f"{self.name}: not in its output:\n" + "\n".join(self.lines[-20:]))
                 self._changed.wait(min(left, 0.5))
             return found
 
