@@ -25,10 +25,12 @@ import click
 import polymq
 
 # The modules on the hot path of every protocol: framing of the busiest codec, the engine's queue
-# operations, the store's records, commit and read-back, timers; the TCP session skeleton and its
-# socket transport, and the NSQ session on them (a PUB's answer and a delivery's frame). Their
-# folders are `polymq._COMPILED_FOLDERS`.
+# operations, ids and clock, the store's records, commit and read-back, timers; the TCP session
+# skeleton and its socket transport, and the NSQ session on them (a PUB's answer and a delivery's
+# frame). Their folders are `polymq._COMPILED_FOLDERS`.
 HOT_MODULES = (
+    "core/ids.py",
+    "core/clock.py",
     "core/message.py",
     "core/records.py",
     "core/timers.py",
