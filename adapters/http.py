@@ -271,7 +271,8 @@ async def serve_http(app: HttpApp, sock: socket.socket, *,
                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve `app` on `sock` (bound and listening) until cancelled."""
     config = hypercorn_config()
-    asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    # HttpApp takes ASGI's messages as plain dicts; hypercorn types them as its TypedDicts.
+    asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
         # Hand hypercorn the socket itself (not "fd://", which would wrap the same fd twice).
         await nursery.start(lambda task_status: worker_serve(

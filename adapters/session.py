@@ -31,9 +31,12 @@ import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable
+from typing import ClassVar
 
 import trio
+from mypy_extensions import mypyc_attr
 
+from polymq.adapters.connection_end import until_connection_ends
 from polymq.adapters.log_limit import RateLimitedLog
 from polymq.adapters.protocol import OutputLimit, Traffic
 from polymq.adapters.transport import SocketTransport, Transport, serve_tcp, stop_listening
@@ -54,10 +57,12 @@ REFUSAL_LINGER_S = 1.0
 REFUSAL_READ_LIMIT = 64 * 1024
 
 
+# Compiled (mypyc): the other protocols' sessions and listeners are interpreted subclasses.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StreamSession:
     """Subclasses implement `handle` (a read's bytes, synchronously) and `closed` (cleanup)."""
 
-    log = logging.getLogger("polymq.session")
+    log: ClassVar[logging.Logger] = logging.getLogger("polymq.session")
 
     def __init__(self, engine: Engine, transport: Transport) -> None:
         self.engine = engine
@@ -133,16 +138,7 @@ class StreamSession:
 
     async def run(self) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                self._cancel_scope = nursery.cancel_scope
-                nursery.start_soon(self._write_loop)
-                await self._read_loop()
-                await self._drain_output()
-                nursery.cancel_scope.cancel()
-        # `except*`: the nursery wraps its tasks' errors in an ExceptionGroup (trio's strict groups).
-        # OSError covers ssl.SSLError; TooSlowError is a deadline of a command that waited.
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as group:
-            self.log.debug("%s: connection ended: %r", self.peer, group.exceptions)
+            await until_connection_ends(self._run_tasks, self.log, self.peer)
         finally:
             self._closed = True
             self.log.info("%s: connection closed: %s", self.peer,
@@ -150,6 +146,14 @@ class StreamSession:
             self.closed()
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await self.transport.aclose()
+
+    async def _run_tasks(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._cancel_scope = nursery.cancel_scope
+            nursery.start_soon(self._write_loop)
+            await self._read_loop()
+            await self._drain_output()
+            nursery.cancel_scope.cancel()
 
     def close(self, reason: str | None = None) -> None:
         """End the session now, from outside (shutdown, a deleted queue, a deadline)."""
@@ -327,8 +331,8 @@ class StreamSession:
         data = b"".join(self.out)
         self.out = []
         self._out_bytes = 0
-        self._in_send = 0  # bytes of the write under way (`_flush`), not yet known to be sent
-        self._over_since: float | None = None  # trio time the watch first saw too much unsent output
+        self._in_send = 0
+        self._over_since = None
         self._urgent = False
         return data
 
@@ -338,10 +342,11 @@ class StreamSession:
             self._wake.set()
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Listener:
     """The sessions of one listener: runs each, forgets it when it ends, closes them all at shutdown."""
 
-    log = logging.getLogger("polymq.session")
+    log: ClassVar[logging.Logger] = logging.getLogger("polymq.session")
 
     def __init__(self) -> None:
         self.sessions: set[StreamSession] = set()
@@ -421,6 +426,7 @@ class Listener:
             session.close("server shutting down")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TcpService:
     """The service of a protocol that serves session listeners on TCP sockets the gateway bound:
     run accepts on each, stop refuses new clients and then ends every session."""

@@ -5,28 +5,34 @@
 checkpoints and conflict detectors of `trio.SocketStream` on every read and write, which are
 most of the CPU of a request/response round trip (profiled: NSQ PUB). A session that must
 speak TLS hands the socket over to a trio stream with `to_stream` and continues on
-`StreamTransport`.
+`StreamTransport`. Both are `Transport`s: compiled (mypyc), a session's calls to them are
+direct, not looked up by name.
 """
 
 from __future__ import annotations
 
 import socket
-from typing import Protocol
+from collections.abc import Awaitable, Callable
 
 import trio
 
 
-class Transport(Protocol):
-    async def receive_some(self, max_bytes: int) -> bytes: ...
+class Transport:
+    """A connection's bytes, as a session uses them; `peer` is the client's host:port."""
 
-    async def send_all(self, data: bytes) -> None: ...
+    peer: str
 
-    def try_send(self, data: bytes) -> int: ...
+    async def receive_some(self, max_bytes: int) -> bytes:
+        raise NotImplementedError
 
-    async def aclose(self) -> None: ...
+    async def send_all(self, data: bytes) -> None:
+        raise NotImplementedError
 
-    @property
-    def peer(self) -> str: ...
+    def try_send(self, data: bytes) -> int:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
 
 
 def _format_peer(sock: socket.socket | trio.socket.SocketType) -> str:
@@ -37,7 +43,7 @@ def _format_peer(sock: socket.socket | trio.socket.SocketType) -> str:
     return f"{host}:{port}"
 
 
-class SocketTransport:
+class SocketTransport(Transport):
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -104,13 +110,15 @@ class SocketTransport:
         await trio.lowlevel.checkpoint()
 
 
-class StreamTransport:
+class StreamTransport(Transport):
     def __init__(self, stream: trio.abc.Stream, peer: str) -> None:
         self.stream = stream
         self.peer = peer
 
     async def receive_some(self, max_bytes: int) -> bytes:
-        return await self.stream.receive_some(max_bytes)
+        data = await self.stream.receive_some(max_bytes)
+        # trio's streams may return a bytearray; compiled, `bytes` must be bytes (SSLStream's are).
+        return data if isinstance(data, bytes) else bytes(data)
 
     async def send_all(self, data: bytes) -> None:
         await self.stream.send_all(data)
@@ -123,7 +131,8 @@ class StreamTransport:
 
 
 async def serve_tcp(
-    handler, sock: socket.socket, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    handler: Callable[[SocketTransport], Awaitable[None]], sock: socket.socket, *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept connections on a bound, listening socket; run `handler(SocketTransport)` for each."""
     sock.setblocking(False)

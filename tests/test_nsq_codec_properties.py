@@ -471,3 +471,11 @@ def test_go_quote_is_ascii_safe_and_round_trips_ascii(raw: bytes) -> None:
         import json
 
         assert quoted == json.dumps(raw.decode())
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**63 - 1), st.integers(1, 65535), st.integers(0, 2**20))
+def test_a_numeric_id_frames_as_its_16_lowercase_hex_digits(message_id: int, timestamp_ns: int, attempts: int,
+                                                            body_len: int) -> None:
+    assert nsq.frame_message_header_of(timestamp_ns, attempts, message_id, body_len) == \
+        nsq.frame_message_header(timestamp_ns, attempts, b"%016x" % message_id, body_len)
+    assert nsq.message_id_number(b"%016x" % message_id) == message_id

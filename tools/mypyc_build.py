@@ -25,8 +25,12 @@ import click
 import polymq
 
 # The modules on the hot path of every protocol: framing of the busiest codec, the engine's queue
-# operations, the store's records, commit and read-back, timers.
+# operations, ids and clock, the store's records, commit and read-back, timers; the TCP session
+# skeleton and its socket transport, and the NSQ session on them (a PUB's answer and a delivery's
+# frame). Their folders are `polymq._COMPILED_FOLDERS`.
 HOT_MODULES = (
+    "core/ids.py",
+    "core/clock.py",
     "core/message.py",
     "core/records.py",
     "core/timers.py",
@@ -34,13 +38,21 @@ HOT_MODULES = (
     "core/disk_io.py",
     "core/disk_storage.py",
     "codecs/nsq.py",
+    "adapters/transport.py",
+    "adapters/session.py",
+    "adapters/nsq/tcp.py",
 )
 GROUP = "polymq.compiled"
 PACKAGE = Path(polymq.__file__).resolve().parent
 
 
+def compiled_folders() -> tuple[str, ...]:
+    """The folders of `HOT_MODULES`, in order, each once."""
+    return tuple(dict.fromkeys(str(Path(module).parent) for module in HOT_MODULES))
+
+
 def compiled_files() -> list[Path]:
-    return [*PACKAGE.glob("compiled__mypyc*.so"), *(p for f in ("core", "codecs") for p in (PACKAGE / f).glob("*.so"))]
+    return [*PACKAGE.glob("compiled__mypyc*.so"), *(p for f in compiled_folders() for p in (PACKAGE / f).glob("*.so"))]
 
 
 def clean() -> None:

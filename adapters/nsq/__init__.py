@@ -168,9 +168,10 @@ class NSQService(TcpService):
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(super().run)
-            if self.http is not None:
+            http = self.http
+            if http is not None:
                 await nursery.start(lambda task_status: serve_nsq_http(
-                    self.engine, self.server, self.http, info_extra=self.info_extra, lookupd=self.lookupd,
+                    self.engine, self.server, http, info_extra=self.info_extra, lookupd=self.lookupd,
                     task_status=task_status))
             # Registered once both listeners serve, so a consumer told of this node can connect.
             await nursery.start(self.lookupd.run)

@@ -518,6 +518,7 @@ class NsqHttpApi:
         read_max = limits.max_body_size + 1
 
         def complete(body: bytes) -> Response:
+            bodies: list[bytes] | ProtocolError | Response
             if binary:
                 if len(body) >= read_max:
                     # nsqd reads binary bodies unbounded when there is no Content-Length
