@@ -327,8 +327,8 @@ class StreamSession:
         data = b"".join(self.out)
         self.out = []
         self._out_bytes = 0
-        self._in_send = 0  # bytes of the write under way (`_flush`), not yet known to be sent
-        self._over_since: float | None = None  # trio time the watch first saw too much unsent output
+        self._in_send = 0
+        self._over_since = None
         self._urgent = False
         return data
 

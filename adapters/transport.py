@@ -110,7 +110,8 @@ class StreamTransport:
         self.peer = peer
 
     async def receive_some(self, max_bytes: int) -> bytes:
-        return await self.stream.receive_some(max_bytes)
+        # `bytes` as from a socket: TLS streams return a bytearray.
+        return bytes(await self.stream.receive_some(max_bytes))
 
     async def send_all(self, data: bytes) -> None:
         await self.stream.send_all(data)
