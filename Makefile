@@ -7,10 +7,12 @@ STAMP := $(VENV)/.polymq-installed
 .PHONY: install serve test lint interop-envs system-tools bench conformance example-spark
 
 COMPILED := $(VENV)/.polymq-compiled
-# Tests run on the pure-Python sources too (POLYMQ_PURE_PYTHON=1): the engine, store and codec units.
+# Tests run on the pure-Python sources too (POLYMQ_PURE_PYTHON=1): the engine, store and codec units,
+# and the MQKS session through a gateway.
 PURE_TESTS := tests/test_engine.py tests/test_engine_stateful.py tests/test_records_properties.py \
 	tests/test_storage_recovery.py tests/test_commit_path.py tests/test_nsq_codec.py \
-	tests/test_nsq_codec_properties.py tests/test_timers.py tests/test_compiled.py tests/test_schedules.py tests/test_streams.py
+	tests/test_nsq_codec_properties.py tests/test_timers.py tests/test_compiled.py tests/test_schedules.py tests/test_streams.py \
+	tests/test_mqks_codec.py tests/test_mqks_codec_properties.py tests/test_mqks.py
 
 $(STAMP): pyproject.toml
 	@echo "==> polymq: creating the virtual environment $(VENV)"
@@ -26,7 +28,7 @@ $(STAMP): pyproject.toml
 # The hot modules compiled with mypyc next to their sources (docs/performance.md). If it fails,
 # the pure-Python modules stay in use and the message says so; an edited source is used as it is
 # until the next compile.
-$(COMPILED): $(STAMP) $(wildcard core/*.py codecs/*.py)
+$(COMPILED): $(STAMP) $(wildcard core/*.py codecs/*.py) adapters/mqks/session.py
 	@echo "==> polymq: compiling the hot modules with mypyc (a minute or two)"
 	-$(BIN)/python tools/mypyc_build.py && touch $(COMPILED)
 

@@ -1,10 +1,10 @@
 """polymq: one gateway speaking NSQ V2, MQKS, PHPMQ, PZQ and eMQP over one shared queue engine.
 
-The hot modules (the NSQ codec, the engine, the store) may be compiled with mypyc next to their
-sources (`python tools/mypyc_build.py`, run by `make install`); the pure-Python sources are
-the same code and stay the reference. They are used instead when `POLYMQ_PURE_PYTHON=1` is set,
-or when any compiled module is older than its source (an edit since the last compile), so a
-stale build never runs. See docs/performance.md.
+The hot modules (the NSQ and MQKS codecs, the MQKS session, the engine, the store) may be
+compiled with mypyc next to their sources (`python tools/mypyc_build.py`, run by `make install`);
+the pure-Python sources are the same code and stay the reference. They are used instead when
+`POLYMQ_PURE_PYTHON=1` is set, or when any compiled module is older than its source (an edit
+since the last compile), so a stale build never runs. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 _ROOT = Path(__file__).resolve().parent
 # Folders whose modules may be compiled (tools/mypyc_build.py: HOT_MODULES).
-_COMPILED_FOLDERS = ("core", "codecs")
+_COMPILED_FOLDERS = ("core", "codecs", "adapters/mqks")
 
 
 def _compiled_modules() -> list[Path]:

@@ -18,7 +18,9 @@ import pytest
 import polymq
 from polymq.core import engine
 
-WHERE = "import polymq, polymq.core.engine as e, polymq.codecs.nsq as n; print(polymq.COMPILED, e.__file__, n.__file__)"
+WHERE = ("import polymq, polymq.core.engine as e, polymq.codecs.nsq as n, polymq.codecs.mqks as m, "
+         "polymq.adapters.mqks.session as s; print(polymq.COMPILED, e.__file__, n.__file__, m.__file__, s.__file__)")
+ROOT = Path(polymq.__file__).resolve().parent
 
 
 def test_the_expected_modules_are_in_use() -> None:
@@ -33,8 +35,9 @@ def test_the_expected_modules_are_in_use() -> None:
 def test_pure_python_switch_loads_every_module_from_its_source() -> None:
     env = {**os.environ, "POLYMQ_PURE_PYTHON": "1"}
     out = subprocess.run([sys.executable, "-c", WHERE], env=env, capture_output=True, text=True, check=True).stdout
-    compiled, engine_file, codec_file = out.split()
-    assert compiled == "False" and engine_file.endswith("engine.py") and codec_file.endswith("nsq.py")
+    compiled, *files = out.split()
+    assert compiled == "False"
+    assert [Path(file).name for file in files] == ["engine.py", "nsq.py", "mqks.py", "session.py"]
 
 
 @pytest.mark.skipif(not polymq._compiled_modules() or polymq._stale(polymq._compiled_modules()),
@@ -42,8 +45,16 @@ def test_pure_python_switch_loads_every_module_from_its_source() -> None:
 def test_without_the_switch_the_compiled_modules_load() -> None:
     env = {key: value for key, value in os.environ.items() if key != "POLYMQ_PURE_PYTHON"}
     out = subprocess.run([sys.executable, "-c", WHERE], env=env, capture_output=True, text=True, check=True).stdout
-    compiled, engine_file, codec_file = out.split()
-    assert compiled == "True" and engine_file.endswith(".so") and codec_file.endswith(".so")
+    compiled, *files = out.split()
+    assert compiled == "True" and all(file.endswith(".so") for file in files), files
+
+
+def test_every_folder_with_a_hot_module_counts_for_the_switch() -> None:
+    # A compiled module outside `_COMPILED_FOLDERS` would load even when stale or switched off.
+    hot = subprocess.run([sys.executable, "-c", "import runpy; print(*runpy.run_path('tools/mypyc_build.py')"
+                          "['HOT_MODULES'])"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert "adapters/mqks/session.py" in hot
+    assert {str(Path(module).parent) for module in hot} <= set(polymq._COMPILED_FOLDERS)
 
 
 def test_a_source_newer_than_its_compiled_module_is_stale(tmp_path: Path) -> None:

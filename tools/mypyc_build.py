@@ -34,13 +34,16 @@ HOT_MODULES = (
     "core/disk_io.py",
     "core/disk_storage.py",
     "codecs/nsq.py",
+    "codecs/mqks.py",
+    "adapters/mqks/session.py",
 )
 GROUP = "polymq.compiled"
 PACKAGE = Path(polymq.__file__).resolve().parent
 
 
 def compiled_files() -> list[Path]:
-    return [*PACKAGE.glob("compiled__mypyc*.so"), *(p for f in ("core", "codecs") for p in (PACKAGE / f).glob("*.so"))]
+    folders = polymq._COMPILED_FOLDERS
+    return [*PACKAGE.glob("compiled__mypyc*.so"), *(p for f in folders for p in (PACKAGE / f).glob("*.so"))]
 
 
 def clean() -> None:
