@@ -11,7 +11,8 @@ MQKS consumer is an engine consumer: auto-ack ones hold a window of deliveries n
 (credit comes back as the writer sends), manual-ack ones a window of unacknowledged messages.
 The publisher's msg_id travels in the message headers and the event is the message's topic;
 messages published by other protocols show the engine id (16 hex digits, as NSQ shows it).
-Consecutive publishes to one event in one read are published as one batch.
+Consecutive publishes to one event in one read are published as one batch, and a read's run of
+plain acks (`mqks.Acks`) is finished with one engine call per consumer.
 
 Where polymq differs from the original on purpose (docs/protocols/mqks.md): a TAB answers
 `{id} error …` instead of dropping the client; `_eval` answers stats expressions only; a
