@@ -354,8 +354,9 @@ class MQKSSession(StreamSession):
             elif engine_consumer is not None:
                 pending = self._unreleased  # swapped by every flush: looked up each time
                 pending[engine_consumer] = pending.get(engine_consumer, 0) + 1
-            self.send_delivery(mqks.delivery_line(prefix, msg_id, event, message.attempts - 1, message.body),
-                               unstored=durable and consumer.manual_ack)
+            # Positional: a keyword costs the interpreted `send_delivery` a parse per delivery.
+            self.send_delivery(mqks.delivery_line(prefix, msg_id, event, message.attempts - 1, message.body), None,
+                               durable and consumer.manual_ack)
 
         return deliver
 
