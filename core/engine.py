@@ -316,6 +316,12 @@ class Queue:
         log = self.log
         if log is not None:
             message.due = due if deferred else None
+            if not deferred and not self.ready and not log.spilled and self._auto_acked_at_once():
+                # Gone before any commit: its ADD would be cancelled at once (`OwnerLog.removed`), so it
+                # is never appended (an MQKS auto-ack consumer's every delivery at light load).
+                self.ready.append(message)
+                self._dispatch()
+                return
             if not deferred and (log.spilled or len(self.ready) >= self.engine.storage.mem_queue_size):
                 log.append((message,), 0)  # past the memory limit: on disk only
                 return
@@ -329,6 +335,15 @@ class Queue:
             self.ready.append(message)
             if self.ring and not self.paused:
                 self._dispatch()
+
+    def _auto_acked_at_once(self) -> bool:
+        """Whether a copy put in an empty queue now leaves it in this call, to the auto-ack consumer whose
+        turn it is (or expired, or refused by its filter): nothing of it is left to store."""
+        ring = self.ring
+        if not ring or self.paused or self.stream or self._dispatching:
+            return False
+        consumer = ring[0]
+        return consumer.auto_ack and consumer.pool is None and consumer.available() > 0
 
     def _put_many(self, messages: list[Message]) -> None:
         self.message_count += len(messages)

@@ -7,7 +7,7 @@ growth and each collection walks every message held: 19 full collections took 1.
 gateway's 5.0 s of CPU while `polymq bench spark --scenario endpoints` published and read a
 million rows (docs/performance.md). Messages form no reference cycles; what does (tasks,
 connections, requests) is nearly always collected young, by the generation 0 and 1 collections,
-which stay as CPython runs them.
+which stay as CPython runs them, but for the youngest's threshold (`YOUNG_THRESHOLD`).
 
 So while the gateway runs, generation 2 is collected by this task instead, every
 `FULL_COLLECTION_INTERVAL_S`. What survives a collection is then frozen (`gc.freeze`): the next
@@ -34,12 +34,18 @@ THAW_EVERY = 30
 # A collection's time is at most this share of the time until the next (a heap so large that
 # walking it takes 0.5 s is walked at most every 50 s).
 FULL_COLLECTION_SHARE = 0.01
+# The youngest generation is collected once this many more container objects were allocated than
+# freed (CPython's default: 700). At 700, messages held in flight (a manual-ack window of 10,000
+# per MQKS consumer) outlive several young collections and are promoted; at this many, most are
+# acknowledged before a collection ever walks them: the collector's time under `polymq bench mqks
+# --scenario manual` fell from 410-513 ms to 233-323 ms per 400,000 messages (docs/performance.md).
+YOUNG_THRESHOLD = 10_000
 # A generation-2 threshold the count of generation-1 collections never passes: no automatic full
 # collection (gc.set_threshold takes a C int).
 NEVER = 2**31 - 1
 
-# Gateways running in this process (tests run several) and the threshold the first one found.
-_running: list[int] = []
+# Gateways running in this process (tests run several) and the thresholds the first one found.
+_running: list[tuple[int, int]] = []
 
 
 def pause_after(took: float) -> float:
@@ -51,8 +57,8 @@ async def collect_on_a_clock() -> None:
     """Run the process's full collections until cancelled; CPython's own rule again afterwards."""
     young, middle, oldest = gc.get_threshold()
     if not _running:
-        _running.append(oldest)
-        gc.set_threshold(young, middle, NEVER)
+        _running.append((young, oldest))
+        gc.set_threshold(YOUNG_THRESHOLD, middle, NEVER)
     else:
         _running.append(_running[0])
     rounds = 0
@@ -67,8 +73,7 @@ async def collect_on_a_clock() -> None:
             took = time.perf_counter() - started
             await trio.sleep(pause_after(took))
     finally:
-        found = _running.pop()
+        found_young, found_oldest = _running.pop()
         if not _running:
             gc.unfreeze()
-            young, middle, _ = gc.get_threshold()
-            gc.set_threshold(young, middle, found)
+            gc.set_threshold(found_young, gc.get_threshold()[1], found_oldest)

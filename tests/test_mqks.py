@@ -118,6 +118,30 @@ def test_manual_ack_consumer_holds_at_most_its_window() -> None:
         assert client.lines(2) == [b"c1 ok m4 event=we b4", b"c1 ok m5 event=we b5"]
 
 
+def test_a_run_of_acks_in_one_write_finishes_each_of_its_consumers_messages() -> None:
+    # One read of plain acks is finished in one engine call per consumer (codecs/mqks.py `Acks`): what it
+    # acks is gone, what it does not name (another consumer's id, an unknown one, an id twice) is not.
+    with running_gateway("--mqks-consumer-window", "4") as gateway, wire(gateway) as client:
+        client.send(b"c1 consume --confirm rq1 re1 --manual-ack\nc2 consume --confirm rq2 re2 --manual-ack")
+        assert client.lines(2) == [b"c1 ok ", b"c2 ok "]
+        client.send(b"\n".join([b"m%d publish re1 b%d" % (n, n) for n in range(6)]
+                               + [b"n%d publish re2 d%d" % (n, n) for n in range(6)]))
+        first = client.lines(8)
+        assert sorted(first) == sorted([b"c1 ok m%d event=re1 b%d" % (n, n) for n in range(4)]
+                                       + [b"c2 ok n%d event=re2 d%d" % (n, n) for n in range(4)])
+        client.send(b"a1 ack c1 m0\na2 ack c1 m1\na3 ack c2 n0\na4 ack nobody m2\na5 ack c1 m1\na6 ack c2 m3\n"
+                    b"a7 ack c2 n1\na8 ack c1 m3")
+        # Each consumer has room for exactly what it acked: c1 three (m0, m1, m3), c2 two (n0, n1).
+        assert sorted(client.lines(4)) == [b"c1 ok m4 event=re1 b4", b"c1 ok m5 event=re1 b5",
+                                           b"c2 ok n4 event=re2 d4", b"c2 ok n5 event=re2 d5"]
+        assert client.barrier() == []
+        client.send(b"x1 delete_consumer --confirm c1")  # m2, m4, m5 were never acked: back to the queue
+        assert client.line() == b"x1 ok "
+        client.send(b"c3 consume rq1 --manual-ack")
+        assert sorted(client.lines(3)) == [b"c3 ok m2 event=re1,retry=1 b2", b"c3 ok m4 event=re1,retry=1 b4",
+                                           b"c3 ok m5 event=re1,retry=1 b5"]
+
+
 def test_duplicate_msg_ids_can_each_be_rejected(gateway: GatewayProcess) -> None:
     # The original keeps one unacked entry per msg_id, so one copy could never be rejected (docs/protocols/mqks.md).
     with wire(gateway) as client:

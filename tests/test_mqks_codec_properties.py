@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import itertools
 import re
 
 from hypothesis import assume, given
@@ -36,6 +37,9 @@ LINE_PIECES = [
     b"c1 consume q1 e1 --add e2 --delete-queue-when-unused=5 --manual-ack",
     b"rb1 rebind q1 --remove e1 --remove-mask e5.*.a1 --add e8",
     b"a1 ack c1 --all",
+    b"a2 ack c1 m1",  # plain acks: a run of them is one `Acks`
+    b"a3 ack c2 m 2",
+    b"a4 ack --confirm c1 m1",
     b"dq9 delete_queue",
     b"x2  publish e1 d",
     b"pg1 ping a\tb",
@@ -58,11 +62,16 @@ def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[start:end] for start, end in zip([0, *points], [*points, len(data)], strict=True)]
 
 
+def each_line(events: list[mqks.Request]) -> list[mqks.Request]:
+    """The events one per line: a run of acks (`Acks`) as its `Ack`s, which depend on how a read splits the run."""
+    return [one for event in events for one in (event.each() if isinstance(event, mqks.Acks) else [event])]
+
+
 def events_at_once(data: bytes, limit: int) -> list[mqks.Request]:
     conn = mqks.ServerConnection(limit)
     conn.receive_data(data)
     conn.receive_data(b"")
-    return conn.next_events()
+    return each_line(conn.next_events())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,7 +95,7 @@ def test_any_chunking_gives_the_same_events_as_feeding_at_once(
             events += conn.next_events()
     conn.receive_data(b"")
     events += conn.next_events()
-    assert events == events_at_once(data, limit)
+    assert each_line(events) == events_at_once(data, limit)
 
 
 @given(data=st.binary(max_size=2000), cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=8), limit=limits)
@@ -112,7 +121,7 @@ def test_every_complete_line_gives_exactly_one_event(lines: list[bytes], last: b
     conn.receive_data(b"".join(line + b"\n" for line in lines) + last)
     complete = conn.next_events()
     too_long_last = len(last) > limit  # answered as soon as it is known to be too long
-    assert len(complete) == len(lines) + too_long_last
+    assert len(each_line(complete)) == len(lines) + too_long_last
     conn.receive_data(b"")
     # At EOF the last line without `\n` counts too, once.
     assert len(conn.next_events()) == (1 if last and not too_long_last else 0)
@@ -122,6 +131,36 @@ def test_every_complete_line_gives_exactly_one_event(lines: list[bytes], last: b
 def test_each_line_is_parsed_on_its_own(lines: list[bytes]) -> None:
     events = events_at_once(b"".join(line + b"\n" for line in lines), mqks.MAX_LINE_LENGTH)
     assert events == [mqks.parse_line(line) for line in lines]
+
+
+ack_fields = st.one_of(names.map(str.encode), st.sampled_from([b"", b"--all", b"--confirm", b"m 1", b"m1 ", b"\xff",
+                                                                b"a\tb", b"m\r"]))
+
+
+@given(request_id=ack_fields, action=st.sampled_from([b"ack", b"reject", b"ack "]), consumer_id=ack_fields,
+       msg_id=ack_fields)
+def test_a_plain_ack_is_the_ack_parse_line_makes(request_id: bytes, action: bytes, consumer_id: bytes,
+                                                msg_id: bytes) -> None:
+    line = b" ".join([request_id, action, consumer_id, msg_id])
+    fields = mqks.plain_ack(line)
+    if fields is not None:
+        assert mqks.parse_line(line) == mqks.Ack(*fields, False)
+    else:  # only an ack with a confirm, `--all` or trailing whitespace (rstripped) is left to `parse_line`
+        parsed = mqks.parse_line(line)
+        assert not isinstance(parsed, mqks.Ack) or parsed.confirm or parsed.msg_id is None or line != line.rstrip()
+
+
+@given(lines=st.lists(st.sampled_from([b"a1 ack c1 m1", b"a2 ack c2 m2", b"a3 ack c1 --all", b"p1 ping x"]),
+                      max_size=15))
+def test_runs_of_plain_acks_are_one_event(lines: list[bytes]) -> None:
+    conn = mqks.ServerConnection()
+    conn.receive_data(b"".join(line + b"\n" for line in lines))
+    events = conn.next_events()
+    assert each_line(events) == [mqks.parse_line(line) for line in lines]
+    # No two events in a row are acks a run would have joined.
+    plain = [isinstance(event, mqks.Acks) or (isinstance(event, mqks.Ack) and not event.confirm
+                                              and event.msg_id is not None) for event in events]
+    assert not any(first and second for first, second in itertools.pairwise(plain))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1201,6 +1201,33 @@ def _queue_records(job: object, queue_dir_name: str) -> list[tuple[int, list[byt
     return found
 
 
+def test_a_copy_an_auto_ack_consumer_takes_at_once_is_never_appended(open_store: Callable[..., Store]) -> None:
+    """Put in an empty queue on an auto-ack consumer's turn, a copy leaves in the same call: it is not appended
+    (`Queue._auto_acked_at_once`), where a manual-ack consumer's turn keeps the ADD and its STATE."""
+    store = new_bound_store(open_store)
+    engine = store.engine
+    store.commit()
+    log = store.queue("q").log
+    assert log is not None
+    start = log.next_position()
+    auto: list[Message] = []
+    manual: list[Message] = []
+    engine.attach("q", auto.append, credit=10, auto_ack=True)
+    engine.publish("t", b"a")
+    assert [m.body for m in auto] == [b"a"] and auto[0].pos == -1 and log.next_position() == start
+    engine.attach("q", manual.append, credit=10)
+    engine.publish("t", b"b")  # still the auto-ack consumer's turn; then the consumers take turns
+    engine.publish("t", b"c")
+    assert [m.body for m in auto] == [b"a", b"b"] and [m.body for m in manual] == [b"c"]
+    job, written, callbacks = store.storage.prepare()
+    assert _queue_records(job, "q") == [(records.ADD, [b"c"]), (records.STATE, [])]
+    store.writer.run(job)
+    store.storage.complete(job, written, callbacks)
+    store.close()
+    store = open_store()
+    assert [m.body for m in store.queue("q").ready] == [b"c"]  # in flight at the close: back in its queue
+
+
 def test_single_publishes_of_one_turn_share_one_add_record(open_store: Callable[..., Store]) -> None:
     store = new_bound_store(open_store)
     store.commit()

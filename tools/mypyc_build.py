@@ -41,6 +41,8 @@ HOT_MODULES = (
     "adapters/transport.py",
     "adapters/session.py",
     "adapters/nsq/tcp.py",
+    "codecs/mqks.py",
+    "adapters/mqks/session.py",
 )
 GROUP = "polymq.compiled"
 PACKAGE = Path(polymq.__file__).resolve().parent

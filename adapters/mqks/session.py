@@ -11,7 +11,8 @@ MQKS consumer is an engine consumer: auto-ack ones hold a window of deliveries n
 (credit comes back as the writer sends), manual-ack ones a window of unacknowledged messages.
 The publisher's msg_id travels in the message headers and the event is the message's topic;
 messages published by other protocols show the engine id (16 hex digits, as NSQ shows it).
-Consecutive publishes to one event in one read are published as one batch.
+Consecutive publishes to one event in one read are published as one batch, and a read's run of
+plain acks (`mqks.Acks`) is finished with one engine call per consumer.
 
 Where polymq differs from the original on purpose (docs/protocols/mqks.md): a TAB answers
 `{id} error …` instead of dropping the client; `_eval` answers stats expressions only; a
@@ -36,8 +37,8 @@ from polymq.adapters.mqks import stats as mqks_stats
 from polymq.adapters.session import Listener, StreamSession
 from polymq.adapters.transport import Transport
 from polymq.codecs import mqks
-from polymq.core.engine import Consumer, Engine, Message, Queue
-from polymq.core.message import PUBLISHER_ID_HEADER
+from polymq.core.engine import Consumer, Engine, Queue
+from polymq.core.message import PUBLISHER_ID_HEADER, Message
 
 log = logging.getLogger("polymq.mqks")
 
@@ -153,7 +154,7 @@ class MQKSServer(Listener):
         return sum(len(session.out) for session in self.sessions)
 
     def sessions_with_consumers(self) -> int:
-        return sum(1 for session in self.sessions if session.consumers)
+        return sum(1 for session in self.sessions if isinstance(session, MQKSSession) and session.consumers)
 
     def forget_events(self, events: Iterable[str]) -> None:
         """Deletes the engine topics of `events` that no queue is bound to any more and that hold nothing.
@@ -291,12 +292,19 @@ class MQKSSession(StreamSession):
             request = requests[index]
             end = index + 1
             try:
-                if type(request) is mqks.Publish:
+                if isinstance(request, mqks.Publish):
                     # Consecutive publishes to one event go to the engine (and the store) as one batch.
+                    batch = [request]
                     event = request.event
-                    while end < count and type(requests[end]) is mqks.Publish and requests[end].event == event:
+                    while end < count:
+                        following = requests[end]
+                        if not isinstance(following, mqks.Publish) or following.event != event:
+                            break
+                        batch.append(following)
                         end += 1
-                    self._publish(requests[index:end])
+                    self._publish(batch)
+                elif isinstance(request, mqks.Acks):
+                    self._acks(request)
                 else:
                     handlers[type(request)](request)
             except Exception:
@@ -304,8 +312,9 @@ class MQKSSession(StreamSession):
                 error_id = self.server.new_error_id()
                 log.exception("error %s: request %r", error_id, request)
                 for failed in requests[index:end]:
-                    self.traffic.error(ERROR_CODE)
-                    self.send(mqks.error_line(failed.request_id, error_id))
+                    for request_id in failed.request_ids if isinstance(failed, mqks.Acks) else (failed.request_id,):
+                        self.traffic.error(ERROR_CODE)
+                        self.send(mqks.error_line(request_id, error_id))
             index = end
         if self._refill:
             for engine_consumer in self._refill:
@@ -345,8 +354,9 @@ class MQKSSession(StreamSession):
             elif engine_consumer is not None:
                 pending = self._unreleased  # swapped by every flush: looked up each time
                 pending[engine_consumer] = pending.get(engine_consumer, 0) + 1
-            self.send_delivery(mqks.delivery_line(prefix, msg_id, event, message.attempts - 1, message.body),
-                               unstored=durable and consumer.manual_ack)
+            # Positional: a keyword costs the interpreted `send_delivery` a parse per delivery.
+            self.send_delivery(mqks.delivery_line(prefix, msg_id, event, message.attempts - 1, message.body), None,
+                               durable and consumer.manual_ack)
 
         return deliver
 
@@ -501,6 +511,34 @@ class MQKSSession(StreamSession):
                         engine_consumer.requeue(engine_id)
         if request.confirm:
             self._ok(request.request_id)
+
+    def _acks(self, request: mqks.Acks) -> None:
+        """A run of plain acks: each consumer's in one engine call, its freed credit used at the end of the read."""
+        consumers = self.server.consumers
+        consumer_id = ""
+        consumer: MQKSConsumer | None = None
+        engine_ids: list[int] = []
+        for acked_by, msg_id in zip(request.consumer_ids, request.msg_ids, strict=True):
+            if consumer is None or acked_by != consumer_id:
+                if engine_ids:
+                    self._finish_many(consumer, engine_ids)
+                    engine_ids = []
+                consumer_id = acked_by
+                consumer = consumers.get(acked_by)
+                if consumer is None:
+                    continue  # no answer, as for one ack (docs/protocols/mqks.md)
+            if consumer.engine_consumer is not None:
+                engine_id = consumer.take(msg_id)
+                if engine_id is not None:
+                    engine_ids.append(engine_id)
+        if engine_ids:
+            self._finish_many(consumer, engine_ids)
+
+    def _finish_many(self, consumer: MQKSConsumer | None, engine_ids: list[int]) -> None:
+        engine_consumer = consumer.engine_consumer if consumer is not None else None
+        if engine_consumer is not None:
+            engine_consumer.finish_many(engine_ids)
+            self._refill.add(engine_consumer)
 
     def _ack(self, request: mqks.Ack) -> None:
         self._acknowledge(request, finish=True)
