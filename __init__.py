@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 _ROOT = Path(__file__).resolve().parent
 # Folders whose modules may be compiled (tools/mypyc_build.py: HOT_MODULES).
-_COMPILED_FOLDERS = ("core", "codecs")
+_COMPILED_FOLDERS = ("core", "codecs", "adapters", "adapters/emqp")
 
 
 def _compiled_modules() -> list[Path]:

@@ -18,7 +18,9 @@ import pytest
 import polymq
 from polymq.core import engine
 
-WHERE = "import polymq, polymq.core.engine as e, polymq.codecs.nsq as n; print(polymq.COMPILED, e.__file__, n.__file__)"
+# One module of each compiled folder: the engine, the NSQ codec, the ZeroMQ pump, the eMQP broker.
+WHERE = ("import polymq, polymq.core.engine as e, polymq.codecs.nsq as n, polymq.adapters.zmq_pump as p, "
+         "polymq.adapters.emqp.broker as b; print(polymq.COMPILED, e.__file__, n.__file__, p.__file__, b.__file__)")
 
 
 def test_the_expected_modules_are_in_use() -> None:
@@ -33,8 +35,8 @@ def test_the_expected_modules_are_in_use() -> None:
 def test_pure_python_switch_loads_every_module_from_its_source() -> None:
     env = {**os.environ, "POLYMQ_PURE_PYTHON": "1"}
     out = subprocess.run([sys.executable, "-c", WHERE], env=env, capture_output=True, text=True, check=True).stdout
-    compiled, engine_file, codec_file = out.split()
-    assert compiled == "False" and engine_file.endswith("engine.py") and codec_file.endswith("nsq.py")
+    compiled, *files = out.split()
+    assert compiled == "False" and all(file.endswith(".py") for file in files), files
 
 
 @pytest.mark.skipif(not polymq._compiled_modules() or polymq._stale(polymq._compiled_modules()),
@@ -42,8 +44,19 @@ def test_pure_python_switch_loads_every_module_from_its_source() -> None:
 def test_without_the_switch_the_compiled_modules_load() -> None:
     env = {key: value for key, value in os.environ.items() if key != "POLYMQ_PURE_PYTHON"}
     out = subprocess.run([sys.executable, "-c", WHERE], env=env, capture_output=True, text=True, check=True).stdout
-    compiled, engine_file, codec_file = out.split()
-    assert compiled == "True" and engine_file.endswith(".so") and codec_file.endswith(".so")
+    compiled, *files = out.split()
+    assert compiled == "True" and all(file.endswith(".so") for file in files), files
+
+
+def test_every_compiled_module_is_in_a_folder_the_switch_counts() -> None:
+    """A compiled module outside `_COMPILED_FOLDERS` would load even when stale or switched off."""
+    sys.path.insert(0, str(Path(polymq.__file__).parent / "tools"))
+    try:
+        import mypyc_build
+    finally:
+        sys.path.pop(0)
+    folders = {str(Path(module).parent) for module in mypyc_build.HOT_MODULES}
+    assert folders <= set(polymq._COMPILED_FOLDERS)
 
 
 def test_a_source_newer_than_its_compiled_module_is_stale(tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ import click
 import polymq
 
 # The modules on the hot path of every protocol: framing of the busiest codec, the engine's queue
-# operations, the store's records, commit and read-back, timers.
+# operations, the store's records, commit and read-back, timers; and eMQP's path: its codec, its
+# broker and the ZeroMQ pump (PZQ's too).
 HOT_MODULES = (
     "core/message.py",
     "core/records.py",
@@ -34,13 +35,17 @@ HOT_MODULES = (
     "core/disk_io.py",
     "core/disk_storage.py",
     "codecs/nsq.py",
+    "codecs/emqp.py",
+    "adapters/zmq_pump.py",
+    "adapters/emqp/broker.py",
 )
 GROUP = "polymq.compiled"
 PACKAGE = Path(polymq.__file__).resolve().parent
 
 
 def compiled_files() -> list[Path]:
-    return [*PACKAGE.glob("compiled__mypyc*.so"), *(p for f in ("core", "codecs") for p in (PACKAGE / f).glob("*.so"))]
+    folders = polymq._COMPILED_FOLDERS  # where HOT_MODULES are (tests/test_compiled.py checks it)
+    return [*PACKAGE.glob("compiled__mypyc*.so"), *(p for f in folders for p in (PACKAGE / f).glob("*.so"))]
 
 
 def clean() -> None:
