@@ -7,10 +7,12 @@ STAMP := $(VENV)/.polymq-installed
 .PHONY: install serve test lint interop-envs system-tools bench conformance example-spark
 
 COMPILED := $(VENV)/.polymq-compiled
-# Tests run on the pure-Python sources too (POLYMQ_PURE_PYTHON=1): the engine, store and codec units.
+# Tests run on the pure-Python sources too (POLYMQ_PURE_PYTHON=1): the engine, store and codec units,
+# the ZeroMQ pump and service.
 PURE_TESTS := tests/test_engine.py tests/test_engine_stateful.py tests/test_records_properties.py \
 	tests/test_storage_recovery.py tests/test_commit_path.py tests/test_nsq_codec.py \
-	tests/test_nsq_codec_properties.py tests/test_timers.py tests/test_compiled.py tests/test_schedules.py tests/test_streams.py
+	tests/test_nsq_codec_properties.py tests/test_timers.py tests/test_compiled.py tests/test_schedules.py tests/test_streams.py \
+	tests/test_emqp_codec.py tests/test_zmq_pump.py tests/test_zmq_service.py
 
 $(STAMP): pyproject.toml
 	@echo "==> polymq: creating the virtual environment $(VENV)"

@@ -1,8 +1,8 @@
 """polymq: one gateway speaking NSQ V2, MQKS, PHPMQ, PZQ and eMQP over one shared queue engine.
 
-The hot modules (the NSQ codec, the engine, the store) may be compiled with mypyc next to their
-sources (`python tools/mypyc_build.py`, run by `make install`); the pure-Python sources are
-the same code and stay the reference. They are used instead when `POLYMQ_PURE_PYTHON=1` is set,
+The hot modules (the NSQ and eMQP codecs, the engine, the store, the eMQP broker and the ZeroMQ
+pump) may be compiled with mypyc next to their sources (`python tools/mypyc_build.py`, run by
+`make install`); the pure-Python sources are the same code and stay the reference. They are used instead when `POLYMQ_PURE_PYTHON=1` is set,
 or when any compiled module is older than its source (an edit since the last compile), so a
 stale build never runs. See docs/performance.md.
 """

@@ -222,19 +222,24 @@ class ZmqPump:
         sock = self.sock
         idle_turns = 0
         while not self.closed:  # `close` may come while this task waits at a checkpoint
-            if self._receive() | self._send():
-                idle_turns = 0
-                await trio.lowlevel.checkpoint()  # let the rest of the loop run between bursts
-                continue
+            progressed = self._receive() | self._send()
+            if self.closed:
+                return  # closed by what it received
             # The last word before waiting is EVENTS: a receive or send that just said Again may
             # itself have consumed the edge that announced what is now ready.
             events = _int_option(sock, _EVENTS)
             if events & _POLLIN or (self.outgoing and events & _POLLOUT):
+                if progressed:
+                    idle_turns = 0
+                    await trio.lowlevel.checkpoint()  # let the rest of the loop run between bursts
+                    continue
                 # Ready, yet nothing moved this turn: try again after the others ran (a moment later
                 # if it keeps happening, rather than spin).
                 idle_turns += 1
                 await (trio.sleep(SPIN_PAUSE_S) if idle_turns > SPIN_TURNS else trio.lowlevel.checkpoint())
                 continue
+            # Nothing more: wait at once (the wait lets the others run; a checkpoint before it, and
+            # another turn that finds nothing, would cost a pass of the loop per burst).
             idle_turns = 0
             with trio.CancelScope() as self._waiting:
                 try:
