@@ -2,9 +2,9 @@
 
 The hot modules (the NSQ and eMQP codecs, the engine, the store, the eMQP broker and the ZeroMQ
 pump) may be compiled with mypyc next to their sources (`python tools/mypyc_build.py`, run by
-`make install`); the pure-Python sources are the same code and stay the reference. They are used instead when `POLYMQ_PURE_PYTHON=1` is set,
-or when any compiled module is older than its source (an edit since the last compile), so a
-stale build never runs. See docs/performance.md.
+`make install`); the pure-Python sources are the same code and stay the reference. They are
+used instead when `POLYMQ_PURE_PYTHON=1` is set, or when any compiled module is older than its
+source (an edit since the last compile), so a stale build never runs. See docs/performance.md.
 """
 
 from __future__ import annotations
