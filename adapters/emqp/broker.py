@@ -244,10 +244,11 @@ class EMQPBroker(ZmqService):
     # -- workers (the backend) -----------------------------------------------------------------
 
     def _backend(self, batch: list[Frames]) -> None:
+        now = self.engine.clock.now()  # a burst is read at once: one time for its peers' last word
         for frames in batch:
-            self._backend_message(frames)
+            self._backend_message(frames, now)
 
-    def _backend_message(self, frames: Frames) -> None:
+    def _backend_message(self, frames: Frames, now: float) -> None:
         message = emqp.parse(frames)
         if isinstance(message, emqp.Invalid):
             self.counters.invalid += 1
@@ -263,7 +264,7 @@ class EMQPBroker(ZmqService):
             self.counters.unknown_peer += 1
             log.info("backend: %s from %s, which is not a worker (INFORM first)", command[:20], _text(message.identity))
             return
-        worker.last_seen = self.engine.clock.now()
+        worker.last_seen = now
         if command == emqp.READY:
             self._ready(worker)
         elif command == emqp.REPLY:
