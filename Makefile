@@ -8,12 +8,14 @@ STAMP := $(VENV)/.polymq-installed
 
 COMPILED := $(VENV)/.polymq-compiled
 # Tests run on the pure-Python sources too (POLYMQ_PURE_PYTHON=1): the engine, store, codec and
-# session units and the MQKS session through a gateway (a gateway a test starts inherits the variable).
+# session units, the MQKS session through a gateway, the ZeroMQ pump and service (a gateway a
+# test starts inherits the variable).
 PURE_TESTS := tests/test_engine.py tests/test_engine_stateful.py tests/test_records_properties.py \
 	tests/test_storage_recovery.py tests/test_commit_path.py tests/test_nsq_codec.py \
 	tests/test_nsq_codec_properties.py tests/test_timers.py tests/test_compiled.py tests/test_schedules.py tests/test_streams.py \
 	tests/test_protocol_units.py tests/test_nsq_delivery.py tests/test_slow_consumer.py \
-	tests/test_mqks_codec.py tests/test_mqks_codec_properties.py tests/test_mqks.py
+	tests/test_mqks_codec.py tests/test_mqks_codec_properties.py tests/test_mqks.py \
+	tests/test_emqp_codec.py tests/test_zmq_pump.py tests/test_zmq_service.py
 
 $(STAMP): pyproject.toml
 	@echo "==> polymq: creating the virtual environment $(VENV)"
@@ -29,7 +31,7 @@ $(STAMP): pyproject.toml
 # The hot modules compiled with mypyc next to their sources (docs/performance.md). If it fails,
 # the pure-Python modules stay in use and the message says so; an edited source is used as it is
 # until the next compile.
-$(COMPILED): $(STAMP) $(wildcard core/*.py codecs/*.py) adapters/transport.py adapters/session.py adapters/nsq/tcp.py adapters/mqks/session.py
+$(COMPILED): $(STAMP) $(wildcard core/*.py codecs/*.py) adapters/transport.py adapters/session.py adapters/nsq/tcp.py adapters/mqks/session.py adapters/zmq_pump.py adapters/emqp/broker.py
 	@echo "==> polymq: compiling the hot modules with mypyc (a minute or two)"
 	-$(BIN)/python tools/mypyc_build.py && touch $(COMPILED)
 

@@ -1,11 +1,11 @@
 """polymq: one gateway speaking NSQ V2, MQKS, PHPMQ, PZQ and eMQP over one shared queue engine.
 
-The hot modules (the NSQ and MQKS codecs and sessions, the TCP session skeleton and its transport, the
-engine, the store) may be compiled with mypyc next to their sources (`python
-tools/mypyc_build.py`, run by `make install`); the pure-Python sources are the same code and
-stay the reference. They are used instead when `POLYMQ_PURE_PYTHON=1` is set,
-or when any compiled module is older than its source (an edit since the last compile), so a
-stale build never runs. See docs/performance.md.
+The hot modules (the NSQ, MQKS and eMQP codecs, the NSQ and MQKS sessions, the TCP session
+skeleton and its transport, the eMQP broker, the ZeroMQ pump, the engine, the store) may be
+compiled with mypyc next to their sources (`python tools/mypyc_build.py`, run by `make install`);
+the pure-Python sources are the same code and stay the reference. They are used instead when
+`POLYMQ_PURE_PYTHON=1` is set, or when any compiled module is older than its source (an edit
+since the last compile), so a stale build never runs. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 _ROOT = Path(__file__).resolve().parent
 # Folders whose modules may be compiled (tools/mypyc_build.py: the folders of HOT_MODULES).
-_COMPILED_FOLDERS = ("core", "codecs", "adapters", "adapters/nsq", "adapters/mqks")
+_COMPILED_FOLDERS = ("core", "codecs", "adapters", "adapters/nsq", "adapters/mqks", "adapters/emqp")
 
 
 def _compiled_modules() -> list[Path]:

@@ -4,7 +4,9 @@ each (`adapters/zmq_pump.py`), held to the same store barrier as the TCP session
 - **Bursts.** Each socket's handler gets everything that was waiting on it at once, with the store
   held (`Storage.hold_work`): what the burst changed is written in one go at its end
   (`release_work`), and right after that the output the burst queued on any of the service's pumps
-  is sent from here, without waiting for the pumps' turns (a round trip costs no task switch).
+  is sent from here, without waiting for the pumps' turns (a round trip costs no task switch). A
+  pump waiting for its socket is woken only when EVENTS says it has something to do: a send from
+  elsewhere wakes no pump that would only find nothing and wait again (`ZmqPump.settle`).
 - **The store barrier.** A delivery of a durable queue is queued with `deliver`: it leaves only
   once the store has written its attempt record, and with it the ADD records of what was published
   before it (the pump calls `Storage.write_now` before it sends; a no-op when nothing waits). So a
@@ -68,15 +70,21 @@ class ZmqService:
         def handle(batch: list[Frames]) -> None:
             when_stored: list[SyncCallback] = []
             self._when_stored = when_stored
+            for pump in pumps:
+                pump.held = True  # a send wakes no pump before the flush below
             storage.hold_work()  # one write for the whole burst
             try:
                 handler(batch)
             finally:
                 self._when_stored = None
+                for pump in pumps:
+                    pump.held = False
                 storage.release_work()  # the burst's records are written here
             for pump in pumps:
                 if pump.outgoing:
                     pump.flush()
+                if pump.settle_due:
+                    pump.settle()  # wakes it only if it has something left to do
             if when_stored:
                 # Only now, after the deliveries: they wait for the records' write, not for the
                 # fdatasync these answers wait for, whose start costs more than the write.

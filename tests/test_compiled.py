@@ -23,7 +23,9 @@ from polymq.core import engine
 # One compiled module of each folder of HOT_MODULES: where each was loaded from.
 WHERE = ("import polymq, polymq.core.engine as e, polymq.codecs.nsq as n, polymq.adapters.session as s, "
          "polymq.adapters.nsq.tcp as t, polymq.codecs.mqks as m, polymq.adapters.mqks.session as q; "
-         "print(polymq.COMPILED, e.__file__, n.__file__, s.__file__, t.__file__, m.__file__, q.__file__)")
+         "import polymq.adapters.zmq_pump as p, polymq.adapters.emqp.broker as b; "
+         "print(polymq.COMPILED, e.__file__, n.__file__, s.__file__, t.__file__, m.__file__, q.__file__, p.__file__, "
+         "b.__file__)")
 BUILD = Path(polymq.__file__).resolve().parent / "tools" / "mypyc_build.py"
 
 

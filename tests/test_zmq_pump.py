@@ -88,6 +88,42 @@ async def test_replies_sent_from_the_callback_keep_the_pump_reading() -> None:
         pump.close()
 
 
+async def test_a_send_from_another_task_wakes_the_waiting_pump_when_a_message_waits() -> None:
+    """A message has come while the pump waits, and something else read EVENTS (as a send from
+    another task may): the descriptor's edge is gone. The next send from outside the pump's task
+    (as a store callback's answer is) must wake the pump, since EVENTS says a message waits."""
+    with zmq.Context() as context:
+        server, endpoint = router(context)
+        got: list[list[bytes]] = []
+        pump = ZmqPump(server, got.extend)
+        client = dealer(context, endpoint)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.run)
+            for number in range(20):
+                # The pump goes back to waiting for its descriptor (were it not there yet, its own
+                # loop would read EVENTS: the test would pass without the wake-up, never fail).
+                await trio.sleep(0.001)
+                client.send_multipart([b"m%d" % number])
+                # Blocking (the pump cannot run meanwhile) until the message is in; polling
+                # EVENTS consumes the edge that would have woken the pump.
+                deadline = time.monotonic() + DEADLINE_S
+                while not server.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.0005)
+                identity = got[0][0] if got else None
+                if identity is not None:
+                    pump.send([identity, b"ack"])
+                else:
+                    pump.settle()  # what a send does once it is made, before the identity is known
+                with trio.fail_after(DEADLINE_S):
+                    while len(got) <= number:
+                        await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+        assert [frames[1] for frames in got] == [b"m%d" % number for number in range(20)]
+        client.close()
+        pump.close()
+
+
 def _zmtp_greeting() -> bytes:
     """ZMTP 3.0, NULL mechanism, as a client (RFC 23)."""
     return b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31

@@ -27,7 +27,8 @@ import polymq
 # The modules on the hot path of every protocol: framing of the busiest codec, the engine's queue
 # operations, ids and clock, the store's records, commit and read-back, timers; the TCP session
 # skeleton and its socket transport, and the NSQ session on them (a PUB's answer and a delivery's
-# frame). Their folders are `polymq._COMPILED_FOLDERS`.
+# frame); and eMQP's path: its codec, its broker and the ZeroMQ pump (PZQ's too). Their folders are
+# `polymq._COMPILED_FOLDERS`.
 HOT_MODULES = (
     "core/ids.py",
     "core/clock.py",
@@ -43,6 +44,9 @@ HOT_MODULES = (
     "adapters/nsq/tcp.py",
     "codecs/mqks.py",
     "adapters/mqks/session.py",
+    "codecs/emqp.py",
+    "adapters/zmq_pump.py",
+    "adapters/emqp/broker.py",
 )
 GROUP = "polymq.compiled"
 PACKAGE = Path(polymq.__file__).resolve().parent

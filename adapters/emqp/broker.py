@@ -21,6 +21,7 @@ goes back to its queue and to the next worker, its attempts counted: the origina
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -42,9 +43,9 @@ from polymq.core.engine import (
     CreditMode,
     CreditPool,
     Engine,
-    Message,
     Queue,
 )
+from polymq.core.message import Message
 from polymq.core.schedules import FOREVER, InvalidSchedule, Schedule
 from polymq.core.timers import Timer
 
@@ -243,10 +244,11 @@ class EMQPBroker(ZmqService):
     # -- workers (the backend) -----------------------------------------------------------------
 
     def _backend(self, batch: list[Frames]) -> None:
+        now = self.engine.clock.now()  # a burst is read at once: one time for its peers' last word
         for frames in batch:
-            self._backend_message(frames)
+            self._backend_message(frames, now)
 
-    def _backend_message(self, frames: Frames) -> None:
+    def _backend_message(self, frames: Frames, now: float) -> None:
         message = emqp.parse(frames)
         if isinstance(message, emqp.Invalid):
             self.counters.invalid += 1
@@ -262,7 +264,7 @@ class EMQPBroker(ZmqService):
             self.counters.unknown_peer += 1
             log.info("backend: %s from %s, which is not a worker (INFORM first)", command[:20], _text(message.identity))
             return
-        worker.last_seen = self.engine.clock.now()
+        worker.last_seen = now
         if command == emqp.READY:
             self._ready(worker)
         elif command == emqp.REPLY:
@@ -304,14 +306,14 @@ class EMQPBroker(ZmqService):
             worker.consumers.append(self.engine.attach(
                 queue.name, self._deliver, mode=CreditMode.TOKENS, pool=worker.pool,
                 priority=weight - emqp.DEFAULT_WEIGHT,  # the default weight ranks with other protocols' consumers
-                tag=worker, on_close=lambda reason, worker=worker: self._consumer_closed(worker)))
+                tag=worker, on_close=functools.partial(self._consumer_closed, worker)))
         log.info("worker %s joined %s", _text(message.identity),
                  ", ".join(f"{name} ({weight})" for weight, name in names))
         self._send_backend(emqp.ack(message.identity, _msgid(), message.msgid))
         # The jobmanager starts its worker processes at the broker's first heartbeat: send it now.
         self._send_backend(emqp.heartbeat(message.identity, _msgid(), time.time()))
 
-    def _consumer_closed(self, worker: Worker) -> None:
+    def _consumer_closed(self, worker: Worker, reason: str) -> None:
         """A queue of the worker was deleted (another protocol's admin): its jobs there are gone."""
         closed = [consumer for consumer in worker.consumers if consumer.closed]
         worker.consumers = [consumer for consumer in worker.consumers if not consumer.closed]
@@ -453,7 +455,8 @@ class EMQPBroker(ZmqService):
         if self.limits.max_depth and queue.depth >= self.limits.max_depth:
             self._refuse(message, f"queue {name} holds {queue.depth} requests (the limit)", replies)
             return
-        self._delivered_now = delivered = {}
+        delivered: dict[int, bytes] = {}
+        self._delivered_now = delivered
         try:
             message_id = engine.publish(name, request.payload, origin=ORIGIN, headers={
                 MSGID_HEADER: message.msgid.decode("latin-1"), HEADERS_HEADER: request.headers.decode("latin-1")})
