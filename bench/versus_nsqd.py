@@ -47,6 +47,8 @@ MPUB_BATCH = 200
 READER_RDY = 2500
 # A server must accept connections within this long after it was started.
 START_TIMEOUT_S = 30.0
+# How long a server may take to stop cleanly on SIGTERM (a durable one flushes its store).
+STOP_TIMEOUT_S = 30.0
 # Messages in the backlog before the consume run, so the reader does not run dry.
 DEFAULT_BACKLOG = 2_000_000
 # A fill run of bench_writer (seconds), repeated until the backlog is deep enough.
@@ -94,13 +96,15 @@ class BenchError(Exception):
     pass
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def _wait_accepting(port: int, process: subprocess.Popen[bytes]) -> None:
+def wait_accepting(port: int, process: subprocess.Popen[bytes]) -> None:
+    """Until something accepts connections on 127.0.0.1:`port`; BenchError if `process` exits first
+    or nothing does within START_TIMEOUT_S."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -113,7 +117,7 @@ def _wait_accepting(port: int, process: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def _running(server: Server, nsq_bin: Path, polymq_cmd: Sequence[str]) -> Iterator[tuple[int, int]]:
-    tcp, http = _free_port(), _free_port()
+    tcp, http = free_port(), free_port()
     data = Path(tempfile.mkdtemp(prefix="polymq-versus-"))
     if server.kind == "nsqd":
         argv = [str(nsq_bin / "nsqd"), f"--data-path={data}", f"--tcp-address=127.0.0.1:{tcp}",
@@ -124,17 +128,22 @@ def _running(server: Server, nsq_bin: Path, polymq_cmd: Sequence[str]) -> Iterat
                 "--phpmq-console-port", "-1", "--no-pzq", "--no-emqp", "--admin-port", "-1", *server.args]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_accepting(tcp, process)
+        wait_accepting(tcp, process)
         yield tcp, http
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_server(process)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within STOP_TIMEOUT_S (its PID only)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _tool(nsq_bin: Path, name: str, tcp: int, *args: str, runfor: float) -> float:

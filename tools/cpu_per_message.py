@@ -15,43 +15,39 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 import click
 
-# nsq's bench tools' defaults (200-byte messages, MPUB batches of 200, RDY 2500), as
-# `polymq bench versus-nsqd` runs them.
-MESSAGE_SIZE = 200
-MPUB_BATCH = 200
-READER_RDY = 2500
+from polymq.bench.common import process_cpu_s
+from polymq.bench.versus_nsqd import (
+    DEFAULT_NSQ_BIN,
+    FILL_RUN_S,
+    MESSAGE_SIZE,
+    MPUB_BATCH,
+    READER_RDY,
+    BenchError,
+    free_port,
+    stop_server,
+    wait_accepting,
+)
+
 # Messages queued before the consume run, so the reader does not run dry in a few seconds.
 BACKLOG = 1_500_000
-# How long the gateway may take to accept connections, and a fill run of bench_writer (seconds).
-START_TIMEOUT_S = 30.0
-FILL_RUN_S = 1.0
 # What nsq's tools print at the end: "duration: 3.0s - 12.3mb/s - 64000.0ops/s - 15.6us/op".
 _RESULT = re.compile(r"duration: ([0-9.]+)s - [0-9.]+mb/s - ([0-9.]+)ops/s")
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _cpu(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of a process (/proc/PID/stat, fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) / _TICKS, int(fields[12]) / _TICKS
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """User and system CPU seconds of a process."""
+    found = process_cpu_s(pid)
+    if found is None:
+        raise click.ClickException(f"no CPU figures for process {pid} in /proc")
+    return found[0], found[1]
 
 
 def _tool(nsq_bin: Path, name: str, tcp: int, runfor: float, *args: str) -> tuple[float, float]:
@@ -82,7 +78,7 @@ def _measured(pid: int, run: tuple[float, float], before: tuple[float, float]) -
 
 
 @click.command()
-@click.option("--nsq-bin", type=click.Path(path_type=Path), default=Path.home() / "ref" / "nsq" / "bin",
+@click.option("--nsq-bin", type=click.Path(path_type=Path), default=DEFAULT_NSQ_BIN,
               show_default=True, help="Folder with nsq 1.3.0's bench_writer and bench_reader.")
 @click.option("--pythonpath", type=click.Path(path_type=Path), default=None,
               help="Serve the polymq package found in this folder (DIR/polymq), e.g. an earlier checkout.")
@@ -95,7 +91,7 @@ def main(nsq_bin: Path, pythonpath: Path | None, runfor: float, only: tuple[str,
     """Gateway CPU µs per message for PUB, MPUB and consume (SERVE_ARGS: flags of `polymq serve`,
     --in-memory when none are given)."""
     wanted = set(only or ("PUB", "MPUB", "consume"))
-    tcp, http = _free_port(), _free_port()
+    tcp, http = free_port(), free_port()
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
@@ -106,15 +102,10 @@ def main(nsq_bin: Path, pythonpath: Path | None, runfor: float, only: tuple[str,
         # Started from the data dir: `python -m` puts the working directory first on sys.path.
         server = subprocess.Popen(argv, cwd=data, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", tcp), timeout=0.2).close()
-                    break
-                except OSError:
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        raise click.ClickException("the gateway did not start") from None
-                    time.sleep(0.05)
+            try:
+                wait_accepting(tcp, server)
+            except BenchError as error:
+                raise click.ClickException(f"the gateway did not start: {error}") from None
             for label, topic, batch in (("PUB", "cpu_pub", 1), ("MPUB", "cpu_sub", MPUB_BATCH)):
                 if label in wanted:
                     before = _cpu(server.pid)
@@ -128,12 +119,7 @@ def main(nsq_bin: Path, pythonpath: Path | None, runfor: float, only: tuple[str,
                             f"--rdy={READER_RDY}")
                 click.echo(f"consume: {_measured(server.pid, run, before)}")
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop_server(server)
 
 
 if __name__ == "__main__":
