@@ -229,7 +229,7 @@ class EMQPBroker(ZmqService):
 
     def _sweep(self) -> None:
         """Peers silent for the heartbeat timeout are gone; a worker's jobs go to other workers; the
-        names of queues that are gone are forgotten."""
+        names and counters of queues that are gone, and the counters of workers gone, are forgotten."""
         limit = self.engine.clock.now() - self.limits.heartbeat_timeout
         for identity in [identity for identity, worker in self.workers.items() if worker.last_seen <= limit]:
             self._remove_worker(identity, f"silent for {self.limits.heartbeat_timeout:g} s")
@@ -238,6 +238,13 @@ class EMQPBroker(ZmqService):
             del self.schedulers[identity]
         engine = self.engine
         self.known_queues = {name for name in self.known_queues if engine.queue(name) is not None}
+        # STATUS's counters keep the queues the engine holds and the workers still here (a jobmanager
+        # comes back under a new identity each time: kept forever, they would grow without end).
+        for by_queue in (self.processed_by_queue, self.handed_out_by_queue):
+            for name in [name for name in by_queue if engine.queue(name) is None]:
+                del by_queue[name]
+        for identity in [identity for identity in self.processed_by_worker if identity not in self.workers]:
+            del self.processed_by_worker[identity]
         self._timers = [timer for timer in self._timers if not timer.cancelled]
         self._schedule_sweep()
 
