@@ -102,8 +102,14 @@ def commands(recording: Recording, topic: str) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
+    for name in COMPARED:  # without the real programs, no gateway is started for tests that skip
+        nsq_program(name)
     with running_gateway("--in-memory", "--no-mqks", "--no-phpmq", "--no-pzq", "--no-emqp") as process:
         yield process
+
+
+# The programs compared with their fakes here.
+COMPARED = ("nsq_tail", "nsq_to_file", "to_nsq", "nsq_stat")
 
 
 def real_and_fake(name: str) -> list[tuple[str, NsqTool]]:
