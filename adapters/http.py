@@ -91,6 +91,14 @@ class NeedBody:
     complete: Callable[[bytes], Response]
 
 
+def then(answer: Response | NeedBody, after: Callable[[Response], Response]) -> Response | NeedBody:
+    """`after` applied to the response: now, or once the body a `NeedBody` waits for is read."""
+    if isinstance(answer, NeedBody):
+        complete = answer.complete
+        return NeedBody(answer.read_max, lambda body: after(complete(body)))
+    return after(answer)
+
+
 def go_json(value: Any) -> bytes:
     """encoding/json.Marshal: compact, UTF-8, with <, >, & and U+2028/9 escaped as Go does."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)

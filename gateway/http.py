@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from polymq.adapters.http import JSON_TYPE, HttpApp, NeedBody, Request, Response, go_json, serve_http
+from polymq.adapters.http import JSON_TYPE, HttpApp, NeedBody, Request, Response, go_json, serve_http, then
 from polymq.adapters.protocol import Traffic
 from polymq.core.engine import Engine
 from polymq.gateway.admin_access import AdminAccess
@@ -42,11 +42,7 @@ class GatewayHttpApi:
         self.traffic = traffic if traffic is not None else Traffic()
 
     def handle(self, request: Request) -> Response | NeedBody:
-        answer = self._route(request)
-        if isinstance(answer, NeedBody):
-            complete = answer.complete
-            return NeedBody(answer.read_max, lambda body: self._counted(complete(body)))
-        return self._counted(answer)
+        return then(self._route(request), self._counted)
 
     def _counted(self, response: Response) -> Response:
         if response.status >= HTTP_ERROR:

@@ -33,6 +33,7 @@ from polymq.adapters.http import (
     Response,
     go_json,
     parse_query,
+    then,
 )
 from polymq.adapters.nsq.tcp import ORIGIN as NSQ_ORIGIN
 from polymq.adapters.nsq.tcp import ensure_channel
@@ -352,11 +353,7 @@ class NsqHttpApi:
         return found | set(self._config_route)
 
     def handle(self, request: Request) -> Response | NeedBody:
-        answer = self._route(request)
-        if isinstance(answer, NeedBody):
-            complete = answer.complete
-            return NeedBody(answer.read_max, lambda body: self._counted(complete(body)))
-        return self._counted(answer)
+        return then(self._route(request), self._counted)
 
     def _counted(self, response: Response) -> Response:
         """An error answer is counted by its nsqd code (`{"message":"TOPIC_NOT_FOUND"}`), for the metrics."""
