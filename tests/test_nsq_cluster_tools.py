@@ -1,10 +1,10 @@
 """nsqadmin and nsq's tools, unchanged, against three polymq nodes behind a lookupd.
 
 Each test runs against the real nsqlookupd (skipped without it) and against the test lookupd.
-nsq_tail, nsq_to_file, nsq_stat and to_nsq are nsq 1.3.0's programs when POLYMQ_NSQ_BIN (default
-~/ref/nsq/bin; docs/cluster.md) has them, else their fakes (support/fake_<tool>.py; always with
-POLYMQ_NSQ_FAKES=1), and the test's id says which. nsqadmin and nsqd have no fakes: their tests skip,
-saying so, without the binaries. Every process is started on 127.0.0.1 and stopped by its PID; every
+nsqadmin, nsq_tail, nsq_to_file, nsq_stat and to_nsq are nsq 1.3.0's programs when POLYMQ_NSQ_BIN
+(default ~/ref/nsq/bin; docs/cluster.md) has them, else their fakes (support/fake_<name>.py; always
+with POLYMQ_NSQ_FAKES=1), and the test's id says which. nsqd has no fake: its test skips, saying so,
+without the binaries. Every process is started on 127.0.0.1 and stopped by its PID; every
 wait is for a state, with a generous deadline.
 """
 
@@ -94,10 +94,10 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield cluster
 
 
-@pytest.fixture(scope="module")
-def admin(cluster: Cluster) -> Iterator[str]:
-    """nsqadmin's HTTP address, nsqadmin reading the cluster's lookupd (skipped without nsqadmin: no fake)."""
-    program = Program([nsq_program("nsqadmin"), "--http-address=127.0.0.1:0",
+@pytest.fixture(scope="module", params=[pytest.param("nsqadmin", id=nsq_tool_label("nsqadmin"))])
+def admin(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """nsqadmin's HTTP address, nsqadmin (or its fake; the id says which) reading the cluster's lookupd."""
+    program = Program([*nsq_tool(request.param).argv, "--http-address=127.0.0.1:0",
                        f"--lookupd-http-address={cluster.lookupd.http_address}"])
     try:
         yield program.listening(1)["HTTP"]

@@ -1,6 +1,8 @@
 """The fakes of nsq_tail, nsq_to_file, nsq_stat and to_nsq (support/fake_<tool>.py) do what nsq 1.3.0's
 programs do: each is run as the real one is, against a polymq node, and the two compared, the
 commands they send (read by a recording proxy in front of the node), what they print and write.
+The fake of nsqadmin answers its JSON API as nsqadmin does: both read one lookupd and two polymq
+nodes, and each page the cluster tests read comes with the same keys and the same values.
 
 Needs the real programs in POLYMQ_NSQ_BIN (default ~/ref/nsq/bin; docs/cluster.md): each test
 skips, saying so, without them, as in CI, where test_nsq_cluster_tools.py runs the fakes alone.
@@ -16,7 +18,7 @@ import struct
 import subprocess
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from support.nsq_cluster import (
     http_json,
     nsq_fake,
     nsq_program,
+    running_lookupd,
     wait_until,
 )
 
@@ -109,7 +112,7 @@ def gateway() -> Iterator[GatewayProcess]:
 
 
 # The programs compared with their fakes here.
-COMPARED = ("nsq_tail", "nsq_to_file", "to_nsq", "nsq_stat")
+COMPARED = ("nsq_tail", "nsq_to_file", "to_nsq", "nsq_stat", "nsqadmin")
 
 
 def real_and_fake(name: str) -> list[tuple[str, NsqTool]]:
@@ -221,3 +224,109 @@ def test_fakes_answer_a_command_line_as_nsqs_tools(name: str) -> None:
             assert _LOG_TIME.sub("", fake.stderr.splitlines()[-1]) == _LOG_TIME.sub("", real.stderr.splitlines()[-1])
         elif fake.returncode == 2:  # Go's flag package: its first line, before the usage the fakes leave out
             assert fake.stderr.splitlines()[0] == real.stderr.splitlines()[0], (args, fake, real)
+
+
+def key_paths(document: Any, at: str = "") -> set[str]:
+    """Every key of a JSON document, as a path (`nodes[].topics[].topic`), lists' items merged."""
+    if isinstance(document, dict):
+        return {path for key, value in document.items() for path in {f"{at}{key}", *key_paths(value, f"{at}{key}.")}}
+    if isinstance(document, list):
+        return {path for item in document for path in key_paths(item, f"{at[:-1]}[].")}
+    return set()
+
+
+def read_by_tests(path: str, document: dict[str, Any]) -> Any:
+    """What test_nsq_cluster_tools.py reads of an nsqadmin page (lists in no order nsqadmin promises, sorted)."""
+    if path == "/api/nodes":
+        return sorted((n["tcp_port"], n["http_port"], n["version"], n["out_of_date"], json.dumps(n["topics"]))
+                      for n in document["nodes"])
+    if path.startswith("/api/nodes/"):
+        return (document["node"], document["total_messages"], document["total_clients"],
+                [(t["topic_name"], t["message_count"], sorted(c["channel_name"] for c in t["channels"]))
+                 for t in document["topics"]])
+    if path == "/api/topics":
+        return document["topics"]
+    if path.count("/") == 3:  # a topic
+        return (document["node"], document["topic_name"], document["message_count"], document["depth"],
+                document["paused"], sorted((n["node"], n["message_count"]) for n in document["nodes"]),
+                sorted((c["channel_name"], c["depth"], c["message_count"], c["paused"]) for c in document["channels"]))
+    return (document["node"], document["channel_name"], document["depth"], document["in_flight_count"],
+            document["message_count"], document["paused"], document["clients"],
+            sorted((n["node"], n["depth"], n["message_count"]) for n in document["nodes"]))
+
+
+ADMIN_NODES = 2
+
+
+def test_nsqadmin_fake_answers_its_api_as_nsqadmin(gateway: GatewayProcess) -> None:
+    """Two polymq nodes (besides `gateway`, which the fixture starts, and which registers nowhere) and
+    the test lookupd; the real nsqadmin and the fake beside each other, reading it."""
+    with running_lookupd("test lookupd") as lookupd, ExitStack() as stack:
+        nodes = [stack.enter_context(running_gateway(
+            "--lookupd-tcp-address", lookupd.tcp_address, "--broadcast-address", "127.0.0.1", "--in-memory",
+            "--no-mqks", "--no-phpmq", "--no-pzq", "--no-emqp")) for _ in range(ADMIN_NODES)]
+        for index, node in enumerate(nodes):
+            assert http(node.nsq_http, "/topic/create?topic=cmp", "POST")[0] == 200
+            for channel in ("c", "d_real", "d_fake"):
+                assert http(node.nsq_http, f"/channel/create?topic=cmp&channel={channel}", "POST")[0] == 200
+            assert http(node.nsq_http, "/mpub?topic=cmp", "POST", b"\n".join(BODIES[: index + 1]))[0] == 200
+        ports = {node.host_port("nsq-tcp")[1] for node in nodes}
+        wait_until(lambda: {p["tcp_port"] for p in lookupd.get("/lookup?topic=cmp")["producers"]} == ports,
+                   "topic cmp registered by both nodes")
+        admins = {}
+        for kind, tool in real_and_fake("nsqadmin"):
+            program = stack.enter_context(stopping(Program([*tool.argv, "--http-address=127.0.0.1:0",
+                                                            f"--lookupd-http-address={lookupd.http_address}"])))
+            admins[kind] = program.listening(1)["HTTP"]
+        node_page = f"/api/nodes/127.0.0.1:{nodes[1].host_port('nsq-http')[1]}"
+        for path in ("/api/nodes", node_page, "/api/topics", "/api/topics/cmp", "/api/topics/cmp/c"):
+            real, fake = (http_json(admins[kind], path) for kind in ("real", "fake"))
+            assert key_paths(fake) == key_paths(real), path
+            assert read_by_tests(path, fake) == read_by_tests(path, real), path
+        for path in ("/api/topics/none", "/api/nodes/127.0.0.1:1", "/api/bogus"):
+            assert http(admins["fake"], path)[0] == http(admins["real"], path)[0], path
+        assert read_by_tests("/api/topics/cmp", http_json(admins["fake"], "/api/topics/cmp"))[2] == 3
+        for kind, admin in admins.items():
+            for path, stats_of in (("/api/topics/cmp", topic_of), ("/api/topics/cmp/c", channel_c_of)):
+                for action, paused in (("pause", True), ("unpause", False)):
+                    status, data = http(admin, path, "POST", json.dumps({"action": action}).encode())
+                    assert (status, json.loads(data)) == (200, {"message": ""}), (kind, path, action)
+                    assert [stats_of(node)["paused"] for node in nodes] == [paused] * ADMIN_NODES, (kind, path)
+            status, data = http(admin, "/api/topics/cmp/c", "POST", b'{"action": "bogus"}')
+            assert (status, json.loads(data)) == (400, {"message": "INVALID_ACTION"}), kind
+            status, data = http(admin, f"/api/topics/cmp/d_{kind}", "DELETE")
+            assert (status, json.loads(data)) == (200, {"message": ""}), kind
+            assert all(f"d_{kind}" not in {c["channel_name"] for c in topic_of(node)["channels"]} for node in nodes)
+            wait_until(lambda kind=kind: f"d_{kind}" not in lookupd.get("/channels?topic=cmp")["channels"],
+                       f"channel d_{kind} gone from lookupd")
+        status, data = http(admins["fake"], "/api/topics/cmp/c", "POST", json.dumps({"action": "empty"}).encode())
+        assert status == 200 and [channel_c_of(node)["depth"] for node in nodes] == [0, 0]
+
+
+def topic_of(node: GatewayProcess) -> dict[str, Any]:
+    (stats,) = http_json(node.nsq_http, "/stats?format=json&topic=cmp")["topics"]
+    return dict(stats)
+
+
+def channel_c_of(node: GatewayProcess) -> dict[str, Any]:
+    return dict(next(c for c in topic_of(node)["channels"] if c["channel_name"] == "c"))
+
+
+@contextmanager
+def stopping(program: Program) -> Iterator[Program]:
+    try:
+        yield program
+    finally:
+        program.stop()
+
+
+def test_nsqadmin_fake_answers_a_command_line_as_nsqadmin() -> None:
+    """--version and no lookupd: the same exit status and output, the same fatal message."""
+    for args in (["--version"], []):
+        results = {kind: subprocess.run([*tool.argv, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                        timeout=WAIT_TIMEOUT_S) for kind, tool in real_and_fake("nsqadmin")}
+        real, fake = results["real"], results["fake"]
+        assert (fake.returncode, fake.stdout) == (real.returncode, real.stdout), (args, fake, real)
+        strip = re.compile(r"^\[nsqadmin\] \S+ \S+ ")
+        assert [strip.sub("", line) for line in fake.stderr.splitlines()] == \
+            [strip.sub("", line) for line in real.stderr.splitlines()], (args, fake, real)

@@ -1,9 +1,9 @@
 """NSQ's own programs for cluster tests: nsqlookupd, nsqadmin and the nsq_* tools, when present.
 
 They are looked for in POLYMQ_NSQ_BIN (default ~/ref/nsq/bin; docs/cluster.md says where to get
-them); a test that needs one skips, naming what is missing, when it is not there. The tools
-nsq_tail, nsq_to_file, nsq_stat and to_nsq have fakes here (support/fake_<tool>.py, for CI, which
-has no Go): `nsq_tool` gives the real program when it is there, else its fake, and
+them); a test that needs one skips, naming what is missing, when it is not there. nsqadmin and
+the tools nsq_tail, nsq_to_file, nsq_stat and to_nsq have fakes here (support/fake_<name>.py, for
+CI, which has no Go): `nsq_tool` gives the real program when it is there, else its fake, and
 POLYMQ_NSQ_FAKES=1 takes the fakes even then. Each program is started on 127.0.0.1 with port 0
 where it listens, its log read for the address it took, and stopped by its PID. `Lookupd` is one
 interface over the real nsqlookupd and the test lookupd (support/fake_lookupd.py), so the same
@@ -37,8 +37,8 @@ NSQ_BIN = Path(os.environ.get("POLYMQ_NSQ_BIN", "~/ref/nsq/bin")).expanduser()
 NSQ_BIN_REQUIRED = "POLYMQ_NSQ_BIN" in os.environ
 # Set to 1: the tools run as their fakes even where the real programs are (how CI runs them).
 NSQ_FAKES = os.environ.get("POLYMQ_NSQ_FAKES", "") == "1"
-# The tools that have a fake: support/fake_<name>.py.
-FAKED_TOOLS = ("nsq_tail", "nsq_to_file", "nsq_stat", "to_nsq")
+# The programs that have a fake: support/fake_<name>.py.
+FAKED_TOOLS = ("nsq_tail", "nsq_to_file", "nsq_stat", "to_nsq", "nsqadmin")
 FAKES_DIR = Path(__file__).parent
 START_TIMEOUT_S = 30.0
 WAIT_TIMEOUT_S = 60.0
