@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -53,8 +54,11 @@ def pause_after(took: float) -> float:
     return max(FULL_COLLECTION_INTERVAL_S, took / FULL_COLLECTION_SHARE)
 
 
-async def collect_on_a_clock() -> None:
-    """Run the process's full collections until cancelled; CPython's own rule again afterwards."""
+async def collect_on_a_clock(stopwatch: Callable[[], float] = time.perf_counter) -> None:
+    """Run the process's full collections until cancelled; CPython's own rule again afterwards.
+
+    `stopwatch` times each collection (tests give one that does not depend on the heap they run in).
+    """
     young, middle, oldest = gc.get_threshold()
     if not _running:
         _running.append((young, oldest))
@@ -65,12 +69,12 @@ async def collect_on_a_clock() -> None:
     try:
         while True:
             rounds += 1
-            started = time.perf_counter()
+            started = stopwatch()
             if rounds % THAW_EVERY == 0:
                 gc.unfreeze()
             gc.collect(2)
             gc.freeze()
-            took = time.perf_counter() - started
+            took = stopwatch() - started
             await trio.sleep(pause_after(took))
     finally:
         found_young, found_oldest = _running.pop()

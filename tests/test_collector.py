@@ -1,15 +1,23 @@
 """Full garbage collections on a clock while a gateway runs (`gateway/collector.py`), on trio's
-autojump clock: nothing sleeps for real."""
+autojump clock: nothing sleeps for real. Each collection is timed by a stopwatch of the test's own,
+so a large heap left by earlier tests cannot space the collections out."""
 
 from __future__ import annotations
 
 import gc
+import itertools
 import weakref
+from collections.abc import Callable
 
 import trio
 import trio.testing
 
 from polymq.gateway import collector
+
+
+def collections_take(seconds: float) -> Callable[[], float]:
+    """A stopwatch by which every collection takes `seconds`."""
+    return itertools.count(0.0, seconds).__next__
 
 
 class Node:
@@ -28,7 +36,7 @@ async def test_cycles_in_the_oldest_generation_are_collected_on_the_clock(
         autojump_clock: trio.testing.MockClock) -> None:
     young, middle, oldest = gc.get_threshold()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(collector.collect_on_a_clock)
+        nursery.start_soon(collector.collect_on_a_clock, collections_take(0.0))
         await trio.sleep(1)
         assert gc.get_threshold() == (collector.YOUNG_THRESHOLD, middle, collector.NEVER)
         garbage = _old_cycle()
@@ -45,7 +53,7 @@ async def test_cycles_in_the_oldest_generation_are_collected_on_the_clock(
 async def test_cycles_among_objects_that_survived_a_collection_are_found_when_thawed(
         autojump_clock: trio.testing.MockClock) -> None:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(collector.collect_on_a_clock)
+        nursery.start_soon(collector.collect_on_a_clock, collections_take(0.0))
         await trio.sleep(1)
         node = Node()
         await trio.sleep(collector.FULL_COLLECTION_INTERVAL_S)  # it survives a collection: frozen
@@ -65,11 +73,11 @@ async def test_the_threshold_comes_back_when_the_last_of_several_gateways_stops(
     before = gc.get_threshold()
     with trio.CancelScope() as first:
         async with trio.open_nursery() as outer:
-            outer.start_soon(collector.collect_on_a_clock)
+            outer.start_soon(collector.collect_on_a_clock, collections_take(0.0))
             await trio.sleep(1)
             with trio.CancelScope() as second:
                 async with trio.open_nursery() as inner:
-                    inner.start_soon(collector.collect_on_a_clock)
+                    inner.start_soon(collector.collect_on_a_clock, collections_take(0.0))
                     await trio.sleep(1)
                     assert gc.get_threshold()[2] == collector.NEVER
                     second.cancel()
@@ -81,3 +89,18 @@ async def test_the_threshold_comes_back_when_the_last_of_several_gateways_stops(
 def test_a_long_collection_spaces_the_next_ones_out() -> None:
     assert collector.pause_after(0.001) == collector.FULL_COLLECTION_INTERVAL_S
     assert collector.pause_after(0.5) == 0.5 / collector.FULL_COLLECTION_SHARE
+
+
+async def test_collections_that_take_long_come_less_often(
+        autojump_clock: trio.testing.MockClock) -> None:
+    spacing = collector.pause_after(0.5)
+    assert spacing > collector.FULL_COLLECTION_INTERVAL_S
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(collector.collect_on_a_clock, collections_take(0.5))
+        await trio.sleep(1)
+        garbage = _old_cycle()
+        await trio.sleep(spacing - 2)
+        assert garbage() is not None
+        await trio.sleep(2)
+        assert garbage() is None
+        nursery.cancel_scope.cancel()
