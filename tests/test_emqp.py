@@ -366,11 +366,12 @@ def test_a_job_whose_workers_keep_going_is_dead_lettered_after_the_max_attempts(
             assert worker.nothing_within(100)
 
 
-def test_a_ready_ends_the_oldest_job_that_expects_no_reply(gateway: GatewayProcess, context: zmq.Context) -> None:
-    with Worker(context, backend(gateway)) as worker, Worker(context, backend(gateway)) as other, \
+def test_a_ready_ends_the_oldest_job_that_expects_no_reply(tmp_path: Path, context: zmq.Context) -> None:
+    with running_gateway("--emqp-worker-processes", "2", data_dir=tmp_path) as gateway, \
+            Worker(context, backend(gateway)) as worker, Worker(context, backend(gateway)) as other, \
             Client(context, frontend(gateway)) as client:
         worker.inform([(10, "mixed")])
-        worker.ready(2)
+        worker.ready(2)  # its two processes start
         wait_until(lambda: slots(context, gateway, worker) == 2, "slots")
         replying = client.request("mixed", b"[1]", b"reply-requested")
         plain = client.request("mixed", b"[2]")

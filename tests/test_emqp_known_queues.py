@@ -45,8 +45,8 @@ class Setup:
 
 @contextlib.asynccontextmanager
 async def running_broker() -> AsyncIterator[Setup]:
-    """A broker on the engine with its timers, forgetting empty queues at once; a worker's and a
-    client's DEALER connected to it."""
+    """A broker on the engine with its timers, forgetting empty queues at once; a worker's (of one
+    process) and a client's DEALER connected to it."""
     sockets = ZmqSockets.bind("127.0.0.1", emqp_specs(
         {"emqp-backend": 0, "emqp-frontend": 0, "emqp-admin": 0}, MAX_MESSAGE, "127.0.0.1"))
     context = zmq.Context()
@@ -56,7 +56,8 @@ async def running_broker() -> AsyncIterator[Setup]:
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(TimerTask(engine).run)
-            broker = EMQPBroker(engine, sockets, EMQPLimits(heartbeat_timeout=600.0, forget_empty_after=0.0))
+            broker = EMQPBroker(engine, sockets, EMQPLimits(heartbeat_timeout=600.0, forget_empty_after=0.0,
+                                                           worker_processes=1))
             nursery.start_soon(broker.run)
             yield Setup(engine, broker, worker, client)
             broker.shutdown()

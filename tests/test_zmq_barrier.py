@@ -245,13 +245,13 @@ async def test_emqp_jobs_reach_the_worker_only_after_their_records_are_written(t
     sockets.sockets["emqp-backend"] = HandOff(sockets.sockets["emqp-backend"], sent_to_worker)  # type: ignore[assignment]
     try:
         async with durable_engine(tmp_path) as (store, nursery):
-            broker = EMQPBroker(store.engine, sockets, EMQPLimits(heartbeat_timeout=600.0))
+            broker = EMQPBroker(store.engine, sockets, EMQPLimits(heartbeat_timeout=600.0, worker_processes=2))
             nursery.start_soon(broker.run)
             first = workers[b"worker-1"]
             first.send_multipart(emqp.client_message(emqp.INFORM, b"i1", json.dumps([[10, "jobs"]]).encode(),
                                                      emqp.WORKER))
             await until(lambda: any(frames[2] == emqp.ACK for _, frames in told), "the INFORM's ACK")
-            first.send_multipart(emqp.client_message(emqp.READY, b"r1"))
+            first.send_multipart(emqp.client_message(emqp.READY, b"r1"))  # its two processes start
             first.send_multipart(emqp.client_message(emqp.READY, b"r2"))
             await until(lambda: broker.workers[b"worker-1"].pool.tokens == 2, "two slots")
 

@@ -33,7 +33,7 @@ from polymq.torture.worker import Settings
 @click.option("--consumers", type=click.IntRange(min=1), default=2, show_default=True,
               help="Consumers per queue.")
 @click.option("--emqp-slots", type=click.IntRange(min=1), default=1, show_default=True,
-              help="READYs an eMQP worker sends when it joins (more than 1 shows the READY ambiguity).")
+              help="READYs an eMQP worker sends when it joins: its processes (the gateway is told the count).")
 @click.option("--drain-timeout", type=click.FloatRange(min=1), default=180.0, show_default=True,
               help="Longest drain (s).")
 @click.option("--gateway-arg", "gateway_args", multiple=True,

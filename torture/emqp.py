@@ -30,10 +30,9 @@ from polymq.torture.worker import (
 )
 
 POLL_MS = int(POLL_S * 1000)
-# READYs a worker sends when it joins (its concurrent jobs, `--emqp-slots`): 1 by default. A READY
-# does not say which job it ends, and the gateway ends the oldest job the worker holds: a worker that
-# joins with several READYs while requests wait has its first jobs ended by its own start-up READYs,
-# and if it then dies those jobs are never run again (docs/testing.md, "What torture found").
+# READYs a worker sends when it joins (its processes, `--emqp-slots`, 1 by default), then one per
+# job; the run tells the gateway that count (`--emqp-worker-processes`), so start-up READYs end no
+# job (docs/testing.md, "What torture found").
 # A worker's HEARTBEAT every second, far inside the gateway's timeout the run sets (HEARTBEAT_TIMEOUT_MS).
 HEARTBEAT_EVERY_S = 1.0
 # The gateway's --emqp-heartbeat-timeout in a run: long enough that a live worker on a loaded

@@ -89,7 +89,9 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
     if data_dir is None:
         own_dir = data_dir = Path(tempfile.mkdtemp(prefix="polymq-torture-"))
     ledger = Ledger()
-    gateways = Gateways(data_dir, (*GATEWAY_ARGS, *options.gateway_args), ledger)
+    # The eMQP workers are jobmanagers of `emqp_slots` processes: the gateway is told so.
+    worker_processes = ("--emqp-worker-processes", str(options.settings.emqp_slots))
+    gateways = Gateways(data_dir, (*GATEWAY_ARGS, *worker_processes, *options.gateway_args), ledger)
     run = Run(options.settings, gateways, ledger, options.seed)
     rng = random.Random(options.seed)
     publishers: list[threading.Thread] = []

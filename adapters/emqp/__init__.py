@@ -13,6 +13,7 @@ from polymq.adapters.emqp.broker import (
     ADMIN_MAX_MESSAGE,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_MESSAGE,
+    DEFAULT_WORKER_PROCESSES,
     FORGET_EMPTY_AFTER_S,
     HEARTBEAT_INTERVAL_S,
     HEARTBEAT_TIMEOUT_S,
@@ -70,6 +71,10 @@ SETTINGS = (
     Setting("forget_empty_after_s", "--emqp-forget-empty", click.FloatRange(min=-1), FORGET_EMPTY_AFTER_S,
            "Seconds after its last worker left that an empty queue eMQP created is deleted, with its topic "
            "when nothing else uses it (the original keeps no queue objects; -1 = keep them)."),
+    Setting("worker_processes", "--emqp-worker-processes", click.IntRange(min=1), DEFAULT_WORKER_PROCESSES,
+           "Worker processes a jobmanager runs (its CONCURRENT_JOBS): each sends a READY as it starts, so a "
+           "worker's first this many READYs end none of its jobs. Fewer than a jobmanager runs can lose the "
+           "jobs of one that goes; more hands back jobs it finished."),
     Setting("max_message", "--emqp-max-message", click.IntRange(min=1), DEFAULT_MAX_MESSAGE,
            "Largest eMQP message (all its frames) in bytes; ZeroMQ drops a larger one as it arrives."),
 )
@@ -93,6 +98,7 @@ def start(context: Context) -> ServersService:
             heartbeat_timeout=options.heartbeat_timeout_ms / 1000, max_message=options.max_message,
             max_depth=options.max_depth, reroute_unknown=options.reroute_unknown,
             admin_disconnect=options.admin_disconnect, max_attempts=options.max_attempts,
+            worker_processes=options.worker_processes,
             forget_empty_after=None if options.forget_empty_after_s < 0 else options.forget_empty_after_s),
             stop_gateway=context.gateway.stop))
     if any(name in sockets.sockets for name in PUBSUB_SOCKETS):

@@ -11,10 +11,12 @@ A worker (a jobmanager) is one engine consumer per queue it INFORMed, all spendi
 its slots. The pool offers a slot to the worker's queues in the order it listed them, and among
 the workers of one queue the highest weight is served first, equal weights in turn (the original's
 rules, docs/protocols/emqp.md). Other protocols' consumers of the queue rank as the default weight,
-10. A READY adds a slot; since it is sent after each job, it also ends
-one of the worker's jobs: the job's REPLY (with `reply-requested`) names it and ended it already;
-else the oldest job that expects no REPLY (the jobmanager says READY, not which job; with
-`reply-requested` only the REPLY does). A job
+10. A READY adds a slot. It is sent after each job but also once by each worker process as it
+starts, and nothing tells the two apart, so a worker's jobs are ended by READYs only past its
+processes' start-up READYs (`EMQPLimits.worker_processes`, the jobmanager's default): the job's
+REPLY (with `reply-requested`) names it and ended it already; else the oldest job that expects no
+REPLY (the jobmanager says READY, not which job; with `reply-requested` only the REPLY does). A
+worker that goes may so hand back jobs it finished (duplicates), not lose jobs it never ran. A job
 whose worker goes (KBYE, silence past the heartbeat timeout, a new INFORM from the same identity)
 goes back to its queue and to the next worker, its attempts counted: the original loses it.
 """
@@ -64,6 +66,9 @@ DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
 # being handed out once more: a job that kills its jobmanager (a malformed one makes it reconnect)
 # must not go round forever. The original never hands a job out twice.
 DEFAULT_MAX_ATTEMPTS = 5
+# The jobmanager's CONCURRENT_JOBS default: the worker processes, each sending one READY as it
+# starts, that a worker's READYs are first taken to be (they end no job).
+DEFAULT_WORKER_PROCESSES = 4
 # The PHPMQ unit's default: a minute for a worker to come back before its empty queue goes.
 FORGET_EMPTY_AFTER_S = 60.0
 # Admin commands are a word and a msgid.
@@ -99,6 +104,10 @@ class EMQPLimits:
     # Seconds after its last worker left that an empty queue eMQP made is deleted, with its topic
     # when nothing else uses it (None: kept). The original keeps no queue objects at all.
     forget_empty_after: float | None = FORGET_EMPTY_AFTER_S
+    # A worker's first this many READYs may be its processes starting: only READYs past them end
+    # jobs. Fewer than the jobmanager's processes loses jobs of a worker that goes; more hands back
+    # jobs it finished.
+    worker_processes: int = DEFAULT_WORKER_PROCESSES
 
 
 def _text(raw: bytes) -> str:
@@ -128,7 +137,8 @@ class Worker:
     # The deliveries it holds, oldest first → (msgid, whether its REPLY will name it).
     jobs: dict[Message, tuple[bytes, bool]] = attrs.Factory(dict)
     by_msgid: dict[bytes, Message] = attrs.Factory(dict)
-    ended_by_reply: int = 0  # jobs its REPLY ended whose READY has not come yet
+    readies: int = 0  # READYs it sent
+    ended: int = 0  # jobs it finished (by a REPLY or a READY) or that left it (their queue deleted)
 
     def take(self, message: Message) -> None:
         job = self.jobs.pop(message, None)
@@ -326,14 +336,17 @@ class EMQPBroker(ZmqService):
         worker.consumers = [consumer for consumer in worker.consumers if not consumer.closed]
         for message in [message for message in worker.jobs if message.owner in closed]:
             worker.take(message)
+            worker.ended += 1  # it still sends the job's READY
 
     def _ready(self, worker: Worker) -> None:
-        if worker.ended_by_reply:
-            worker.ended_by_reply -= 1
-        else:
+        worker.readies += 1
+        # Each process sends one READY as it starts, then one per job: the READYs past the
+        # processes' count as many finished jobs.
+        if worker.ended < worker.readies - self.limits.worker_processes:
             job = worker.finished_by_ready()
             if job is not None:
                 self._end_job(worker, job)
+                worker.ended += 1
         worker.pool.add(1)
 
     def _worker_reply(self, worker: Worker, message: emqp.Message) -> None:
@@ -350,7 +363,7 @@ class EMQPBroker(ZmqService):
                       reply.original_msgid[:60])
             return
         self._end_job(worker, job)
-        worker.ended_by_reply += 1
+        worker.ended += 1
 
     def _end_job(self, worker: Worker, message: Message) -> None:
         worker.take(message)

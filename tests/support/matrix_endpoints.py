@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import attrs
 import zmq
 
+from polymq.adapters.emqp.broker import DEFAULT_WORKER_PROCESSES
 from polymq.clients import emqp as emqp_client
 from polymq.clients import mqks_blocking, phpmq, pzq_blocking
 from polymq.clients import nsq as nsq_blocking
@@ -389,7 +390,8 @@ class PZQConsumer(Consumer):
 
 
 class EMQPConsumer(Consumer):
-    """A worker of the queue of the topic's name, with a slot per message."""
+    """A worker of the queue of the topic's name, as a jobmanager with the gateway's default count of
+    processes: a READY as each starts, then one after each job."""
 
     name = "emqp"
 
@@ -398,15 +400,15 @@ class EMQPConsumer(Consumer):
         self.worker = emqp_client.Worker(self.context, self.gateway.addresses["emqp-backend"], timeout=TIMEOUT_S,
                                          linger_ms=int(TIMEOUT_S * 1000))
         self.worker.inform([(10, self.cell.topic)])
+        self.worker.ready(DEFAULT_WORKER_PROCESSES)
 
     def receive(self, count: int) -> list[Received]:
-        self.worker.ready(count)
         received: list[Received] = []
         for _ in range(count):
             job = self.worker.job()
             _, _, _, msgid, queue, headers, payload = job
             received.append(Received(payload, msgid.decode("latin-1"), headers=headers, topic=queue.decode()))
-        self.worker.ready(count)  # each READY ends the oldest job (jobmanagers send one per job)
+            self.worker.ready()  # the job is done: its READY ends it and frees the slot
         return received
 
     def close(self) -> None:
