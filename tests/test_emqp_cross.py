@@ -78,34 +78,39 @@ def test_nsq_mqks_phpmq_and_pzq_publishes_reach_emqp_workers(module_gateway: Gat
 
 def test_emqp_workers_phpmq_and_pzq_consumers_compete_on_one_queue(module_gateway: GatewayProcess,
                                                                    context: zmq.Context) -> None:
-    with ready_worker(context, module_gateway, ["pzq"], 100) as worker, \
-            Consumer(context, module_gateway.addresses["pzq-send"]) as pzq_consumer, \
-            PHPMQWire(module_gateway.host_port("phpmq")) as php, \
+    with Consumer(context, module_gateway.addresses["pzq-send"]) as pzq_consumer, \
             Client(context, module_gateway.addresses["emqp-frontend"]) as client:
-        php.consume("pzq", 100)
-        php.barrier()
-        bodies = [b"job %d" % number for number in range(60)]
-        for body in bodies:
-            client.request("pzq", body)
-        from_emqp: list[bytes] = []
-        from_pzq: list[bytes] = []
-        from_php: list[bytes] = []
-        while len(from_emqp) + len(from_pzq) + len(from_php) < len(bodies):
-            if worker.sock.poll(20):
-                frames = worker.receive()
-                if frames[2] == emqp.REQUEST:
-                    from_emqp.append(frames[6])
-                    worker.ready()
-                continue
-            if pzq_consumer.sock.poll(20):
-                delivery = pzq_consumer.receive()
-                pzq_consumer.ack(delivery)
-                from_pzq.append(delivery[-1])
-            try:
-                for delivery in php.deliveries(1, timeout=0.02):
-                    php.ack("pzq", delivery.message_id)
-                    from_php.append(delivery.content)
-            except TimeoutError:
-                pass
-        assert sorted(from_emqp + from_pzq + from_php) == sorted(bodies), "each job once"
-        assert from_emqp and from_pzq and from_php, "every kind of consumer got some"
+        # The PZQ consumer is the queue's only one yet: once this reaches it, it is connected.
+        client.request("pzq", b"probe")
+        probe = pzq_consumer.receive()
+        pzq_consumer.ack(probe)
+        assert probe[-1] == b"probe"
+        with ready_worker(context, module_gateway, ["pzq"], 100) as worker, \
+                PHPMQWire(module_gateway.host_port("phpmq")) as php:
+            php.consume("pzq", 100)
+            php.barrier()
+            bodies = [b"job %d" % number for number in range(60)]
+            for body in bodies:
+                client.request("pzq", body)
+            from_emqp: list[bytes] = []
+            from_pzq: list[bytes] = []
+            from_php: list[bytes] = []
+            while len(from_emqp) + len(from_pzq) + len(from_php) < len(bodies):
+                if worker.sock.poll(20):
+                    frames = worker.receive()
+                    if frames[2] == emqp.REQUEST:
+                        from_emqp.append(frames[6])
+                        worker.ready()
+                    continue
+                if pzq_consumer.sock.poll(20):
+                    delivery = pzq_consumer.receive()
+                    pzq_consumer.ack(delivery)
+                    from_pzq.append(delivery[-1])
+                try:
+                    for delivery in php.deliveries(1, timeout=0.02):
+                        php.ack("pzq", delivery.message_id)
+                        from_php.append(delivery.content)
+                except TimeoutError:
+                    pass
+            assert sorted(from_emqp + from_pzq + from_php) == sorted(bodies), "each job once"
+            assert from_emqp and from_pzq and from_php, "every kind of consumer got some"

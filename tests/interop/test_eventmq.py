@@ -32,6 +32,9 @@ ROOT = HERE.parents[1]
 INTEROP_DIR = Path(os.environ.get("INTEROP_DIR", ROOT / ".interop"))
 ENV_BIN = INTEROP_DIR / "eventmq" / "bin"
 JOBS_DIR = HERE / "eventmq"
+# Each jobmanager's worker processes (its CONCURRENT_JOBS); the gateway is told the same count.
+PROCESSES = 2
+WORKER_PROCESSES = ("--emqp-worker-processes", str(PROCESSES))
 
 
 @pytest.fixture(scope="module")
@@ -112,10 +115,10 @@ def send_requests(gateway: GatewayProcess, requests: list[dict[str, Any]],
 def test_real_client_requests_run_exactly_once_on_real_jobmanagers(
         eventmq_env: Path, tmp_path: Path, context: zmq.Context, jobmanagers: list[JobManager]) -> None:
     job_log = tmp_path / "runs.jsonl"
-    with running_gateway(data_dir=tmp_path / "data") as gateway:
+    with running_gateway(*WORKER_PROCESSES, data_dir=tmp_path / "data") as gateway:
         for name in ("a", "b"):
-            jobmanagers.append(JobManager(name, gateway.addresses["emqp-backend"], [(10, "jobs")], 2, job_log,
-                                          tmp_path))
+            jobmanagers.append(JobManager(name, gateway.addresses["emqp-backend"], [(10, "jobs")], PROCESSES,
+                                          job_log, tmp_path))
         wait_until(lambda: free_slots(context, gateway, "jobs") == [(10, 2), (10, 2)], "both jobmanagers ready")
         requests = [{"tag": f"job{index}", "queue": "jobs", "reply": index % 2 == 0} for index in range(30)]
         answer = send_requests(gateway, requests)
@@ -144,10 +147,10 @@ def test_real_client_requests_run_exactly_once_on_real_jobmanagers(
 def test_the_heavier_jobmanager_is_served_first(eventmq_env: Path, tmp_path: Path, context: zmq.Context,
                                                 jobmanagers: list[JobManager]) -> None:
     job_log = tmp_path / "runs.jsonl"
-    with running_gateway(data_dir=tmp_path / "data") as gateway:
+    with running_gateway(*WORKER_PROCESSES, data_dir=tmp_path / "data") as gateway:
         backend = gateway.addresses["emqp-backend"]
-        jobmanagers.append(JobManager("heavy", backend, [(20, "w")], 2, job_log, tmp_path))
-        jobmanagers.append(JobManager("light", backend, [(5, "w")], 2, job_log, tmp_path))
+        jobmanagers.append(JobManager("heavy", backend, [(20, "w")], PROCESSES, job_log, tmp_path))
+        jobmanagers.append(JobManager("light", backend, [(5, "w")], PROCESSES, job_log, tmp_path))
         wait_until(lambda: free_slots(context, gateway, "w") == [(20, 2), (5, 2)], "both jobmanagers ready")
         send_requests(gateway, [{"tag": f"first{index}", "queue": "w", "seconds": 0.3} for index in range(2)])
         wait_until(lambda: len(runs(job_log)) >= 2, "two jobs run")
@@ -162,11 +165,41 @@ def test_the_heavier_jobmanager_is_served_first(eventmq_env: Path, tmp_path: Pat
 
 
 @pytest.mark.interop
+def test_jobs_a_killed_jobmanager_took_at_start_up_all_run_on_another(
+        eventmq_env: Path, tmp_path: Path, context: zmq.Context, jobmanagers: list[JobManager]) -> None:
+    job_log = tmp_path / "runs.jsonl"
+    started_log = Path(f"{job_log}.started")
+    gate = tmp_path / "gate"  # the jobs run until it exists
+    tags = [f"held{index}" for index in range(PROCESSES)]
+    with running_gateway(*WORKER_PROCESSES, "--emqp-heartbeat-timeout", "1000",
+                         data_dir=tmp_path / "data") as gateway:
+        # The requests wait, so the jobmanager's start-up READYs are what pull them.
+        send_requests(gateway, [{"tag": tag, "queue": "held", "gate": str(gate)} for tag in tags], read_replies_s=0)
+        doomed = JobManager("doomed", gateway.addresses["emqp-backend"], [(10, "held")], PROCESSES, job_log,
+                            tmp_path)
+        jobmanagers.append(doomed)
+        wait_until(lambda: started_log.exists() and len(started_log.read_text().splitlines()) == PROCESSES,
+                   "both jobs running on the doomed jobmanager")
+        os.killpg(doomed.process.pid, signal.SIGKILL)  # no KBYE: it falls silent
+        doomed.process.wait(5)
+        gate.touch()
+        jobmanagers.append(JobManager("rescuer", gateway.addresses["emqp-backend"], [(10, "held")], PROCESSES,
+                                      job_log, tmp_path))
+        wait_until(lambda: len(runs(job_log)) >= PROCESSES, "the jobs run again")
+        wait_until(lambda: admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)[
+            "inflight_messages_by_queue"] == {}, "every job ended")
+        redelivered = admin_json(context, gateway.addresses["emqp-admin"], emqp.STATUS)["polymq"]["redelivered"]
+    assert sorted((run["tag"], run["worker"]) for run in runs(job_log)) == [(tag, "rescuer") for tag in tags]
+    assert redelivered == PROCESSES
+
+
+@pytest.mark.interop
 def test_scheduled_jobs_run_as_often_as_asked_and_stop_when_unscheduled(
         eventmq_env: Path, tmp_path: Path, context: zmq.Context, jobmanagers: list[JobManager]) -> None:
     job_log = tmp_path / "runs.jsonl"
-    with running_gateway(data_dir=tmp_path / "data") as gateway:
-        jobmanagers.append(JobManager("s", gateway.addresses["emqp-backend"], [(10, "sched")], 2, job_log, tmp_path))
+    with running_gateway(*WORKER_PROCESSES, data_dir=tmp_path / "data") as gateway:
+        jobmanagers.append(JobManager("s", gateway.addresses["emqp-backend"], [(10, "sched")], PROCESSES, job_log,
+                                      tmp_path))
         wait_until(lambda: free_slots(context, gateway, "sched") == [(10, 2)], "the jobmanager ready")
         send_requests(gateway, [], [{"tag": "thrice", "queue": "sched", "interval": 1, "headers": ["run_count:3"]},
                                     {"tag": "until", "queue": "sched", "interval": 1}], read_replies_s=0)

@@ -2,7 +2,7 @@
 
     python client_driver.py <frontend host:port> '<json spec>'
 
-The spec: {"requests": [{"tag", "queue", "reply", "seconds"}], "schedules": [{"tag", "queue",
+The spec: {"requests": [{"tag", "queue", "reply", "seconds", "gate"}], "schedules": [{"tag", "queue",
 "interval" or "cron", "headers", "unschedule"}]}; requests go through `send_request`, schedules
 through `schedule` (both jobs.record with the tag). Prints a JSON object: the msgid of each
 request and schedule, and the "dispatched" REPLYs the broker sent back (the library never reads
@@ -27,7 +27,7 @@ def main() -> None:
     sent = []
     for request in spec.get("requests", []):
         job = ["run", {"path": "jobs", "callable": "record",
-                       "args": [request["tag"], request.get("seconds", 0.0)]}]
+                       "args": [request["tag"], request.get("seconds", 0.0), request.get("gate", "")]}]
         sent.append(send_request(sender, job, reply_requested=request.get("reply", False),
                                  queue=request["queue"]))
     scheduled = []
