@@ -325,6 +325,17 @@ def test_parse_unfinished_and_resumed_across_threads() -> None:
     assert never.end is None and never.result is None
 
 
+def test_a_send_whose_thread_was_killed_as_it_returned_keeps_its_buffer() -> None:
+    # strace's record of a reference-server run stopped by SIGTERM just after the client read its
+    # last OK: the send's exit reads as no errno at all.
+    [send] = parse_trace([
+        f'8134  1.470106 sendto(6<{SOCK}>, "{OK_HEX}", 10, 0, NULL, 0 <unfinished ...>',
+        "8134  1.470492 <... sendto resumed>) = -1 (errno 18446744073709551572) <0.000368>",
+        "8134  1.470549 +++ killed by SIGTERM +++",
+    ])
+    assert send.data == OK_FRAME and send.result is None and send.peer() == PEER
+
+
 def test_parse_writev_sendmsg_partial_and_failed_writes() -> None:
     events = parse_trace([
         rf'1 1.000001 writev(7<{PATH_HEX}>, [{{iov_base="\x61\x62", iov_len=2}}, '

@@ -122,6 +122,11 @@ _RESUMED = re.compile(r"<\.\.\. (?P<name>\w+) resumed>(?P<text>.*)")
 _CALL = re.compile(r"(?P<name>\w+)\((?P<text>.*)")
 _UNFINISHED = " <unfinished ...>"
 _RESULT = re.compile(r"\s*=\s*(?P<value>-?\d+|0x[0-9a-fA-F]+|\?)")
+# A call whose thread was killed (SIGTERM at the end of a run) as it returned shows "= -1 (errno N)"
+# with N no errno at all (Linux's end at 4095): what it transferred is unknown, and its peer may
+# have had every byte (a client counted the OK it carried), so its buffer is kept.
+_CUT_AT_EXIT = re.compile(r"\s*=\s*-1 \(errno (?P<errno>\d+)\)")
+MAX_ERRNO = 4095
 _STRING = re.compile(r'"(?P<body>(?:[^"\\]|\\.)*)"(?P<cut>\.\.\.)?', re.S)
 _IOV_STRING = re.compile(r'iov_base="(?P<body>(?:[^"\\]|\\.)*)"(?P<cut>\.\.\.)?', re.S)
 _FD = re.compile(r"(?P<fd>\d+)(?:<(?P<annotation>.*)>)?", re.S)
@@ -243,11 +248,17 @@ def _event(
         result = int(result_match["value"], 0)
     if end is None:
         result = None  # never returned: nothing was transferred as far as the trace shows
+    cut = _CUT_AT_EXIT.match(after)
+    cut_at_exit = end is not None and cut is not None and int(cut["errno"]) > MAX_ERRNO
+    if cut_at_exit:
+        result = None
     data = b""
     truncated = False
     if name in WRITE_CALLS:
         data, truncated = _payload(name, args)
-        if result is None or result < 0:
+        if cut_at_exit:
+            pass  # outcome unknown: the buffer is what it may have sent
+        elif result is None or result < 0:
             data = b""
         else:
             truncated = truncated and len(data) < result
