@@ -253,6 +253,18 @@ def _same_key(t: Target) -> None:
     t.wait_messages(0, "after the ACK")
 
 
+def _two_zeros_after_a_timeout(t: Target, text: str) -> tuple[pzq_blocking.Consumer, list[bytes], list[bytes]]:
+    """A delivery left past the ACK timeout, then a 0 for it and a 0 for the delivery that
+    superseded it: the consumer, the first delivery and the one the 0s brought (same key)."""
+    consumer, first = t.one_delivered(text)
+    again = t.redelivered(consumer)
+    consumer.ack(first, pzq.ACK_FAILED)
+    consumer.ack(again, pzq.ACK_FAILED)
+    third = t.delivery(consumer, "sent again", timeout=t.ack_timeout + REAPER_S + t.timeout)
+    expect_equal("the same key", first[1], third[1])
+    return consumer, first, third
+
+
 @checks.check("core after a timeout, two 0s in a row send the message again, and a 1 removes it")
 def _two_nacks(t: Target) -> None:
     """The first delivery's late 0, then the current one's: the message comes again with its key,
@@ -261,12 +273,7 @@ def _two_nacks(t: Target) -> None:
     The original resends at the first 0; whether it resends once more at the second depends on
     whether that resend went out before the second 0 came (then it is in flight again), so a
     further copy is answered too (the `robustness` check below asks for exactly one)."""
-    consumer, first = t.one_delivered("two 0s")
-    again = t.redelivered(consumer)
-    consumer.ack(first, pzq.ACK_FAILED)
-    consumer.ack(again, pzq.ACK_FAILED)
-    third = t.delivery(consumer, "sent again", timeout=t.ack_timeout + REAPER_S + t.timeout)
-    expect_equal("the same key", first[1], third[1])
+    consumer, first, third = _two_zeros_after_a_timeout(t, "two 0s")
     consumer.ack(third)
     while not consumer.quiet(QUIET_S):
         extra = t.delivery(consumer, "a copy for the second 0")
@@ -361,12 +368,7 @@ def _stale_nack(t: Target) -> None:
 def _two_nacks_once(t: Target) -> None:
     """polymq ignores the superseded delivery's 0 and honours the current one's; the original
     resends at the first, and at the second too when its resend was already out."""
-    consumer, first = t.one_delivered("two 0s once")
-    again = t.redelivered(consumer)
-    consumer.ack(first, pzq.ACK_FAILED)
-    consumer.ack(again, pzq.ACK_FAILED)
-    third = t.delivery(consumer, "sent again", timeout=t.ack_timeout + REAPER_S + t.timeout)
-    expect_equal("the same key", first[1], third[1])
+    consumer, _, third = _two_zeros_after_a_timeout(t, "two 0s once")
     consumer.ack(third)
     t.wait_messages(0, "after the 1")
     t.nothing_sent_again(consumer, third, "after the 1")
