@@ -32,7 +32,7 @@ def _time_to_first_message(gw: GatewayProcess, topic: str, rdy: int, **identify:
     with consumer(gw.nsq_tcp, topic, "ch", **identify) as conn:
         started = time.monotonic()
         conn.send(nc.rdy(rdy))
-        message = conn.read_message(timeout=3.0)
+        message = conn.read_message(timeout=10.0)
         elapsed = time.monotonic() - started
         assert message.body == b"buffered?"
         return elapsed
@@ -41,35 +41,39 @@ def _time_to_first_message(gw: GatewayProcess, topic: str, rdy: int, **identify:
 def test_output_buffer_timeout_delays_a_single_message(module_gateway: GatewayProcess) -> None:
     # RDY 10, one message: in-flight 1 < RDY, so it waits for the 1000 ms output buffer tick.
     elapsed = _time_to_first_message(module_gateway, "obuf_slow", 10, output_buffer_timeout=1000)
-    assert 0.9 <= elapsed < 1.6, elapsed
+    assert 0.9 <= elapsed < 3.0, elapsed
+
+
+# The flushes at once are told from the timer's by a timer far longer than a loaded machine's delays.
+SLOW_FLUSH_MS = 5000
 
 
 def test_output_buffer_flushed_when_in_flight_reaches_rdy(module_gateway: GatewayProcess) -> None:
-    elapsed = _time_to_first_message(module_gateway, "obuf_rdy1", 1, output_buffer_timeout=1000)
-    assert elapsed < 0.3, elapsed
+    elapsed = _time_to_first_message(module_gateway, "obuf_rdy1", 1, output_buffer_timeout=SLOW_FLUSH_MS)
+    assert elapsed < SLOW_FLUSH_MS / 2000, elapsed
 
 
 def test_output_buffer_flushed_when_rdy_reached_with_several(module_gateway: GatewayProcess) -> None:
     publish(module_gateway.nsq_tcp, "obuf_rdy3", [b"a", b"b", b"c"])
-    with consumer(module_gateway.nsq_tcp, "obuf_rdy3", "ch", output_buffer_timeout=1000) as conn:
+    with consumer(module_gateway.nsq_tcp, "obuf_rdy3", "ch", output_buffer_timeout=SLOW_FLUSH_MS) as conn:
         started = time.monotonic()
         conn.send(nc.rdy(3))
-        bodies = [conn.read_message().body for _ in range(3)]
-        assert time.monotonic() - started < 0.3
+        bodies = [conn.read_message(timeout=10.0).body for _ in range(3)]
+        assert time.monotonic() - started < SLOW_FLUSH_MS / 2000
         assert bodies == [b"a", b"b", b"c"]
 
 
 def test_output_buffer_disabled(module_gateway: GatewayProcess) -> None:
     elapsed = _time_to_first_message(
-        module_gateway, "obuf_off", 10, output_buffer_size=-1, output_buffer_timeout=1000
+        module_gateway, "obuf_off", 10, output_buffer_size=-1, output_buffer_timeout=SLOW_FLUSH_MS
     )
-    assert elapsed < 0.3, elapsed
+    assert elapsed < SLOW_FLUSH_MS / 2000, elapsed
 
 
 def test_default_output_buffer_timeout(module_gateway: GatewayProcess) -> None:
     # Defaults: 250 ms tick (docs/protocols/nsq.md observed ~200-250 ms with RDY 10).
     elapsed = _time_to_first_message(module_gateway, "obuf_default", 10)
-    assert 0.15 <= elapsed < 0.6, elapsed
+    assert 0.15 <= elapsed < 0.9, elapsed
 
 
 def test_message_frame_bytes(module_gateway: GatewayProcess) -> None:
@@ -135,7 +139,7 @@ def _silent_close(gw: GatewayProcess, topic: str) -> tuple[float, int]:
 
 def test_silent_subscriber_is_closed_exactly_two_intervals_after_its_last_line(module_gateway: GatewayProcess) -> None:
     elapsed, heartbeats = _silent_close(module_gateway, "hb_silent_exact")
-    assert 1.95 <= elapsed < 2.3, elapsed  # docs/protocols/nsq.md: interval 1000 → closed at 2.0 s
+    assert 1.95 <= elapsed < 2.5, elapsed  # docs/protocols/nsq.md: interval 1000 → closed at 2.0 s
     assert heartbeats == 2
 
 
@@ -153,12 +157,14 @@ def test_nop_keeps_a_subscriber_open(module_gateway: GatewayProcess) -> None:
 # -- sample_rate ----------------------------------------------------------------------------------
 
 
-def _count_delivered(gw: GatewayProcess, topic: str, channel: str, **identify: object) -> int:
+def _count_delivered(gw: GatewayProcess, topic: str, channel: str, at_least: int = 0, **identify: object) -> int:
+    """Messages delivered: the first `at_least` waited for as long as a loaded machine needs, then
+    any more until the channel is quiet for half a second."""
     count = 0
     with consumer(gw.nsq_tcp, topic, channel, rdy=2500, output_buffer_size=-1, **identify) as conn:
         while True:
             try:
-                message = conn.read_message(timeout=0.5)
+                message = conn.read_message(timeout=10.0 if count < at_least else 0.5)
             except TimeoutError:
                 return count
             count += 1
@@ -175,7 +181,7 @@ def test_sample_rate(module_gateway: GatewayProcess) -> None:
     with RawClient(gw.nsq_tcp) as producer:
         producer.send(nc.mpub(topic, [b"m%03d" % i for i in range(300)]))
         producer.expect_response(b"OK")
-    assert _count_delivered(gw, topic, "all") == 300
+    assert _count_delivered(gw, topic, "all", at_least=300) == 300
     sampled = _count_delivered(gw, topic, "sample1", sample_rate=1)
     # Kept with probability 2/100 (nsqd drops when rand(100) > rate): expected 6 of 300.
     assert sampled <= 30, sampled

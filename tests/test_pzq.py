@@ -151,8 +151,10 @@ def test_a_superseded_delivery_s_0_sends_nothing_again_with_one_consumer(tmp_pat
         nothing_sent_before((consumer,), int(again[2]) + 1_000_000)
 
 
-def test_a_consumer_holds_at_most_its_window(gateway: GatewayProcess, context: zmq.Context) -> None:
-    with Producer(context, gateway.addresses["pzq-receive"]) as producer, \
+def test_a_consumer_holds_at_most_its_window(tmp_path: Path, context: zmq.Context) -> None:
+    # An ACK timeout far longer than the test: what it holds must not come back while it looks.
+    with running_gateway("--pzq-ack-timeout", "60000", "--pzq-window", "5", data_dir=tmp_path) as gateway, \
+            Producer(context, gateway.addresses["pzq-receive"]) as producer, \
             Monitor(context, gateway.addresses["pzq-monitor"]) as monitor:
         for number in range(20):
             producer.produce(b"%d" % number)

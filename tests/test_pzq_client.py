@@ -47,7 +47,7 @@ async def test_produce_consume_refuse_and_monitor(tmp_path: Path) -> None:
             assert sorted(bodies[0] for bodies in got) == sorted(b"job %d" % n for n in range(200))
             assert all(bodies[1] == b"second frame" for bodies in got)
             assert nacked and keys_of_7 == [nacked[0], nacked[0]]
-            with trio.fail_after(3):  # the last ACKs went out as the consumer closed
+            with trio.fail_after(20):  # the last ACKs went out as the consumer closed
                 while (await monitor.stats())["messages"]:
                     await trio.sleep(0.02)
 

@@ -10,10 +10,14 @@ import time
 
 import trio
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from polymq.adapters.zmq_pump import ZmqPump
 
 DEADLINE_S = 5.0
+# After the I/O thread saw a peer go: time for it to end the pipe and for the socket's command
+# throttle to pass (well above both).
+PIPE_END_S = 0.05
 
 
 def router(context: zmq.Context) -> tuple[zmq.Socket, str]:
@@ -164,15 +168,20 @@ async def test_a_peer_gone_in_the_middle_of_a_message_costs_nothing_else() -> No
 class _PeerLeavesAfterTheFirstFrame(list[bytes]):
     """A message whose peer goes away (and is seen to go) between its first frame and its second."""
 
-    def __init__(self, frames: list[bytes], peer: zmq.Socket) -> None:
+    def __init__(self, frames: list[bytes], peer: zmq.Socket, monitor: zmq.Socket) -> None:
         super().__init__(frames)
         self.peer: zmq.Socket | None = peer
+        self.monitor = monitor  # the sending socket's disconnections
 
     def __getitem__(self, index):  # type: ignore[no-untyped-def]
         if index == 1 and self.peer is not None:
             self.peer.close()
             self.peer = None
-            time.sleep(0.3)  # libzmq's I/O thread tells the socket: its next send sees the pipe going
+            # libzmq's I/O thread sees the connection go, then ends its pipe; the sending socket
+            # takes that in at a send once its command throttle (about a millisecond) has passed.
+            while recv_monitor_message(self.monitor)["event"] != zmq.EVENT_DISCONNECTED:
+                pass
+            time.sleep(PIPE_END_S)
         return super().__getitem__(index)
 
 
@@ -193,7 +202,11 @@ async def test_a_receiver_gone_in_the_middle_of_a_sent_message_costs_nothing_els
         while not pump.sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        pump.send(_PeerLeavesAfterTheFirstFrame([b"key", b"sent-us", b"", b"body"], leaving))
+        monitor = server.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor.setsockopt(zmq.RCVTIMEO, int(DEADLINE_S * 1000))
+        pump.send(_PeerLeavesAfterTheFirstFrame([b"key", b"sent-us", b"", b"body"], leaving, monitor))
+        server.disable_monitor()
+        monitor.close()
         assert (pump.unroutable, list(pump.outgoing)) == (1, [])
         staying = context.socket(zmq.ROUTER)
         staying.setsockopt(zmq.LINGER, 0)

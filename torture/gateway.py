@@ -52,11 +52,17 @@ class GatewayDidNotStart(RuntimeError):
     pass
 
 
+# How long to wait for a line the gateway is about to log: a loaded machine's delays stay well
+# under it, and it only costs time when the line never comes.
+LOG_LINE_TIMEOUT_S = 20.0
+
+
 @attrs.define
 class GatewayProcess:
     process: subprocess.Popen[str]
     addresses: dict[str, str]
     log_lines: list[str]
+    reader: threading.Thread | None = None  # reads the output into log_lines until its end
 
     @property
     def nsq_tcp(self) -> str:
@@ -75,7 +81,7 @@ class GatewayProcess:
         host, port = self.addresses[name].rsplit(":", 1)
         return host, int(port)
 
-    def wait_for_log(self, wanted: Callable[[str], bool], timeout: float = 3.0) -> str:
+    def wait_for_log(self, wanted: Callable[[str], bool], timeout: float = LOG_LINE_TIMEOUT_S) -> str:
         """The first output line for which `wanted` holds, waiting for it (a thread reads the output)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -95,6 +101,8 @@ class GatewayProcess:
             except subprocess.TimeoutExpired:
                 os.kill(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout)
+        if self.reader is not None:
+            self.reader.join(timeout)  # every line it wrote is in log_lines
         return self.process.returncode
 
 
@@ -130,8 +138,9 @@ def start_gateway(data_dir: Path, extra_args: Sequence[str] = (), prefix: Sequen
     lines: list[str] = []
     addresses: dict[str, str] = {}
     ready = threading.Event()
-    threading.Thread(target=read_announcements, args=(process.stdout, lines, ready, addresses), daemon=True).start()
-    gateway = GatewayProcess(process, addresses, lines)
+    reader = threading.Thread(target=read_announcements, args=(process.stdout, lines, ready, addresses), daemon=True)
+    reader.start()
+    gateway = GatewayProcess(process, addresses, lines, reader)
     if not ready.wait(ready_timeout) or process.poll() is not None:
         gateway.stop(signal.SIGKILL)
         raise GatewayDidNotStart("gateway did not start:\n" + "\n".join(lines))

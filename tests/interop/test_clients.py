@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import json
 import os
 import random
 import re
@@ -21,6 +22,8 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -256,7 +259,23 @@ def _run_and_check(client: str, scenario: str, gateway) -> None:
             f"{describe(result)}"
 
     if scenario == "ephemeral":
+        _wait_for_no_channel(gateway.nsq_http, topic)
         _assert_ephemeral_channel_gone(gateway.nsq_tcp, topic)
+
+
+def _wait_for_no_channel(http_address: str, topic: str, timeout: float = 20.0) -> None:
+    """Until the nsqd API's /stats shows `topic` without channels: the gateway has seen the
+    driver's consumer go (the driver has exited)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        url = f"http://{http_address}/stats?format=json&topic={urllib.parse.quote(topic)}"
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            stats = json.load(answer)
+        topics = [found for found in stats["topics"] if found["topic_name"] == topic]
+        if topics and not topics[0]["channels"]:
+            return
+        assert time.monotonic() < deadline, f"the channels of {topic} never went: {topics}"
+        time.sleep(0.02)
 
 
 def _assert_ephemeral_channel_gone(address: str, topic: str) -> None:
@@ -264,7 +283,6 @@ def _assert_ephemeral_channel_gone(address: str, topic: str) -> None:
     has no channel, so a message published now is kept for the next channel created (nsqd's
     backlog rule). Were the ephemeral channel still there, it would take the only copy and a new
     channel created afterwards would get nothing."""
-    time.sleep(0.2)  # the driver has exited; give the gateway a moment to see the disconnect
     marker = b"after-ephemeral-consumer-left"
     probe = BareNSQ(address)
     try:
