@@ -155,7 +155,8 @@ def test_the_heavier_jobmanager_is_served_first(eventmq_env: Path, tmp_path: Pat
         send_requests(gateway, [{"tag": f"first{index}", "queue": "w", "seconds": 0.3} for index in range(2)])
         wait_until(lambda: len(runs(job_log)) >= 2, "two jobs run")
         wait_until(lambda: free_slots(context, gateway, "w") == [(20, 2), (5, 2)], "slots back")
-        send_requests(gateway, [{"tag": f"second{index}", "queue": "w", "seconds": 0.3} for index in range(3)])
+        # Jobs long enough that all three requests arrive while the heavier one's two still run.
+        send_requests(gateway, [{"tag": f"second{index}", "queue": "w", "seconds": 2.0} for index in range(3)])
         wait_until(lambda: len(runs(job_log)) >= 5, "five jobs run")
         time.sleep(0.5)
     by_tag = {run["tag"]: run["worker"] for run in runs(job_log)}
