@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import collections
-import json
 import os
 import random
 import re
@@ -23,13 +22,13 @@ import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from support.gateway import running_gateway
 from support.interop_drivers import run_driver_script
+from support.nsq_cluster import http_json, wait_until
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -263,19 +262,14 @@ def _run_and_check(client: str, scenario: str, gateway) -> None:
         _assert_ephemeral_channel_gone(gateway.nsq_tcp, topic)
 
 
-def _wait_for_no_channel(http_address: str, topic: str, timeout: float = 20.0) -> None:
+def _wait_for_no_channel(http_address: str, topic: str) -> None:
     """Until the nsqd API's /stats shows `topic` without channels: the gateway has seen the
     driver's consumer go (the driver has exited)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        url = f"http://{http_address}/stats?format=json&topic={urllib.parse.quote(topic)}"
-        with urllib.request.urlopen(url, timeout=timeout) as answer:
-            stats = json.load(answer)
-        topics = [found for found in stats["topics"] if found["topic_name"] == topic]
-        if topics and not topics[0]["channels"]:
-            return
-        assert time.monotonic() < deadline, f"the channels of {topic} never went: {topics}"
-        time.sleep(0.02)
+    def without_channels() -> bool:
+        stats = http_json(http_address, f"/stats?format=json&topic={urllib.parse.quote(topic)}")
+        return any(found["topic_name"] == topic and not found["channels"] for found in stats["topics"])
+
+    wait_until(without_channels, f"{topic} without channels")
 
 
 def _assert_ephemeral_channel_gone(address: str, topic: str) -> None:

@@ -255,12 +255,10 @@ def _event(
     data = b""
     truncated = False
     if name in WRITE_CALLS:
-        data, truncated = _payload(name, args)
-        if cut_at_exit:
-            pass  # outcome unknown: the buffer is what it may have sent
-        elif result is None or result < 0:
+        data, truncated = _payload(name, args)  # cut at exit: the whole buffer, what it may have sent
+        if not cut_at_exit and (result is None or result < 0):
             data = b""
-        else:
+        elif result is not None:
             truncated = truncated and len(data) < result
             data = data[:result]
     return Syscall(line, pid, name, fd, target, data, result, start, end, timestamp, truncated,
