@@ -673,13 +673,17 @@ class Queue:
         if self.log is not None:
             self.log.removed_after_next_write(message)
         self.dead_letter_count += 1
+        engine = self.engine
+        letter = self._letter(message, reason)
+        engine._publish_messages(engine.ensure_topic(letter.topic or "", ephemeral=self.ephemeral), [letter])
+
+    def _letter(self, message: Message, reason: str) -> Message:
+        """The dead letter of `message`: same id, body and headers, plus whence and why, for `dead_letter_topic`."""
         headers: dict[str, Any] = dict(message.headers) if isinstance(message.headers, Mapping) else {}
         headers[DEAD_LETTER_QUEUE_HEADER] = self.name
         headers[DEAD_LETTER_REASON_HEADER] = reason
-        engine = self.engine
         name = self.dead_letter_topic
-        letter = Message(message.id, message.body, message.timestamp_ns, headers, None, 0, name, message.origin)
-        engine._publish_messages(engine.ensure_topic(name, ephemeral=self.ephemeral), [letter])
+        return Message(message.id, message.body, message.timestamp_ns, headers, None, 0, name, message.origin)
 
     def _timeouts(self, consumer: Consumer) -> None:
         consumer.timer = None
@@ -1002,13 +1006,17 @@ class Engine:
         if queue is None:
             if origin is not None:
                 options = {MADE_BY_OPTION: origin, **(options or {})}
-            queue = Queue(self, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options,
-                          owner_topic=owner_topic)
+            queue = self._new_queue(name, ephemeral, auto_delete, options, owner_topic)
             self.queues[name] = queue
             if not ephemeral and self.storage.persistent:
                 queue.log = self.storage.open_queue(name, queue.topics, queue.paused, self._queue_options(queue))
                 queue.log.on_readable = queue._on_readable
         return queue
+
+    def _new_queue(self, name: str, ephemeral: bool, auto_delete: float | None, options: Mapping[str, Any] | None,
+                   owner_topic: str | None) -> Queue:
+        """A queue object (an engine whose queues live elsewhere makes its own kind)."""
+        return Queue(self, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options, owner_topic=owner_topic)
 
     def configure_queue(self, queue: Queue, *, auto_delete: float | None, options: Mapping[str, Any]) -> None:
         queue.auto_delete = auto_delete

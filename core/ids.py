@@ -13,9 +13,23 @@ _MASK = (1 << ID_BITS) - 1
 _COUNTER_BITS = 20
 
 
+# Ids of an engine shared by several nodes (core/shared.py): the node's number in the top bits, so
+# two nodes never make the same id; below them the milliseconds and a counter as above, narrower.
+NODE_BITS = 12
+_NODE_SHIFT = ID_BITS - NODE_BITS
+_NODE_COUNTER_BITS = 11  # 2,048 ids a millisecond on average before the counter runs into the clock's bits
+
+
 class IdSource:
-    def __init__(self, wall_ns: int) -> None:
-        self._next = ((wall_ns // 1_000_000) << _COUNTER_BITS) & _MASK
+    def __init__(self, wall_ns: int, node: int | None = None) -> None:
+        """Ids from the wall clock; with `node` (0 to 4,095), ids no other node numbered otherwise makes."""
+        if node is None:
+            self._next = ((wall_ns // 1_000_000) << _COUNTER_BITS) & _MASK
+        else:
+            if not 0 <= node < 1 << NODE_BITS:
+                raise ValueError(f"node number {node} is outside 0..{(1 << NODE_BITS) - 1}")
+            below = ((wall_ns // 1_000_000) << _NODE_COUNTER_BITS) & ((1 << _NODE_SHIFT) - 1)
+            self._next = (node << _NODE_SHIFT) | below
 
     def next(self) -> int:
         value = self._next

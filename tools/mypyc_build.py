@@ -36,6 +36,7 @@ HOT_MODULES = (
     "core/records.py",
     "core/timers.py",
     "core/engine.py",
+    "core/shared.py",
     "core/disk_io.py",
     "core/disk_storage.py",
     "codecs/nsq.py",

@@ -1,0 +1,457 @@
+"""An engine whose durable topics and queues live in a shared, replicated engine (docs/cluster.md).
+
+Several gateways pointed at one shared engine (NATS JetStream, `polymq.jetstream`) serve the same
+topics and queues. What must be shared lives there: a publish goes to the shared engine and is
+acknowledged once it answers; a queue's ready messages, its in-flight deliveries, their attempts and
+delays are the shared engine's. What each node keeps is its own consumers' window: the copies it
+took for them (`SharedQueue.ready`, each fetched only when a local consumer has credit), the
+deliveries they hold, their credit, rings, pools, priorities and filters, exactly as the embedded
+engine runs them. So the adapters call this engine as they call the embedded one.
+
+The node speaks to the shared engine through a `Link` (I/O, asynchronous), which this module never
+awaits: every call here stays synchronous and deterministic. What goes the other way comes back as
+calls of `SharedQueue.receive` (copies fetched) and of the `PublishBarrier`'s callbacks (publishes
+stored).
+
+Ephemeral topics and queues stay in the node, in the embedded engine's own classes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from polymq.core.clock import Clock
+from polymq.core.engine import Consumer, Engine, Outcome, Queue, Topic
+from polymq.core.ids import IdSource
+from polymq.core.message import Message
+from polymq.core.storage import OwnerLog, Snapshot, SyncCallback
+from polymq.core.timers import TimerService
+
+# Called once the shared engine has stored a publish, with None, or with why it could not.
+Stored = Callable[[Exception | None], None]
+
+
+class Link(Protocol):
+    """What a node asks of the shared engine; each call returns at once, its I/O happens later."""
+
+    def publish(self, topic: Topic, messages: list[Message], stored: Stored) -> None:
+        """Store the messages in the topic (one copy for every queue bound to it anywhere)."""
+        ...
+
+    def want(self, queue: SharedQueue) -> None:
+        """The queue's consumers can take `queue.wanted()` more copies than it holds or has asked for."""
+        ...
+
+    def ack(self, queue: SharedQueue, message: Message) -> None:
+        """The copy is done with: gone from the queue."""
+        ...
+
+    def nak(self, queue: SharedQueue, message: Message, delay: float) -> None:
+        """The copy goes back to the queue, to be delivered again after `delay` seconds."""
+        ...
+
+    def progress(self, queue: SharedQueue, message: Message) -> None:
+        """The copy's consumer is still working on it: its timeout starts again."""
+        ...
+
+    def term(self, queue: SharedQueue, message: Message) -> None:
+        """The copy leaves the queue for good without being done (its dead letter is stored)."""
+        ...
+
+    def forward_ack(self, queue: SharedQueue, message_id: int) -> None:
+        """An acknowledgement by id of a copy this node does not hold: the node that holds it acks it."""
+        ...
+
+    def topic_made(self, topic: Topic) -> None: ...
+
+    def topic_deleted(self, name: str) -> None: ...
+
+    def queue_made(self, queue: SharedQueue) -> None: ...
+
+    def bound(self, queue: SharedQueue, topic: str) -> None: ...
+
+    def unbound(self, queue: SharedQueue, topic: str) -> None: ...
+
+    def queue_deleted(self, queue: SharedQueue, topics: list[str]) -> None: ...
+
+    def queue_emptied(self, queue: SharedQueue) -> None: ...
+
+
+class PublishBarrier:
+    """The `Storage` of a shared engine: a sync waits for the shared engine's answer to every publish made
+    before it (an adapter acknowledges its client from the sync's callback, as with the embedded store).
+
+    Answers can come out of order (topics are stored apart); a sync fires once every publish numbered
+    up to its own has its answer, with the first error among them, if any."""
+
+    persistent = False  # the engine opens no log of the embedded store
+    mem_queue_size = 0
+
+    def __init__(self) -> None:
+        self.failure: str | None = None  # set while the shared engine cannot be reached
+        self.syncs = 0
+        self._issued = 0  # publishes numbered so far
+        self._done_below = 1  # every publish numbered lower has its answer
+        self._answered: set[int] = set()  # answered above `_done_below`
+        # (the last publish it covers, callback, the first error among them)
+        self._waiting: deque[list[Any]] = deque()
+        self.publish_count = 0
+        self.publish_errors = 0
+
+    def issue(self) -> Stored:
+        """Number one more publish; its answer goes to the callback returned."""
+        self._issued += 1
+        self.publish_count += 1
+        number = self._issued
+
+        def stored(error: Exception | None) -> None:
+            self._answer(number, error)
+
+        return stored
+
+    def _answer(self, number: int, error: Exception | None) -> None:
+        if error is not None:
+            self.publish_errors += 1
+            for waiting in self._waiting:
+                if waiting[0] >= number and waiting[2] is None:
+                    waiting[2] = error
+        self._answered.add(number)
+        while self._done_below in self._answered:
+            self._answered.discard(self._done_below)
+            self._done_below += 1
+        waiting_list = self._waiting
+        while waiting_list and waiting_list[0][0] < self._done_below:
+            _, callback, first_error = waiting_list.popleft()
+            self.syncs += 1
+            callback(None if first_error is None else OSError(f"the shared engine did not store it: {first_error}"))
+
+    # -- Storage ---------------------------------------------------------------------------------
+
+    def sync(self, callback: SyncCallback) -> None:
+        if self._issued < self._done_below:
+            callback(None)
+            return
+        self._waiting.append([self._issued, callback, None])
+
+    def write_now(self) -> None:
+        pass
+
+    def hold_work(self) -> None:
+        pass
+
+    def release_work(self) -> None:
+        pass
+
+    def load(self, ids: IdSource) -> Snapshot:
+        return Snapshot()
+
+    def topic_saved(self, name: str, paused: bool) -> None:
+        pass
+
+    def queue_saved(self, name: str, topics: Iterable[str], paused: bool, options: Mapping[str, Any]) -> None:
+        pass
+
+    def kept_saved(self, kind: str, key: str, record: Mapping[str, Any]) -> None:
+        pass
+
+    def kept_deleted(self, kind: str, key: str) -> None:
+        pass
+
+    def open_topic(self, name: str, made_by: str | None = None) -> OwnerLog:
+        raise TypeError("a shared engine's topics keep no log here")
+
+    def open_queue(self, name: str, topics: Iterable[str], paused: bool, options: Mapping[str, Any]) -> OwnerLog:
+        raise TypeError("a shared engine's queues keep no log here")
+
+    def topic_deleted(self, name: str, log: OwnerLog | None) -> None:
+        pass
+
+    def queue_deleted(self, name: str, log: OwnerLog | None) -> None:
+        pass
+
+    def adopt(self, topic: str, queue: str, topic_log: OwnerLog, queue_log: OwnerLog) -> OwnerLog | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class SharedLog:
+    """A shared queue's stand-in for the embedded store's log: the engine's dispatch loop tells it
+    when a copy is gone (acked in the shared engine) and reads "spilled" copies from it (the ones
+    the shared engine holds for the queue, fetched asynchronously: `read` asks and returns none)."""
+
+    may_hold_deferred = False
+
+    def __init__(self, queue: SharedQueue) -> None:
+        self.queue = queue
+        self.spilled = 0  # copies the shared engine holds for the queue, as it last said
+        self.on_readable: Callable[[], None] | None = None
+        self.recovered_ready: list[Message] = []
+        self.recovered_deferred: list[Message] = []
+
+    def append(self, messages: Sequence[Message], keep: int | None = None) -> None:
+        pass  # copies of ephemeral topics, put in directly: the node's own
+
+    def removed(self, message: Message) -> None:
+        self.queue.link.ack(self.queue, message)
+
+    def removed_after_next_write(self, message: Message) -> None:
+        self.queue.link.ack(self.queue, message)
+
+    def state(self, message: Message, due_wall_ns: int = 0) -> None:
+        pass  # the shared engine counts deliveries itself
+
+    def emptied(self) -> None:
+        self.queue.link.queue_emptied(self.queue)
+
+    def next_position(self) -> int:
+        raise ValueError("a queue of the shared engine is not read by position")
+
+    def peek_pages(self, page: int) -> Iterator[list[Message]]:
+        return iter(())
+
+    def start_after(self, position: int) -> None:
+        raise ValueError("a queue of the shared engine is not read by position")
+
+    def read(self, count: int) -> list[Message]:
+        self.queue.link.want(self.queue)
+        return []
+
+    def bytes_on_disk(self) -> int:
+        return 0
+
+
+class SharedQueue(Queue):
+    """A queue of the shared engine, as one node sees it: its consumers, and the copies fetched for them."""
+
+    def __init__(self, engine: SharedEngine, name: str, *, auto_delete: float | None,
+                 options: Mapping[str, Any] | None, owner_topic: str | None = None) -> None:
+        super().__init__(engine, name, ephemeral=False, auto_delete=auto_delete, options=options,
+                         owner_topic=owner_topic)
+        self.link: Link = engine.link
+        self.shared_log = SharedLog(self)
+        self.log = self.shared_log
+        # The shared engine's handle of each copy this node holds (its ack address), by message id.
+        self.handles: dict[int, Any] = {}
+        self.fetched_count = 0
+        # Deleted on this node only (unused here for its auto-delete time): other nodes may still use it.
+        self.forgotten = False
+        self.stale_count = 0  # copies the shared engine gave again while this node still held them
+
+    def wanted(self) -> int:
+        """Copies the consumers here could take now beyond those already fetched."""
+        if self.paused or self.deleted:
+            return 0
+        room = 0
+        pools: list[Any] = []
+        for consumer in self.ring:
+            pool = consumer.pool
+            if pool is None:
+                room += max(consumer.available(), 0)
+            elif pool not in pools:
+                pools.append(pool)
+                room += max(pool.tokens, 0)
+        return room - len(self.ready)
+
+    def receive(self, messages: list[tuple[Message, Any]]) -> None:
+        """Copies the shared engine delivered to this node, with their handles; `attempts` is how many
+        deliveries each has had before this one."""
+        ready = self.ready
+        for message, handle in messages:
+            stale = self.in_flight.get(message.id)
+            if stale is not None:
+                # Its timeout ran out in the shared engine first (this node was slow): the older
+                # delivery here can no longer be acknowledged; this one replaces it.
+                self._take_any(message.id)
+                self.stale_count += 1
+            self.handles[message.id] = handle
+            message.owner = None
+            ready.append(message)
+        self.fetched_count += len(messages)
+        self.message_count += len(messages)
+        if not self.ring or self.paused:
+            return
+        self._dispatch()
+        self.link.want(self)
+
+    def give_back(self) -> None:
+        """Every fetched copy no consumer here took goes back to the shared engine at once."""
+        ready = list(self.ready)
+        self.ready.clear()
+        for message in ready:
+            self.link.nak(self, message, 0.0)
+            self.handles.pop(message.id, None)
+
+    # -- where the embedded queue keeps a copy, this one asks the shared engine ----------------
+
+    def _consumer_changed(self, consumer: Consumer) -> None:
+        super()._consumer_changed(consumer)
+        if consumer.in_ring and not self.paused and not self._dispatching:
+            self.link.want(self)
+
+    def _return(self, message: Message, delay: float = 0.0, front: bool = False) -> None:
+        max_attempts = self.max_attempts
+        if max_attempts and message.attempts >= max_attempts:
+            self._dead_letter(message, "max attempts")
+            return
+        self.link.nak(self, message, delay)
+        self.handles.pop(message.id, None)
+
+    def _touch(self, consumer: Consumer, message_id: int) -> Outcome:
+        outcome = super()._touch(consumer, message_id)
+        if outcome is Outcome.OK:
+            self.link.progress(self, self.in_flight[message_id])
+        return outcome
+
+    def _dead_letter(self, message: Message, reason: str) -> None:
+        """The letter is stored in the dead-letter topic first; then the copy leaves this queue (`+TERM`):
+        a crash between leaves it in both places, as with the embedded store."""
+        self.dead_letter_count += 1
+        engine = self.engine
+        assert isinstance(engine, SharedEngine)
+        letter = self._letter(message, reason)
+        topic = engine.ensure_topic(letter.topic or "", ephemeral=self.ephemeral)
+        link = self.link
+
+        def stored(error: Exception | None) -> None:
+            if error is None:
+                link.term(self, message)
+            else:
+                link.nak(self, message, 0.0)  # tried again later: nothing is lost
+
+        engine.publish_stored(topic, [letter], stored)  # its handle stays until the +TERM
+
+    def requeue_to_tail(self, message_id: int, ttl: float | None) -> Outcome:
+        """Back to the queue (`-NAK`): the shared engine delivers it again, keeping its TTL."""
+        message = self._take_any(message_id)
+        if message is None:
+            return Outcome.NOT_IN_FLIGHT
+        self.requeue_count += 1
+        self._return(message)
+        return Outcome.OK
+
+    def finish_any(self, message_id: int) -> Outcome:
+        """Acknowledge a delivery whoever holds it, on this node or on another (PHPMQ, MQKS acks by id)."""
+        if self._take_any(message_id, finished=True) is not None:
+            self.handles.pop(message_id, None)
+            return Outcome.OK
+        self.link.forward_ack(self, message_id)
+        return Outcome.OK
+
+    def ack_forwarded(self, message_id: int) -> bool:
+        """Another node forwarded an acknowledgement by id: True when this node held the copy."""
+        if self._take_any(message_id, finished=True) is None:
+            return False
+        self.handles.pop(message_id, None)
+        return True
+
+    def _detach(self, consumer: Consumer, *, requeue: bool, to_tail: bool = False) -> None:
+        super()._detach(consumer, requeue=requeue, to_tail=to_tail)
+        if not self.ring:
+            self.give_back()
+
+    def _auto_delete(self) -> None:
+        """Unused on this node: forgotten here, kept in the shared engine (another node may use it)."""
+        self.forgotten = True
+        super()._auto_delete()
+        if not self.deleted:
+            self.forgotten = False
+
+    def set_paused(self, paused: bool) -> None:
+        super().set_paused(paused)
+        if paused:
+            self.give_back()
+
+    def empty(self) -> None:
+        held = list(self.in_flight.values())
+        super().empty()
+        for message in held:
+            self.link.ack(self, message)
+            self.handles.pop(message.id, None)
+        self.give_back()
+
+
+class SharedEngine(Engine):
+    """The engine of a node sharing its durable topics and queues through a `Link`."""
+
+    def __init__(self, link: Link, *, node: int, clock: Clock | None = None,
+                 timers: TimerService | None = None) -> None:
+        self.barrier = PublishBarrier()
+        super().__init__(clock=clock, timers=timers, storage=self.barrier)
+        self.link = link
+        self.node = node
+        self.ids = IdSource(self.clock.wall_ns(), node)
+
+    def _new_queue(self, name: str, ephemeral: bool, auto_delete: float | None, options: Mapping[str, Any] | None,
+                   owner_topic: str | None) -> Queue:
+        if ephemeral:
+            return super()._new_queue(name, ephemeral, auto_delete, options, owner_topic)
+        return SharedQueue(self, name, auto_delete=auto_delete, options=options, owner_topic=owner_topic)
+
+    def ensure_topic(self, name: str, *, ephemeral: bool = False, origin: str | None = None) -> Topic:
+        made = name not in self.topics
+        topic = super().ensure_topic(name, ephemeral=ephemeral, origin=origin)
+        if made and not topic.ephemeral:
+            self.link.topic_made(topic)
+        return topic
+
+    def ensure_queue(self, name: str, *, ephemeral: bool = False, auto_delete: float | None = None,
+                     options: Mapping[str, Any] | None = None, origin: str | None = None,
+                     owner_topic: str | None = None) -> Queue:
+        made = name not in self.queues
+        queue = super().ensure_queue(name, ephemeral=ephemeral, auto_delete=auto_delete, options=options,
+                                    origin=origin, owner_topic=owner_topic)
+        if made and isinstance(queue, SharedQueue):
+            self.link.queue_made(queue)
+        return queue
+
+    def bind(self, queue_name: str, topic_name: str, *, ephemeral_topic: bool = False) -> Queue:
+        queue = self.queues[queue_name]
+        new = topic_name not in queue.topics
+        super().bind(queue_name, topic_name, ephemeral_topic=ephemeral_topic)
+        topic = self.topics.get(topic_name)
+        if new and isinstance(queue, SharedQueue) and topic is not None and not topic.ephemeral:
+            self.link.bound(queue, topic_name)
+        return queue
+
+    def _unbind(self, queue: Queue, topic_name: str) -> None:
+        bound = topic_name in queue.topics
+        super()._unbind(queue, topic_name)
+        if bound and isinstance(queue, SharedQueue) and not queue.deleted:
+            self.link.unbound(queue, topic_name)
+
+    def delete_queue(self, name: str) -> bool:
+        queue = self.queues.get(name)
+        topics = list(queue.topics) if queue is not None else []
+        if isinstance(queue, SharedQueue):
+            queue.give_back()
+        deleted = super().delete_queue(name)
+        if deleted and isinstance(queue, SharedQueue):
+            self.link.queue_deleted(queue, topics)
+        return deleted
+
+    def delete_topic(self, name: str) -> bool:
+        topic = self.topics.get(name)
+        deleted = super().delete_topic(name)
+        if deleted and topic is not None and not topic.ephemeral:
+            self.link.topic_deleted(name)
+        return deleted
+
+    # -- publishing: to the shared engine, never straight into the node's queues -----------------
+
+    def _publish_messages(self, topic: Topic, messages: list[Message]) -> None:
+        if topic.ephemeral:
+            super()._publish_messages(topic, messages)
+            return
+        self.publish_stored(topic, messages, self.barrier.issue())
+
+    def publish_stored(self, topic: Topic, messages: list[Message], stored: Stored) -> None:
+        topic.message_count += len(messages)
+        topic.message_bytes += sum(len(message.body) for message in messages)
+        self.link.publish(topic, messages, stored)
+
+    def restore(self) -> None:
+        pass  # the shared engine keeps everything; the node's queues are made as clients come

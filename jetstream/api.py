@@ -1,0 +1,261 @@
+"""JetStream's API on a NATS connection: names, streams, consumers, publish acks, pulls and acks.
+
+JetStream is driven by plain NATS messages: requests on `$JS.API.*` with JSON bodies, publishes to
+a stream's subjects answered with a JSON publish ack, pull requests on
+`$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>` whose messages carry an ack subject, and acks
+published to that subject (`+ACK`, `-NAK`, `+WPI`, `+TERM`). This module says those in Python; the
+backend (`backend.py`) decides what polymq's queues make of them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from polymq.jetstream.nats_connection import NatsConnection, NatsError
+
+# Subjects and names polymq uses in the cluster; every node of one deployment shares them.
+SUBJECT_PREFIX = "polymq.t."
+STREAM_PREFIX = "POLYMQ_T_"
+# The consumer that keeps a topic's messages while no queue is bound to it (nsqd's topic backlog):
+# a stream with interest retention keeps nothing nobody is interested in.
+BACKLOG_CONSUMER = "polymq-backlog"
+# JetStream's limit on stream and consumer names (nats-server's JSMaxNameLen).
+MAX_NAME_LENGTH = 255
+# The stream nodes draw their number from (message ids unique across nodes).
+NODES_STREAM = "POLYMQ_NODES"
+NODES_SUBJECT = "polymq.nodes"
+
+# Headers polymq writes beside a body (NATS header values are text).
+HEADER_MSG_ID = "Nats-Msg-Id"  # JetStream's de-duplication key: the engine id, so a retry is dropped
+HEADER_TTL = "Nats-TTL"  # per-message TTL (nats-server 2.11+, a stream with allow_msg_ttl)
+HEADER_POLYMQ_ID = "Polymq-Id"
+HEADER_POLYMQ_TIMESTAMP = "Polymq-Timestamp"
+HEADER_POLYMQ_ORIGIN = "Polymq-Origin"
+HEADER_POLYMQ_HEADERS = "Polymq-Headers"  # the engine's headers of the message, as JSON
+HEADER_POLYMQ_EXPIRES = "Polymq-Expires"  # wall-clock ns after which the copy is not delivered
+
+# Acks, as nats-server reads them from a delivery's reply subject.
+ACK = b"+ACK"
+NAK = b"-NAK"
+PROGRESS = b"+WPI"
+TERM = b"+TERM"
+
+_SAFE = re.compile(rb"[A-Za-z0-9-]")
+
+
+class JetStreamError(NatsError):
+    """An API call JetStream answered with an error (its code, err_code and description)."""
+
+    def __init__(self, code: int, err_code: int, description: str) -> None:
+        super().__init__(f"JetStream error {code}/{err_code}: {description}")
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+
+
+# err_codes of nats-server (server/errors.json) the backend tells apart.
+ERR_STREAM_NOT_FOUND = 10059
+ERR_CONSUMER_NOT_FOUND = 10014
+ERR_STREAM_NAME_IN_USE = 10058
+
+
+def token(name: str) -> str:
+    """`name` as one NATS subject token and stream or consumer name: letters, digits and `-` stay,
+    every other byte of its UTF-8 is `_` and two hex digits (so `.`, `*`, `>`, spaces and `_` itself
+    can never split or widen a subject, and two names never share a token)."""
+    out = []
+    for byte in name.encode():
+        char = bytes((byte,))
+        out.append(char.decode() if _SAFE.fullmatch(char) else f"_{byte:02X}")
+    return "".join(out)
+
+
+def topic_subject(topic: str) -> str:
+    return SUBJECT_PREFIX + token(topic)
+
+
+def topic_stream(topic: str) -> str:
+    return STREAM_PREFIX + token(topic)
+
+
+def queue_consumer(queue: str) -> str:
+    return token(queue)
+
+
+def _answer(payload: bytes) -> dict[str, Any]:
+    """An API answer's JSON, or its error raised."""
+    data = json.loads(payload)
+    error = data.get("error")
+    if error:
+        raise JetStreamError(int(error.get("code", 0)), int(error.get("err_code", 0)),
+                             str(error.get("description", "")))
+    return data
+
+
+async def api(connection: NatsConnection, subject: str, body: Mapping[str, Any] | None = None,
+              *, timeout: float | None = None) -> dict[str, Any]:
+    """One `$JS.API.` request; its answer, or `JetStreamError`."""
+    payload = b"" if body is None else json.dumps(body).encode()
+    reply = await connection.request("$JS.API." + subject, payload, timeout=timeout)
+    return _answer(reply.payload)
+
+
+@attrs.frozen(slots=True)
+class StreamSettings:
+    """What every topic stream of a deployment shares."""
+
+    replicas: int = 3
+    # Seconds JetStream remembers a Nats-Msg-Id: a publish retried within it is stored once.
+    duplicate_window_s: float = 120.0  # nats-server's default
+    max_msg_size: int = -1
+
+
+def stream_config(topic: str, settings: StreamSettings) -> dict[str, Any]:
+    return {
+        "name": topic_stream(topic),
+        "subjects": [topic_subject(topic)],
+        "retention": "interest",  # a message stays until every queue bound to its topic has it done
+        "storage": "file",
+        "num_replicas": settings.replicas,
+        "discard": "old",
+        "duplicate_window": int(settings.duplicate_window_s * 1e9),
+        "max_msg_size": settings.max_msg_size,
+        "allow_msg_ttl": True,
+        "metadata": {"polymq_topic": topic},
+    }
+
+
+async def ensure_stream(connection: NatsConnection, topic: str, settings: StreamSettings) -> bool:
+    """Make the topic's stream unless it exists; True when this call made it."""
+    config = stream_config(topic, settings)
+    try:
+        await api(connection, f"STREAM.INFO.{config['name']}")
+        return False
+    except JetStreamError as error:
+        if error.err_code != ERR_STREAM_NOT_FOUND:
+            raise
+    try:
+        await api(connection, f"STREAM.CREATE.{config['name']}", config)
+    except JetStreamError as error:
+        if error.err_code != ERR_STREAM_NAME_IN_USE:  # another node made it meanwhile
+            raise
+        return False
+    return True
+
+
+async def delete_stream(connection: NatsConnection, topic: str) -> bool:
+    try:
+        await api(connection, f"STREAM.DELETE.{topic_stream(topic)}")
+    except JetStreamError as error:
+        if error.err_code == ERR_STREAM_NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+def consumer_config(name: str, *, ack_wait_s: float, deliver_all: bool, queue: str | None = None) -> dict[str, Any]:
+    return {
+        "durable_name": name,
+        "ack_policy": "explicit",
+        "ack_wait": int(ack_wait_s * 1e9),
+        "max_deliver": -1,  # polymq counts attempts itself and dead-letters (then +TERM)
+        "deliver_policy": "all" if deliver_all else "new",
+        "replay_policy": "instant",
+        "max_ack_pending": -1,
+        "max_waiting": 512,  # pull requests waiting at once (nats-server's default)
+        "metadata": {"polymq_queue": queue if queue is not None else name},
+    }
+
+
+async def ensure_consumer(connection: NatsConnection, topic: str, name: str, config: Mapping[str, Any]) -> dict:
+    """The durable consumer `name` of the topic's stream, made if missing (its info)."""
+    stream = topic_stream(topic)
+    try:
+        return await api(connection, f"CONSUMER.INFO.{stream}.{name}")
+    except JetStreamError as error:
+        if error.err_code != ERR_CONSUMER_NOT_FOUND:
+            raise
+    return await api(connection, f"CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": dict(config)})
+
+
+async def consumer_exists(connection: NatsConnection, topic: str, name: str) -> bool:
+    try:
+        await api(connection, f"CONSUMER.INFO.{topic_stream(topic)}.{name}")
+    except JetStreamError as error:
+        if error.err_code in (ERR_CONSUMER_NOT_FOUND, ERR_STREAM_NOT_FOUND):
+            return False
+        raise
+    return True
+
+
+async def delete_consumer(connection: NatsConnection, topic: str, name: str) -> bool:
+    try:
+        await api(connection, f"CONSUMER.DELETE.{topic_stream(topic)}.{name}")
+    except JetStreamError as error:
+        if error.err_code in (ERR_CONSUMER_NOT_FOUND, ERR_STREAM_NOT_FOUND):
+            return False
+        raise
+    return True
+
+
+async def consumer_info(connection: NatsConnection, topic: str, name: str) -> dict[str, Any]:
+    return await api(connection, f"CONSUMER.INFO.{topic_stream(topic)}.{name}")
+
+
+def pull_subject(topic: str, consumer: str) -> str:
+    return f"$JS.API.CONSUMER.MSG.NEXT.{topic_stream(topic)}.{consumer}"
+
+
+def pull_request(batch: int, expires_s: float, heartbeat_s: float = 0.0) -> bytes:
+    body: dict[str, Any] = {"batch": batch, "expires": int(expires_s * 1e9)}
+    if heartbeat_s:
+        body["idle_heartbeat"] = int(heartbeat_s * 1e9)
+    return json.dumps(body).encode()
+
+
+def nak(delay_s: float) -> bytes:
+    """`-NAK`, redelivered after `delay_s` seconds (at once when 0)."""
+    if delay_s <= 0:
+        return NAK
+    return NAK + b" " + json.dumps({"delay": int(delay_s * 1e9)}).encode()
+
+
+@attrs.frozen(slots=True)
+class Delivery:
+    """What a delivery's ack subject says: `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer
+    seq>.<ns>.<pending>`, or the form with a domain and an account hash before the stream and a token after."""
+
+    stream: str
+    consumer: str
+    delivered: int  # how many times JetStream has delivered it: the attempt count
+    stream_seq: int
+    consumer_seq: int
+    timestamp_ns: int
+    pending: int  # messages of the consumer still waiting behind this one
+
+
+def parse_ack_subject(subject: str) -> Delivery:
+    parts = subject.split(".")
+    if len(parts) == 9 and parts[0] == "$JS" and parts[1] == "ACK":
+        fields = parts[2:]
+    elif len(parts) >= 11 and parts[0] == "$JS" and parts[1] == "ACK":
+        fields = parts[4:11]
+    else:
+        raise ValueError(f"not a JetStream ack subject: {subject!r}")
+    stream, consumer, delivered, stream_seq, consumer_seq, timestamp, pending = fields
+    return Delivery(stream, consumer, int(delivered), int(stream_seq), int(consumer_seq), int(timestamp),
+                    int(pending))
+
+
+def parse_publish_ack(payload: bytes) -> tuple[str, int, bool]:
+    """(stream, sequence, duplicate) of a publish ack, or its error raised."""
+    data = _answer(payload)
+    return str(data["stream"]), int(data["seq"]), bool(data.get("duplicate", False))
+
+
+PublishAck = Callable[[Exception | None], None]

@@ -1,0 +1,440 @@
+"""The shared engine on NATS JetStream: `core/shared.py`'s `Link`, over one NATS connection.
+
+Each topic is a stream (`POLYMQ_T_<t>`, subject `polymq.t.<t>`, interest retention); each queue bound
+to it, a durable pull consumer of that stream; a topic without queues keeps its messages for the first
+one through the consumer `polymq-backlog` (nsqd's backlog rule). The whole mapping, row by row, with
+what differs from the embedded engine: docs/cluster.md.
+
+What goes through JetStream's API (streams and consumers made and deleted) is done in order by one
+task; a publish to a topic whose stream is still being made waits for it. Deliveries and acks are
+plain NATS messages on the connection, handled synchronously as they are read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from polymq.core.clock import Clock, SystemClock
+from polymq.core.engine import Topic
+from polymq.core.message import Message
+from polymq.core.shared import SharedEngine, SharedQueue, Stored
+from polymq.core.timers import TimerService
+from polymq.jetstream import api
+from polymq.jetstream.nats_connection import Msg, NatsConnection, NatsError, NatsOptions
+
+log = logging.getLogger("polymq.jetstream")
+
+# Subject on which a node forwards an ack by id it cannot serve itself (`polymq.ack.<queue token>`).
+ACK_FORWARD_PREFIX = "polymq.ack."
+# A pull request lasts this long; a queue whose consumers go quiet gets its unused credit back then.
+PULL_EXPIRES_S = 5.0
+# Messages one pull request asks for at most (nats-server's default max batch of a pull consumer
+# is unlimited; smaller requests spread a queue's messages over the nodes' consumers).
+MAX_PULL_BATCH = 256
+# Pull requests a consumer of the node keeps waiting at once (nats-server's max_waiting is 512).
+MAX_PULLS_WAITING = 64
+# Node numbers repeat after this many starts (`core/ids.py`'s NODE_BITS).
+NODE_NUMBERS = 4096
+
+
+@attrs.define(slots=True)
+class JetStreamSettings:
+    nats: NatsOptions
+    replicas: int = 3  # or the cluster's size when it is smaller
+    # A delivery the node never finishes (the node died) is delivered again after this long
+    # (nsqd's default msg_timeout, 60 s).
+    ack_wait_s: float = 60.0
+    publish_timeout_s: float = 5.0
+    duplicate_window_s: float = 120.0
+
+
+@attrs.define(slots=True, eq=False)
+class Puller:
+    """The node's reading of one queue's consumer in one topic's stream."""
+
+    queue: SharedQueue
+    topic: str
+    consumer: str
+    subject: str  # where pull requests go
+    inbox: str  # `inbox.<n>` is the reply subject of pull request n
+    sid: int = 0
+    requests: dict[str, int] = attrs.Factory(dict)  # pull requests waiting, by token: messages still owed
+    outstanding: int = 0  # messages owed by every waiting request
+    counter: int = 0
+    active: bool = True
+
+
+@attrs.define(slots=True, eq=False)
+class TopicState:
+    ready: bool = False
+    waiting: list[tuple[list[Message], Stored]] = attrs.Factory(list)
+
+
+class JetStreamLink:
+    """`core.shared.Link` on JetStream (see the table above)."""
+
+    def __init__(self, connection: NatsConnection, settings: JetStreamSettings, clock: Clock) -> None:
+        self.connection = connection
+        self.settings = settings
+        self.clock = clock
+        self.engine: SharedEngine | None = None
+        self.stream_settings = api.StreamSettings(replicas=settings.replicas,
+                                                  duplicate_window_s=settings.duplicate_window_s)
+        self.topics: dict[str, TopicState] = {}
+        self.pullers: dict[str, list[Puller]] = {}  # by queue name
+        self.queue_tokens: dict[str, str] = {}  # a queue's subject token -> its name (forwarded acks)
+        self._control_send, self._control_receive = trio.open_memory_channel[Callable[[], Any]](float("inf"))
+        self.publish_latency_s = 0.0  # the last publish ack's round trip
+        self.forwarded_acks = 0
+
+    # -- start ------------------------------------------------------------------------------
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        self.connection.subscribe(ACK_FORWARD_PREFIX + "*", self._on_forwarded_ack)
+        nursery.start_soon(self._control)
+
+    async def _control(self) -> None:
+        """Run the API calls in the order the engine asked for them; a failed one is logged and skipped."""
+        async for operation in self._control_receive:
+            try:
+                await operation()
+            except (NatsError, ValueError, KeyError) as error:
+                log.error("JetStream operation failed: %r", str(error))
+
+    def _later(self, operation: Callable[[], Any]) -> None:
+        self._control_send.send_nowait(operation)
+
+    # -- topics -----------------------------------------------------------------------------
+
+    def topic_made(self, topic: Topic) -> None:
+        self._topic_state(topic.name)
+
+    def _topic_state(self, name: str) -> TopicState:
+        state = self.topics.get(name)
+        if state is None:
+            state = self.topics[name] = TopicState()
+            self._later(lambda: self._make_stream(name, state))
+        return state
+
+    async def _make_stream(self, name: str, state: TopicState) -> None:
+        try:
+            await api.ensure_stream(self.connection, name, self.stream_settings)
+            if not await self._has_consumers(name):
+                await self._keep_backlog(name)
+        except NatsError as error:
+            waiting, state.waiting = state.waiting, []
+            del self.topics[name]  # asked again at the next publish or binding
+            for _, stored in waiting:
+                stored(error)
+            raise
+        state.ready = True
+        waiting, state.waiting = state.waiting, []
+        for messages, stored in waiting:
+            self._send(name, messages, stored)
+
+    async def _has_consumers(self, topic: str) -> bool:
+        info = await api.api(self.connection, f"STREAM.INFO.{api.topic_stream(topic)}")
+        return int(info.get("state", {}).get("consumer_count", 0)) > 0
+
+    async def _keep_backlog(self, topic: str) -> None:
+        config = api.consumer_config(api.BACKLOG_CONSUMER, ack_wait_s=self.settings.ack_wait_s, deliver_all=True,
+                                     queue="")
+        await api.ensure_consumer(self.connection, topic, api.BACKLOG_CONSUMER, config)
+
+    def topic_deleted(self, name: str) -> None:
+        self.topics.pop(name, None)
+        self._later(lambda: api.delete_stream(self.connection, name))
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def publish(self, topic: Topic, messages: list[Message], stored: Stored) -> None:
+        state = self._topic_state(topic.name)
+        if not state.ready:
+            state.waiting.append((messages, stored))
+            return
+        self._send(topic.name, messages, stored)
+
+    def _send(self, topic: str, messages: list[Message], stored: Stored) -> None:
+        subject = api.topic_subject(topic)
+        left = [len(messages)]
+        first_error: list[Exception | None] = [None]
+        clock = self.clock
+        sent = clock.now()
+
+        def answered(reply: Msg | NatsError) -> None:
+            if isinstance(reply, NatsError):
+                first_error[0] = first_error[0] or reply
+            else:
+                try:
+                    api.parse_publish_ack(reply.payload)
+                except (api.JetStreamError, ValueError, KeyError) as error:
+                    first_error[0] = first_error[0] or error
+            left[0] -= 1
+            if left[0] == 0:
+                self.publish_latency_s = clock.now() - sent
+                stored(first_error[0])
+
+        if not messages:
+            stored(None)
+            return
+        for message in messages:
+            self.connection.request_nowait(subject, message.body, answered, headers=self._headers(message),
+                                           timeout=self.settings.publish_timeout_s)
+
+    def _headers(self, message: Message) -> dict[str, str]:
+        headers = {
+            api.HEADER_MSG_ID: str(message.id),
+            api.HEADER_POLYMQ_ID: str(message.id),
+            api.HEADER_POLYMQ_TIMESTAMP: str(message.timestamp_ns),
+        }
+        if message.origin is not None:
+            headers[api.HEADER_POLYMQ_ORIGIN] = message.origin
+        if message.headers:
+            headers[api.HEADER_POLYMQ_HEADERS] = json.dumps(dict(message.headers), separators=(",", ":"))
+        if message.expires_at is not None:
+            wall = self.clock.wall_ns() + int((message.expires_at - self.clock.now()) * 1e9)
+            headers[api.HEADER_POLYMQ_EXPIRES] = str(wall)
+        return headers
+
+    # -- queues -----------------------------------------------------------------------------
+
+    def queue_made(self, queue: SharedQueue) -> None:
+        self.queue_tokens[api.token(queue.name)] = queue.name
+
+    def bound(self, queue: SharedQueue, topic: str) -> None:
+        state = self._topic_state(topic)
+        self._later(lambda: self._attach_consumer(queue, topic, state))
+
+    async def _attach_consumer(self, queue: SharedQueue, topic: str, state: TopicState) -> None:
+        if not state.ready or queue.deleted or topic not in queue.topics:
+            return
+        name = api.queue_consumer(queue.name)
+        if not await api.consumer_exists(self.connection, topic, name):
+            first = await api.consumer_exists(self.connection, topic, api.BACKLOG_CONSUMER)
+            config = api.consumer_config(name, ack_wait_s=self.settings.ack_wait_s, deliver_all=first,
+                                         queue=queue.name)
+            await api.ensure_consumer(self.connection, topic, name, config)
+            if first:  # this queue took the backlog over (from the stream's first message)
+                await api.delete_consumer(self.connection, topic, api.BACKLOG_CONSUMER)
+        if queue.deleted or topic not in queue.topics:
+            return
+        inbox = self.connection.new_inbox()
+        puller = Puller(queue, topic, name, api.pull_subject(topic, name), inbox)
+        puller.sid = self.connection.subscribe(inbox + ".*", lambda msg: self._on_pulled(puller, msg))
+        self.pullers.setdefault(queue.name, []).append(puller)
+        self.want(queue)
+
+    def _stop_puller(self, queue: SharedQueue, topic: str) -> None:
+        pullers = self.pullers.get(queue.name, [])
+        for puller in [p for p in pullers if p.topic == topic]:
+            puller.active = False
+            self.connection.unsubscribe(puller.sid)
+            pullers.remove(puller)
+        if not pullers:
+            self.pullers.pop(queue.name, None)
+
+    def unbound(self, queue: SharedQueue, topic: str) -> None:
+        self._stop_puller(queue, topic)
+        self._later(lambda: self._drop_consumer(queue.name, topic))
+
+    async def _drop_consumer(self, queue_name: str, topic: str) -> None:
+        await api.delete_consumer(self.connection, topic, api.queue_consumer(queue_name))
+        if topic in self.topics and not await self._has_consumers(topic):
+            await self._keep_backlog(topic)  # nsqd's rule: a topic without channels keeps what comes
+
+    def queue_deleted(self, queue: SharedQueue, topics: list[str]) -> None:
+        self.queue_tokens.pop(api.token(queue.name), None)
+        for topic in topics:
+            self._stop_puller(queue, topic)
+        if queue.forgotten_empty or queue.forgotten:
+            return
+        for topic in topics:
+            self._later(lambda topic=topic: self._drop_consumer(queue.name, topic))
+
+    def queue_emptied(self, queue: SharedQueue) -> None:
+        for topic in list(queue.topics):
+            self._stop_puller(queue, topic)
+            self._later(lambda topic=topic: self._restart_consumer(queue, topic))
+
+    async def _restart_consumer(self, queue: SharedQueue, topic: str) -> None:
+        """A consumer made again from the stream's next message: the queue's messages are gone."""
+        name = api.queue_consumer(queue.name)
+        await api.delete_consumer(self.connection, topic, name)
+        config = api.consumer_config(name, ack_wait_s=self.settings.ack_wait_s, deliver_all=False, queue=queue.name)
+        await api.ensure_consumer(self.connection, topic, name, config)
+        await self._attach_consumer(queue, topic, self._topic_state(topic))
+
+    # -- pulling ----------------------------------------------------------------------------
+
+    def want(self, queue: SharedQueue) -> None:
+        pullers = self.pullers.get(queue.name)
+        if not pullers:
+            return
+        wanted = queue.wanted() - sum(p.outstanding for p in pullers)
+        if wanted <= 0:
+            return
+        share = -(-wanted // len(pullers))
+        for puller in pullers:
+            self._pull(puller, min(share, wanted))
+
+    def _pull(self, puller: Puller, count: int) -> None:
+        while count > 0 and len(puller.requests) < MAX_PULLS_WAITING:
+            batch = min(count, MAX_PULL_BATCH)
+            puller.counter += 1
+            request = str(puller.counter)
+            puller.requests[request] = batch
+            puller.outstanding += batch
+            self.connection.publish(puller.subject, api.pull_request(batch, PULL_EXPIRES_S),
+                                    reply=f"{puller.inbox}.{request}")
+            count -= batch
+
+    def _on_pulled(self, puller: Puller, msg: Msg) -> None:
+        if not puller.active:
+            return
+        if msg.status is not None:
+            self._on_status(puller, msg)
+            return
+        if msg.reply is None:
+            return
+        requests = puller.requests
+        for request in requests:  # JetStream serves a consumer's pull requests in order
+            requests[request] -= 1
+            if requests[request] <= 0:
+                del requests[request]
+            break
+        puller.outstanding = max(puller.outstanding - 1, 0)
+        try:
+            delivery = api.parse_ack_subject(msg.reply)
+            message = self._message(puller.topic, msg, delivery)
+        except ValueError as error:
+            log.error("a delivery polymq cannot read, left to JetStream: %r", str(error))
+            return
+        queue = puller.queue
+        queue.shared_log.spilled = delivery.pending
+        queue.receive([(message, msg.reply)])
+
+    def _on_status(self, puller: Puller, msg: Msg) -> None:
+        if msg.status == 100:  # idle heartbeat
+            return
+        request = msg.subject.rsplit(".", 1)[-1]
+        owed = puller.requests.pop(request, 0)
+        puller.outstanding = max(puller.outstanding - owed, 0)
+        if msg.status == 409 and "deleted" in msg.description.lower():
+            puller.active = False
+            return
+        self.want(puller.queue)
+
+    def _message(self, topic: str, msg: Msg, delivery: api.Delivery) -> Message:
+        headers = msg.headers or {}
+        message_id = int(headers.get(api.HEADER_POLYMQ_ID) or delivery.stream_seq)
+        timestamp = int(headers.get(api.HEADER_POLYMQ_TIMESTAMP) or delivery.timestamp_ns)
+        engine_headers: Mapping[str, Any] | None = None
+        if api.HEADER_POLYMQ_HEADERS in headers:
+            engine_headers = json.loads(headers[api.HEADER_POLYMQ_HEADERS])
+        expires_at = None
+        if api.HEADER_POLYMQ_EXPIRES in headers:
+            left_ns = int(headers[api.HEADER_POLYMQ_EXPIRES]) - self.clock.wall_ns()
+            expires_at = self.clock.now() + left_ns / 1e9
+        return Message(message_id, msg.payload, timestamp, engine_headers, expires_at, delivery.delivered - 1,
+                       topic, headers.get(api.HEADER_POLYMQ_ORIGIN))
+
+    # -- acknowledgements -------------------------------------------------------------------
+
+    def _reply(self, queue: SharedQueue, message: Message, payload: bytes) -> None:
+        handle = queue.handles.pop(message.id, None)
+        if handle is not None:
+            self.connection.publish(handle, payload)
+
+    def ack(self, queue: SharedQueue, message: Message) -> None:
+        self._reply(queue, message, api.ACK)
+
+    def nak(self, queue: SharedQueue, message: Message, delay: float) -> None:
+        self._reply(queue, message, api.nak(delay))
+
+    def term(self, queue: SharedQueue, message: Message) -> None:
+        self._reply(queue, message, api.TERM)
+
+    def progress(self, queue: SharedQueue, message: Message) -> None:
+        handle = queue.handles.get(message.id)
+        if handle is not None:
+            self.connection.publish(handle, api.PROGRESS)
+
+    def forward_ack(self, queue: SharedQueue, message_id: int) -> None:
+        self.connection.publish(ACK_FORWARD_PREFIX + api.token(queue.name), b"%d" % message_id)
+
+    def _on_forwarded_ack(self, msg: Msg) -> None:
+        name = self.queue_tokens.get(msg.subject[len(ACK_FORWARD_PREFIX):])
+        engine = self.engine
+        if name is None or engine is None:
+            return
+        queue = engine.queues.get(name)
+        if isinstance(queue, SharedQueue):
+            try:
+                message_id = int(msg.payload)
+            except ValueError:
+                return
+            if queue.ack_forwarded(message_id):
+                self.forwarded_acks += 1
+
+    # -- the link itself ----------------------------------------------------------------------
+
+    def disconnected(self) -> None:
+        if self.engine is not None:
+            self.engine.barrier.failure = "the JetStream cluster cannot be reached"
+
+    def reconnected(self) -> None:
+        """Pull requests die with the link: every consumer asks again."""
+        if self.engine is not None:
+            self.engine.barrier.failure = None
+        for pullers in list(self.pullers.values()):
+            for puller in pullers:
+                puller.requests.clear()
+                puller.outstanding = 0
+            if pullers:
+                self.want(pullers[0].queue)
+
+
+async def node_number(connection: NatsConnection, replicas: int) -> int:
+    """A number no other running node has (unless 4,096 nodes started since it did): the sequence of a
+    message this node stores in the stream `POLYMQ_NODES`."""
+    config = {"name": api.NODES_STREAM, "subjects": [api.NODES_SUBJECT], "retention": "limits", "max_msgs": 1,
+              "storage": "file", "num_replicas": replicas}
+    try:
+        await api.api(connection, f"STREAM.CREATE.{api.NODES_STREAM}", config)
+    except api.JetStreamError as error:
+        if error.err_code != api.ERR_STREAM_NAME_IN_USE:
+            raise
+    reply = await connection.request(api.NODES_SUBJECT, b"")
+    _, sequence, _ = api.parse_publish_ack(reply.payload)
+    return sequence % NODE_NUMBERS
+
+
+def cluster_size(connection: NatsConnection) -> int:
+    """Servers of the cluster the connection reached, as its INFO lists their client addresses."""
+    urls = set(connection.server_info.get("connect_urls") or ())
+    return max(len(urls), 1)
+
+
+async def open_shared_engine(settings: JetStreamSettings, nursery: trio.Nursery, *, clock: Clock | None = None,
+                             timers: TimerService | None = None) -> tuple[SharedEngine, JetStreamLink]:
+    """Connect, draw the node's number and return an engine whose durable queues live in JetStream."""
+    link_box: list[JetStreamLink] = []
+    connection = await NatsConnection.connect(
+        settings.nats, nursery,
+        on_disconnected=lambda: link_box[0].disconnected() if link_box else None,
+        on_reconnected=lambda: link_box[0].reconnected() if link_box else None)
+    settings.replicas = max(1, min(settings.replicas, cluster_size(connection)))
+    number = await node_number(connection, settings.replicas)
+    clock = clock or SystemClock()
+    link = JetStreamLink(connection, settings, clock)
+    link_box.append(link)
+    engine = SharedEngine(link, node=number, clock=clock, timers=timers)
+    link.engine = engine
+    await link.start(nursery)
+    return engine, link

@@ -1,0 +1,243 @@
+"""The shared engine on a real three-server JetStream cluster: two nodes (two engines, each with its own
+NATS connection) in one trio run, as two gateways would be.
+
+Each test uses topics and queues of its own names. Waits are on what the engines report, with
+deadlines a loaded 2-core machine keeps."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from polymq.core.engine import DEAD_LETTER_QUEUE_HEADER, DEAD_LETTER_REASON_HEADER, MAX_ATTEMPTS_OPTION, Consumer
+from polymq.core.message import Message
+from polymq.core.shared import SharedEngine, SharedQueue
+from polymq.jetstream import api
+from polymq.jetstream.backend import JetStreamLink, JetStreamSettings, open_shared_engine
+from polymq.jetstream.nats_connection import NatsOptions
+
+from support.nats_cluster import NatsCluster
+
+DEADLINE_S = 30.0
+_names = itertools.count()
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{next(_names)}"
+
+
+class Stored:
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.errors: list[BaseException | None] = []
+
+    def done(self, error: BaseException | None) -> None:
+        self.errors.append(error)
+        self.event.set()
+
+    async def wait(self) -> None:
+        with trio.fail_after(DEADLINE_S):
+            await self.event.wait()
+
+
+class Node:
+    def __init__(self, engine: SharedEngine, link: JetStreamLink, cancel: trio.CancelScope) -> None:
+        self.engine = engine
+        self.link = link
+        self.cancel = cancel
+
+    def publish(self, topic: str, body: bytes, **kwargs: object) -> tuple[int, Stored]:
+        """Publish; `Stored` is set once the shared engine stored it (the adapters' sync)."""
+        message_id = self.engine.publish(topic, body, **kwargs)  # type: ignore[arg-type]
+        stored = Stored()
+        self.engine.storage.sync(stored.done)
+        return message_id, stored
+
+    def consumer(self, queue: str, topic: str, credit: int = 100, **kwargs: object) -> tuple[Consumer, list[Message]]:
+        self.engine.ensure_queue(queue, **kwargs)  # type: ignore[arg-type]
+        self.engine.bind(queue, topic)
+        got: list[Message] = []
+        consumer = self.engine.attach(queue, got.append, credit=credit, msg_timeout=30.0)
+        return consumer, got
+
+
+@asynccontextmanager
+async def node(cluster: NatsCluster, *, ack_wait_s: float = 60.0) -> AsyncIterator[Node]:
+    async with trio.open_nursery() as nursery:
+        settings = JetStreamSettings(NatsOptions(servers=cluster.urls), ack_wait_s=ack_wait_s)
+        engine, link = await open_shared_engine(settings, nursery)
+        nursery.start_soon(_timers, engine)
+        try:
+            yield Node(engine, link, nursery.cancel_scope)
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def _timers(engine: SharedEngine) -> None:
+    while True:
+        engine.run_timers()
+        await trio.sleep(0.01)
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    with trio.move_on_after(DEADLINE_S):
+        while not condition():
+            await trio.sleep(0.01)
+        return
+    pytest.fail(f"not within {DEADLINE_S:.0f} s: {what}")
+
+
+async def attached(node: Node, queue: str) -> None:
+    await until(lambda: bool(node.link.pullers.get(queue)), f"the consumer of {queue} in JetStream")
+
+
+async def test_a_message_published_on_one_node_is_consumed_on_the_other_once(nats_cluster: NatsCluster) -> None:
+    topic, queue = name("orders"), name("billing")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        assert a.engine.node != b.engine.node
+        consumer, got = b.consumer(queue, topic)
+        await attached(b, queue)
+        sent = []
+        for index in range(20):
+            message_id, stored = a.publish(topic, b"order %d" % index)
+            sent.append(message_id)
+        await stored.wait()
+        assert stored.errors == [None]
+        await until(lambda: len(got) == 20, "20 deliveries on the other node")
+        assert [m.body for m in got] == [b"order %d" % i for i in range(20)]
+        assert [m.id for m in got] == sent
+        assert {m.attempts for m in got} == {1}
+        assert {m.topic for m in got} == {topic}
+        for message in got:
+            assert consumer.finish(message.id).name == "OK"
+        info = {}
+
+        async def settled() -> None:
+            info.update(await api.consumer_info(b.link.connection, topic, api.queue_consumer(queue)))
+
+        with trio.fail_after(DEADLINE_S):
+            while True:
+                await settled()
+                if info["num_ack_pending"] == 0 and info["num_pending"] == 0:
+                    break
+                await trio.sleep(0.05)
+        assert info["delivered"]["stream_seq"] == 20
+
+
+async def test_a_topic_keeps_its_backlog_for_its_first_queue_only(nats_cluster: NatsCluster) -> None:
+    topic, first, second = name("backlog"), name("first"), name("second")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        for index in range(3):
+            _, stored = a.publish(topic, b"early %d" % index)
+        await stored.wait()
+        _, got_first = b.consumer(first, topic)
+        await attached(b, first)
+        await until(lambda: len(got_first) == 3, "the backlog in the first queue")
+        _, got_second = a.consumer(second, topic)
+        await attached(a, second)
+        _, stored = a.publish(topic, b"late")
+        await until(lambda: len(got_first) == 4 and len(got_second) == 1, "the later message in both queues")
+        assert [m.body for m in got_first] == [b"early 0", b"early 1", b"early 2", b"late"]
+        assert [m.body for m in got_second] == [b"late"]
+
+
+async def test_a_requeue_with_a_delay_comes_back_after_it_with_its_attempts_counted(nats_cluster: NatsCluster) -> None:
+    topic, queue = name("retry"), name("worker")
+    async with node(nats_cluster) as a:
+        consumer, got = a.consumer(queue, topic)
+        await attached(a, queue)
+        a.publish(topic, b"again")
+        await until(lambda: len(got) == 1, "the first delivery")
+        requeued_at = trio.current_time()
+        assert consumer.requeue(got[0].id, 0.5).name == "OK"
+        await until(lambda: len(got) == 2, "the delivery after the delay")
+        assert trio.current_time() - requeued_at >= 0.45
+        assert got[1].id == got[0].id and got[1].body == b"again"
+        assert [m.attempts for m in got] == [1, 2]
+        consumer.finish(got[1].id)
+
+
+async def test_a_timed_out_delivery_goes_to_a_consumer_on_the_other_node(nats_cluster: NatsCluster) -> None:
+    topic, queue = name("slow"), name("jobs")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        a.engine.ensure_queue(queue)
+        a.engine.bind(queue, topic)
+        got_a: list[Message] = []
+        slow = a.engine.attach(queue, got_a.append, credit=1, msg_timeout=0.5)
+        await attached(a, queue)
+        a.publish(topic, b"job")
+        await until(lambda: len(got_a) == 1, "the delivery on the slow node")
+        slow.set_credit(0)  # it takes nothing more: the job can only go to the other node
+        consumer_b, got_b = b.consumer(queue, topic)
+        await attached(b, queue)
+        await until(lambda: len(got_b) == 1, "the timed-out job on the other node")
+        assert got_b[0].id == got_a[0].id
+        assert got_b[0].attempts == 2
+        assert slow.timeout_count == 1
+        consumer_b.finish(got_b[0].id)
+
+
+async def test_an_ack_by_id_on_the_other_node_finishes_the_delivery(nats_cluster: NatsCluster) -> None:
+    topic, queue = name("phpmq"), name("Foo")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        consumer, got = a.consumer(queue, topic)
+        await attached(a, queue)
+        a.publish(topic, b"ack me elsewhere")
+        await until(lambda: len(got) == 1, "the delivery")
+        b.engine.ensure_queue(queue)
+        b.engine.bind(queue, topic)
+        remote = b.engine.queues[queue]
+        assert isinstance(remote, SharedQueue)
+        assert remote.finish_any(got[0].id).name == "OK"
+        await until(lambda: not consumer.in_flight, "the forwarded ack on the node holding the delivery")
+        assert a.link.forwarded_acks == 1
+        assert consumer.finish_count == 1 and a.engine.queues[queue].finished_count == 1
+
+
+async def test_max_attempts_moves_the_message_to_its_dead_letter_topic(nats_cluster: NatsCluster) -> None:
+    topic, queue = name("mail"), name("sender")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        consumer, got = a.consumer(queue, topic, options={MAX_ATTEMPTS_OPTION: 2})
+        await attached(a, queue)
+        _, letters = b.consumer(name("dead-reader"), queue + ".dead")
+        message_id, _ = a.publish(topic, b"undeliverable", headers={"msg_id": "m-1"})
+        await until(lambda: len(got) == 1, "the first delivery")
+        consumer.requeue(got[0].id)
+        await until(lambda: len(got) == 2, "the second delivery")
+        consumer.requeue(got[1].id)
+        await until(lambda: len(letters) == 1, "the dead letter on the other node")
+        letter = letters[0]
+        assert (letter.id, letter.body) == (message_id, b"undeliverable")
+        assert letter.headers == {"msg_id": "m-1", DEAD_LETTER_QUEUE_HEADER: queue,
+                                  DEAD_LETTER_REASON_HEADER: "max attempts"}
+        stream, consumer_name = api.topic_stream(topic), api.queue_consumer(queue)
+
+        async def left_the_queue() -> bool:
+            info = await api.api(a.link.connection, f"CONSUMER.INFO.{stream}.{consumer_name}")
+            return info["num_ack_pending"] == 0 and info["num_pending"] == 0 and info["num_redelivered"] == 0
+
+        with trio.fail_after(DEADLINE_S):
+            while not await left_the_queue():
+                await trio.sleep(0.05)
+
+
+async def test_a_dead_nodes_deliveries_go_to_the_other_node_after_the_ack_wait(nats_cluster: NatsCluster) -> None:
+    topic, queue = name("crash"), name("survivors")
+    async with node(nats_cluster, ack_wait_s=1.0) as b:
+        async with node(nats_cluster, ack_wait_s=1.0) as a:
+            _, got_a = a.consumer(queue, topic)
+            await attached(a, queue)
+            for index in range(5):
+                a.publish(topic, b"held %d" % index)
+            await until(lambda: len(got_a) == 5, "five deliveries on the node that dies")
+            a.cancel.cancel()  # the node stops without a word: no NAK, no ACK
+        consumer_b, got_b = b.consumer(queue, topic)
+        await until(lambda: len(got_b) == 5, "the dead node's deliveries on the other node")
+        assert sorted(m.body for m in got_b) == [b"held %d" % i for i in range(5)]
+        assert {m.attempts for m in got_b} == {2}
+        for message in got_b:
+            consumer_b.finish(message.id)
