@@ -44,6 +44,10 @@ class Link(Protocol):
         """The queue's consumers can take `queue.wanted()` more copies than it holds or has asked for."""
         ...
 
+    def idle(self, queue: SharedQueue) -> None:
+        """No consumer here can take anything now: what the node asked for and did not get yet is called off."""
+        ...
+
     def ack(self, queue: SharedQueue, message: Message) -> None:
         """The copy is done with: gone from the queue."""
         ...
@@ -273,12 +277,15 @@ class SharedQueue(Queue):
         self.fetched_count += len(messages)
         self.message_count += len(messages)
         if not self.ring or self.paused:
+            self.give_back()  # asked for while a consumer had credit; nobody here can take it now
             return
         self._dispatch()
         self.link.want(self)
 
     def give_back(self) -> None:
-        """Every fetched copy no consumer here took goes back to the shared engine at once."""
+        """Every fetched copy no consumer here took goes back to the shared engine at once, and nothing more
+        comes until a consumer has credit again."""
+        self.link.idle(self)
         ready = list(self.ready)
         self.ready.clear()
         for message in ready:

@@ -42,6 +42,10 @@ from polymq.gateway.stream_http_api import DEFAULT_MAX_BATCH, DEFAULT_MAX_ROW, D
 DEFAULT_BIND = "127.0.0.1"
 # The gateway's own HTTP listener (the Spark stream API): 4171 stays free for nsqadmin.
 DEFAULT_HTTP_PORT = 4181
+# Copies of a stream: JetStream's usual R3 (a majority survives one server's loss).
+DEFAULT_JETSTREAM_REPLICAS = 3
+# nsqd's default --msg-timeout.
+DEFAULT_JETSTREAM_ACK_WAIT_S = 60.0
 ENV_PREFIX = "POLYMQ_"
 
 
@@ -112,6 +116,27 @@ GATEWAY_SECTIONS: dict[str, tuple[Setting, ...]] = {
                 "Largest row a Spark job may publish through the stream API, in bytes (nsqd's --max-msg-size)."),
         Setting("max_batch_size", "--stream-max-batch-size", click.IntRange(min=1), DEFAULT_MAX_BATCH,
                 "Largest batch of rows one stream publish may carry, in bytes (nsqd's --max-body-size)."),
+    ),
+    "jetstream": (
+        Setting("servers", "--jetstream", click.STRING, (),
+                "NATS servers of a JetStream cluster (nats://host:port, tls://host:port; several with commas or "
+                "again): every protocol's topics and queues live there instead of the embedded store, shared by "
+                "every polymq node pointed at the same cluster (docs/cluster.md).", multiple=True),
+        Setting("replicas", "--jetstream-replicas", click.IntRange(min=1, max=5), DEFAULT_JETSTREAM_REPLICAS,
+                "Copies of each topic's stream in the cluster (fewer when the cluster has fewer servers)."),
+        Setting("ack_wait_s", "--jetstream-ack-wait", click.FloatRange(min=1), DEFAULT_JETSTREAM_ACK_WAIT_S,
+                "Seconds after which a delivery a node never finished (the node died) is delivered again, "
+                "by any node (nsqd's default msg_timeout)."),
+        Setting("user", "--jetstream-user", click.STRING, None, "User name for the NATS servers."),
+        Setting("password", "--jetstream-password", click.STRING, None, "Password for the NATS servers.",
+                secret=True),
+        Setting("token", "--jetstream-token", click.STRING, None, "Token for the NATS servers.", secret=True),
+        Setting("tls_ca", "--jetstream-tls-ca", click.Path(dir_okay=False, path_type=Path), None,
+                "CA certificates (PEM) the NATS servers' certificates are checked against; turns TLS on."),
+        Setting("tls_cert", "--jetstream-tls-cert", click.Path(dir_okay=False, path_type=Path), None,
+                "This node's client certificate (PEM) for servers that ask for one; turns TLS on."),
+        Setting("tls_key", "--jetstream-tls-key", click.Path(dir_okay=False, path_type=Path), None,
+                "The private key (PEM) of --jetstream-tls-cert."),
     ),
     "log": (
         Setting("level", "--log-level", click.Choice(["debug", "info", "warning", "error"]), "info",
@@ -227,6 +252,10 @@ class Config:
     @property
     def limits(self) -> Any:
         return self.sections["limits"]
+
+    @property
+    def jetstream(self) -> Any:
+        return self.sections["jetstream"]
 
     @property
     def log(self) -> Any:

@@ -36,7 +36,7 @@ from polymq.core.clock import SystemClock
 from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import Engine
 from polymq.core.storage import DataDirInUse, MemoryStorage
-from polymq.gateway import logs
+from polymq.gateway import jetstream_engine, logs
 from polymq.gateway.admin_access import AccessError, AdminAccess
 from polymq.gateway.admin_api import AdminApi
 from polymq.gateway.collector import collect_on_a_clock
@@ -44,6 +44,7 @@ from polymq.gateway.committer import Committer
 from polymq.gateway.config import HTTP_LISTENER, OPTIONS_BY_KEY, Config, click_options, from_command_line, to_toml
 from polymq.gateway.http import serve_gateway_http
 from polymq.gateway.metrics import Metrics
+from polymq.jetstream.backend import JetStreamLink
 
 log = logging.getLogger("polymq")
 
@@ -160,6 +161,11 @@ def _missing_ancestor(path: Path) -> Path | None:
 
 def open_storage(config: Config) -> tuple[DiskStorage | MemoryStorage, Committer | None]:
     clock = SystemClock()
+    if jetstream_engine.server_urls(config.jetstream):
+        if config.storage.in_memory:
+            raise StartupError("--in-memory and --jetstream contradict each other: the JetStream cluster keeps "
+                               "every message; give one of them")
+        return MemoryStorage(), None  # unused: the engine stores through the cluster
     if config.storage.in_memory:
         return MemoryStorage(), None
     data_dir = config.storage.data_dir.absolute()
@@ -281,17 +287,36 @@ def _stored(engine: Engine) -> int:
 async def run_gateway(
     prepared: Prepared, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    config, storage, committer = prepared.config, prepared.storage, prepared.committer
+    """Serve on the embedded engine, or on one whose queues live in a JetStream cluster (`--jetstream`)."""
+    config = prepared.config
     clock = SystemClock()
-    engine = Engine(clock=clock, storage=storage)
+    log.info("polymq %s, hot modules %s", polymq.__version__,
+             "compiled (mypyc)" if polymq.COMPILED else "pure Python")
+    if not jetstream_engine.server_urls(config.jetstream):
+        await _serve(prepared, Engine(clock=clock, storage=prepared.storage), clock, None, task_status)
+        return
+    async with trio.open_nursery() as link_nursery:
+        try:
+            engine, link = await jetstream_engine.open_engine(config.jetstream, link_nursery, clock)
+        except jetstream_engine.JetStreamStartError as error:
+            raise StartupError(str(error)) from error
+        log.info("storage %s", jetstream_engine.describe(link))
+        await _serve(prepared, engine, clock, link, task_status)
+        await link.connection.close()  # what the sessions gave back (-NAK) leaves before the link goes
+        link_nursery.cancel_scope.cancel()
+
+
+async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: JetStreamLink | None,
+                 task_status: trio.TaskStatus[Engine]) -> None:
+    config, storage, committer = prepared.config, prepared.storage, prepared.committer
     engine.dedup.window_s = config.storage.dedup_window_s  # before the restore, which forgets the expired
     engine.max_queue_depth = config.limits.max_queue_depth
     engine.overflow = config.limits.queue_overflow
-    log.info("polymq %s, hot modules %s", polymq.__version__,
-             "compiled (mypyc)" if polymq.COMPILED else "pure Python")
     started = clock.now()
     engine.restore()
-    if committer is None:
+    if link is not None:
+        pass  # the cluster keeps everything: nothing to restore on the node
+    elif committer is None:
         log.warning("storage in memory only: nothing is written, a restart starts empty")
     else:
         log.info("storage %s, fsync %s (%s): restored %d topics, %d queues, %d messages in %.2f s",
@@ -346,7 +371,9 @@ async def run_gateway(
         if bound.zmq is not None:
             bound.zmq.close()  # what the adapters left open, and the ZeroMQ context
     # Sessions are closed and their in-flight messages returned: write and fdatasync it all.
-    if committer is not None and isinstance(storage, DiskStorage):
+    if link is not None:
+        log.info("stopped: %d in-flight messages given back to the JetStream cluster", in_flight)
+    elif committer is not None and isinstance(storage, DiskStorage):
         await committer.flush()
         storage.close()
         log.info("stopped: %d in-flight messages returned to their queues; %d messages in %d topics and %d queues "
@@ -398,6 +425,8 @@ def command(ctx: click.Context, debug: bool, **values: object) -> None:
         cause = _innermost(error)
         if isinstance(cause, KeyboardInterrupt | SystemExit):
             raise
+        if isinstance(cause, StartupError):
+            _fail(str(cause), cause, debug)
         _fail(f"stopped by an unexpected error: {type(cause).__name__}: {cause}", error, debug)
 
 

@@ -26,7 +26,14 @@ from polymq.core.message import Message
 from polymq.core.shared import SharedEngine, SharedQueue, Stored
 from polymq.core.timers import TimerService
 from polymq.jetstream import api
-from polymq.jetstream.nats_connection import Msg, NatsConnection, NatsError, NatsOptions
+from polymq.jetstream.nats_connection import (
+    Msg,
+    NatsConnection,
+    NatsError,
+    NatsOptions,
+    NoResponders,
+    RequestTimeout,
+)
 
 log = logging.getLogger("polymq.jetstream")
 
@@ -39,6 +46,11 @@ PULL_EXPIRES_S = 5.0
 MAX_PULL_BATCH = 256
 # Pull requests a consumer of the node keeps waiting at once (nats-server's max_waiting is 512).
 MAX_PULLS_WAITING = 64
+# A publish JetStream had no answer for (a stream electing its leader) is tried again this often, until
+# `JetStreamSettings.publish_timeout_s` (publish acks paused 5-9 s while a killed leader was replaced).
+PUBLISH_RETRY_S = 0.1
+# How long a node waits at start-up for the stream of node numbers to take publishes.
+STREAM_READY_S = 20.0
 # Node numbers repeat after this many starts (`core/ids.py`'s NODE_BITS).
 NODE_NUMBERS = 4096
 
@@ -50,7 +62,7 @@ class JetStreamSettings:
     # A delivery the node never finishes (the node died) is delivered again after this long
     # (nsqd's default msg_timeout, 60 s).
     ack_wait_s: float = 60.0
-    publish_timeout_s: float = 5.0
+    publish_timeout_s: float = 10.0  # beyond a leader's election (5-9 s measured)
     duplicate_window_s: float = 120.0
 
 
@@ -183,9 +195,24 @@ class JetStreamLink:
         if not messages:
             stored(None)
             return
+        deadline = sent + self.settings.publish_timeout_s
         for message in messages:
-            self.connection.request_nowait(subject, message.body, answered, headers=self._headers(message),
-                                           timeout=self.settings.publish_timeout_s)
+            self._publish_one(subject, message.body, self._headers(message), deadline, answered)
+
+    def _publish_one(self, subject: str, body: bytes, headers: dict[str, str], deadline: float,
+                     answered: Callable[[Msg | NatsError], None]) -> None:
+        """Publish until JetStream answers or `deadline`: a stream without a leader yet (just made, or
+        electing one) has no responders, and is asked again; `Nats-Msg-Id` makes a repeat count once."""
+
+        def answer(reply: Msg | NatsError) -> None:
+            retry_at = self.clock.now() + PUBLISH_RETRY_S
+            if isinstance(reply, NoResponders | RequestTimeout) and retry_at < deadline and self.engine is not None:
+                self.engine.timers.schedule(retry_at, self._publish_one, subject, body, headers, deadline, answered)
+                return
+            answered(reply)
+
+        timeout = max(deadline - self.clock.now(), 0.001)
+        self.connection.request_nowait(subject, body, answer, headers=headers, timeout=timeout)
 
     def _headers(self, message: Message) -> dict[str, str]:
         headers = {
@@ -282,6 +309,18 @@ class JetStreamLink:
         share = -(-wanted // len(pullers))
         for puller in pullers:
             self._pull(puller, min(share, wanted))
+
+    def idle(self, queue: SharedQueue) -> None:
+        """Pull requests cannot be called off, but one whose reply subject nobody listens to any more is
+        dropped by the server: each puller moves to a new inbox."""
+        for puller in self.pullers.get(queue.name, ()):
+            if not puller.outstanding:
+                continue
+            self.connection.unsubscribe(puller.sid)
+            puller.requests.clear()
+            puller.outstanding = 0
+            puller.inbox = self.connection.new_inbox()
+            puller.sid = self.connection.subscribe(puller.inbox + ".*", lambda msg, p=puller: self._on_pulled(p, msg))
 
     def _pull(self, puller: Puller, count: int) -> None:
         while count > 0 and len(puller.requests) < MAX_PULLS_WAITING:
@@ -410,7 +449,15 @@ async def node_number(connection: NatsConnection, replicas: int) -> int:
     except api.JetStreamError as error:
         if error.err_code != api.ERR_STREAM_NAME_IN_USE:
             raise
-    reply = await connection.request(api.NODES_SUBJECT, b"")
+    reply: Msg | None = None
+    with trio.move_on_after(STREAM_READY_S):
+        while reply is None:
+            try:
+                reply = await connection.request(api.NODES_SUBJECT, b"")
+            except NoResponders:
+                await trio.sleep(PUBLISH_RETRY_S)  # made just now, by this node or another: no leader yet
+    if reply is None:
+        raise NatsError(f"the stream {api.NODES_STREAM} took no publish within {STREAM_READY_S:.0f} s")
     _, sequence, _ = api.parse_publish_ack(reply.payload)
     return sequence % NODE_NUMBERS
 
