@@ -6,6 +6,7 @@ import pytest
 import zmq
 
 from support.gateway import GatewayProcess, running_gateway
+from support.nats_cluster import nats_cluster, nats_server  # noqa: F401  (real nats-server fixtures)
 
 
 @pytest.fixture
