@@ -1143,6 +1143,12 @@ class Engine:
             observer(queue, bound)
         return True
 
+    def settled(self, callback: Callable[[OSError | None], None]) -> None:
+        """Call `callback` once the queues and bindings made so far have taken effect for every client
+        (here at once; an engine that shares them with other nodes calls it once they are shared too).
+        An adapter that confirms a subscription does so from it."""
+        callback(None)
+
     # -- consumers ---------------------------------------------------------------------------
 
     def attach(

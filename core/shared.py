@@ -36,8 +36,9 @@ Stored = Callable[[Exception | None], None]
 class Link(Protocol):
     """What a node asks of the shared engine; each call returns at once, its I/O happens later."""
 
-    def publish(self, topic: Topic, messages: list[Message], stored: Stored) -> None:
-        """Store the messages in the topic (one copy for every queue bound to it anywhere)."""
+    def publish(self, topic: Topic, messages: list[Message], stored: Stored, drop_if_unbound: bool) -> None:
+        """Store the messages in the topic (one copy for every queue bound to it anywhere); with
+        `drop_if_unbound`, drop them (counted in the engine's `dropped_count`) when no queue anywhere is."""
         ...
 
     def want(self, queue: SharedQueue) -> None:
@@ -74,13 +75,17 @@ class Link(Protocol):
 
     def queue_made(self, queue: SharedQueue) -> None: ...
 
-    def bound(self, queue: SharedQueue, topic: str) -> None: ...
+    def bound(self, queue: SharedQueue, topic: str, done: Stored) -> None:
+        """The queue takes the topic's messages from now on, on every node, once `done` is called."""
+        ...
 
     def unbound(self, queue: SharedQueue, topic: str) -> None: ...
 
     def queue_deleted(self, queue: SharedQueue, topics: list[str]) -> None: ...
 
-    def queue_emptied(self, queue: SharedQueue) -> None: ...
+    def queue_emptied(self, queue: SharedQueue, done: Stored) -> None:
+        """Every message the queue holds on any node now is dropped; `done` once that holds everywhere."""
+        ...
 
 
 class PublishBarrier:
@@ -209,7 +214,7 @@ class SharedLog:
         pass  # the shared engine counts deliveries itself
 
     def emptied(self) -> None:
-        self.queue.link.queue_emptied(self.queue)
+        pass  # `SharedQueue.empty` tells the shared engine
 
     def next_position(self) -> int:
         raise ValueError("a queue of the shared engine is not read by position")
@@ -377,8 +382,12 @@ class SharedQueue(Queue):
         super().empty()
         for message in held:
             self.link.ack(self, message)
-            self.handles.pop(message.id, None)
-        self.give_back()
+        for message in self.ready:
+            self.link.ack(self, message)
+        self.ready.clear()
+        engine = self.engine
+        assert isinstance(engine, SharedEngine)
+        self.link.queue_emptied(self, engine.barrier.issue())
 
 
 class SharedEngine(Engine):
@@ -390,6 +399,7 @@ class SharedEngine(Engine):
         super().__init__(clock=clock, timers=timers, storage=self.barrier)
         self.link = link
         self.node = node
+        self._drop_if_unbound = False  # the publish under way follows MQKS's rule (`publish`)
         self.ids = IdSource(self.clock.wall_ns(), node)
 
     def _new_queue(self, name: str, ephemeral: bool, auto_delete: float | None, options: Mapping[str, Any] | None,
@@ -421,7 +431,7 @@ class SharedEngine(Engine):
         super().bind(queue_name, topic_name, ephemeral_topic=ephemeral_topic)
         topic = self.topics.get(topic_name)
         if new and isinstance(queue, SharedQueue) and topic is not None and not topic.ephemeral:
-            self.link.bound(queue, topic_name)
+            self.link.bound(queue, topic_name, self.barrier.issue())
         return queue
 
     def _unbind(self, queue: Queue, topic_name: str) -> None:
@@ -449,16 +459,44 @@ class SharedEngine(Engine):
 
     # -- publishing: to the shared engine, never straight into the node's queues -----------------
 
+    def publish(self, topic_name: str, body: bytes, *, delay: float = 0.0, headers: Mapping[str, Any] | None = None,
+                ttl: float | None = None, drop_if_unbound: bool = False, origin: str | None = None) -> int:
+        """As the embedded engine's, but MQKS's rule (`drop_if_unbound`) asks about every node's queues: the
+        link decides once it knows them."""
+        self._drop_if_unbound = drop_if_unbound and not self._bound_here(topic_name)
+        try:
+            return super().publish(topic_name, body, delay=delay, headers=headers, ttl=ttl, origin=origin)
+        finally:
+            self._drop_if_unbound = False
+
+    def publish_many(self, topic_name: str, bodies: list[bytes], *, headers: Mapping[str, Any] | None = None,
+                     each_headers: list[Mapping[str, Any]] | None = None, drop_if_unbound: bool = False,
+                     origin: str | None = None) -> int:
+        self._drop_if_unbound = drop_if_unbound and not self._bound_here(topic_name)
+        try:
+            return super().publish_many(topic_name, bodies, headers=headers, each_headers=each_headers,
+                                        origin=origin)
+        finally:
+            self._drop_if_unbound = False
+
+    def settled(self, callback: Callable[[OSError | None], None]) -> None:
+        self.barrier.sync(callback)  # bindings count in the barrier, as publishes do
+
+    def _bound_here(self, topic_name: str) -> bool:
+        topic = self.topics.get(topic_name)
+        return topic is not None and bool(topic.queues)
+
     def _publish_messages(self, topic: Topic, messages: list[Message]) -> None:
         if topic.ephemeral:
             super()._publish_messages(topic, messages)
             return
-        self.publish_stored(topic, messages, self.barrier.issue())
+        self.publish_stored(topic, messages, self.barrier.issue(), self._drop_if_unbound)
 
-    def publish_stored(self, topic: Topic, messages: list[Message], stored: Stored) -> None:
+    def publish_stored(self, topic: Topic, messages: list[Message], stored: Stored,
+                       drop_if_unbound: bool = False) -> None:
         topic.message_count += len(messages)
         topic.message_bytes += sum(len(message.body) for message in messages)
-        self.link.publish(topic, messages, stored)
+        self.link.publish(topic, messages, stored, drop_if_unbound)
 
     def restore(self) -> None:
         pass  # the shared engine keeps everything; the node's queues are made as clients come

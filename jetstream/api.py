@@ -15,8 +15,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+import trio
 
-from polymq.jetstream.nats_connection import NatsConnection, NatsError
+from polymq.jetstream.nats_connection import NatsConnection, NatsError, NoResponders, RequestTimeout
 
 # Subjects and names polymq uses in the cluster; every node of one deployment shares them.
 SUBJECT_PREFIX = "polymq.t."
@@ -29,6 +30,12 @@ MAX_NAME_LENGTH = 255
 # The stream nodes draw their number from (message ids unique across nodes).
 NODES_STREAM = "POLYMQ_NODES"
 NODES_SUBJECT = "polymq.nodes"
+
+# A JetStream API request is asked again until this long has gone by (a leader's election took 5-9 s
+# after a kill -9), each try waiting this long for its answer, with this pause between tries.
+API_DEADLINE_S = 30.0
+API_ATTEMPT_S = 2.0
+API_RETRY_S = 0.1
 
 # Headers polymq writes beside a body (NATS header values are text).
 HEADER_MSG_ID = "Nats-Msg-Id"  # JetStream's de-duplication key: the engine id, so a retry is dropped
@@ -98,11 +105,19 @@ def _answer(payload: bytes) -> dict[str, Any]:
 
 
 async def api(connection: NatsConnection, subject: str, body: Mapping[str, Any] | None = None,
-              *, timeout: float | None = None) -> dict[str, Any]:
-    """One `$JS.API.` request; its answer, or `JetStreamError`."""
+              *, timeout: float = API_DEADLINE_S) -> dict[str, Any]:
+    """One `$JS.API.` request; its answer, or `JetStreamError`. Asked again while nobody answers within
+    `timeout` in all: a stream or consumer electing its leader leaves requests it should answer unanswered."""
     payload = b"" if body is None else json.dumps(body).encode()
-    reply = await connection.request("$JS.API." + subject, payload, timeout=timeout)
-    return _answer(reply.payload)
+    with trio.move_on_after(timeout):
+        while True:
+            try:
+                reply = await connection.request("$JS.API." + subject, payload, timeout=API_ATTEMPT_S)
+            except (RequestTimeout, NoResponders):
+                await trio.sleep(API_RETRY_S)
+                continue
+            return _answer(reply.payload)
+    raise RequestTimeout(f"JetStream did not answer $JS.API.{subject} within {timeout:.0f} s")
 
 
 @attrs.frozen(slots=True)
@@ -130,22 +145,15 @@ def stream_config(topic: str, settings: StreamSettings) -> dict[str, Any]:
     }
 
 
-async def ensure_stream(connection: NatsConnection, topic: str, settings: StreamSettings) -> bool:
-    """Make the topic's stream unless it exists; True when this call made it."""
+async def ensure_stream(connection: NatsConnection, topic: str, settings: StreamSettings) -> None:
+    """Make the topic's stream unless it exists. A create of an existing stream with the same settings
+    succeeds, and the meta leader answers it: no stream leader has to be up (an info request needs one)."""
     config = stream_config(topic, settings)
-    try:
-        await api(connection, f"STREAM.INFO.{config['name']}")
-        return False
-    except JetStreamError as error:
-        if error.err_code != ERR_STREAM_NOT_FOUND:
-            raise
     try:
         await api(connection, f"STREAM.CREATE.{config['name']}", config)
     except JetStreamError as error:
-        if error.err_code != ERR_STREAM_NAME_IN_USE:  # another node made it meanwhile
+        if error.err_code != ERR_STREAM_NAME_IN_USE:  # made with other settings (another release): use it
             raise
-        return False
-    return True
 
 
 async def delete_stream(connection: NatsConnection, topic: str) -> bool:
@@ -172,25 +180,26 @@ def consumer_config(name: str, *, ack_wait_s: float, deliver_all: bool, queue: s
     }
 
 
-async def ensure_consumer(connection: NatsConnection, topic: str, name: str, config: Mapping[str, Any]) -> dict:
-    """The durable consumer `name` of the topic's stream, made if missing (its info)."""
+async def consumer_names(connection: NatsConnection, topic: str) -> list[str]:
+    """The consumers of the topic's stream, as the meta leader knows them (no consumer leader needed)."""
+    try:
+        answer = await api(connection, f"CONSUMER.NAMES.{topic_stream(topic)}", {"offset": 0})
+    except JetStreamError as error:
+        if error.err_code == ERR_STREAM_NOT_FOUND:
+            return []
+        raise
+    return list(answer.get("consumers") or [])
+
+
+async def ensure_consumer(connection: NatsConnection, topic: str, name: str, config: Mapping[str, Any]) -> None:
+    """Make the durable consumer `name` of the topic's stream unless it exists (with these settings or others:
+    its start can no longer change)."""
     stream = topic_stream(topic)
     try:
-        return await api(connection, f"CONSUMER.INFO.{stream}.{name}")
-    except JetStreamError as error:
-        if error.err_code != ERR_CONSUMER_NOT_FOUND:
+        await api(connection, f"CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": dict(config)})
+    except JetStreamError:
+        if name not in await consumer_names(connection, topic):
             raise
-    return await api(connection, f"CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": dict(config)})
-
-
-async def consumer_exists(connection: NatsConnection, topic: str, name: str) -> bool:
-    try:
-        await api(connection, f"CONSUMER.INFO.{topic_stream(topic)}.{name}")
-    except JetStreamError as error:
-        if error.err_code in (ERR_CONSUMER_NOT_FOUND, ERR_STREAM_NOT_FOUND):
-            return False
-        raise
-    return True
 
 
 async def delete_consumer(connection: NatsConnection, topic: str, name: str) -> bool:
@@ -205,6 +214,26 @@ async def delete_consumer(connection: NatsConnection, topic: str, name: str) -> 
 
 async def consumer_info(connection: NatsConnection, topic: str, name: str) -> dict[str, Any]:
     return await api(connection, f"CONSUMER.INFO.{topic_stream(topic)}.{name}")
+
+
+# Consumer metadata: stream sequences up to this one were emptied from the queue (`raise_floor`).
+FLOOR_METADATA = "polymq_floor"
+
+
+async def floor(connection: NatsConnection, topic: str, name: str) -> int:
+    info = await consumer_info(connection, topic, name)
+    return int((info.get("config", {}).get("metadata") or {}).get(FLOOR_METADATA, 0))
+
+
+async def raise_floor(connection: NatsConnection, topic: str, name: str) -> int:
+    """Keep the stream's last sequence as the consumer's floor (its metadata) and return it."""
+    stream = topic_stream(topic)
+    last = int((await api(connection, f"STREAM.INFO.{stream}")).get("state", {}).get("last_seq", 0))
+    config = dict((await consumer_info(connection, topic, name))["config"])
+    config["metadata"] = {**(config.get("metadata") or {}), FLOOR_METADATA: str(last)}
+    await api(connection, f"CONSUMER.CREATE.{stream}.{name}",
+              {"stream_name": stream, "config": config, "action": "update"})
+    return last
 
 
 def pull_subject(topic: str, consumer: str) -> str:

@@ -39,6 +39,10 @@ log = logging.getLogger("polymq.jetstream")
 
 # Subject on which a node forwards an ack by id it cannot serve itself (`polymq.ack.<queue token>`).
 ACK_FORWARD_PREFIX = "polymq.ack."
+# Subject on which a node tells the others a queue was emptied (`polymq.emptied.<queue token>`).
+EMPTIED_PREFIX = "polymq.emptied."
+# JetStream's advisories of consumers made and deleted, on any node.
+CONSUMER_ADVISORIES = "$JS.EVENT.ADVISORY.CONSUMER.*.*.*"
 # A pull request lasts this long; a queue whose consumers go quiet gets its unused credit back then.
 PULL_EXPIRES_S = 5.0
 # Messages one pull request asks for at most (nats-server's default max batch of a pull consumer
@@ -80,12 +84,18 @@ class Puller:
     outstanding: int = 0  # messages owed by every waiting request
     counter: int = 0
     active: bool = True
+    floor: int = 0  # stream sequences up to it were emptied from the queue: acked, never delivered
 
 
 @attrs.define(slots=True, eq=False)
 class TopicState:
-    ready: bool = False
-    waiting: list[tuple[list[Message], Stored]] = attrs.Factory(list)
+    ready: bool = False  # its stream exists
+    # Publishes that wait for the stream, or for this node's bindings to be made (what a client did
+    # before it published holds when its publish is stored, as with the embedded engine).
+    waiting: list[tuple[list[Message], Stored, bool]] = attrs.Factory(list)
+    # The queues bound to it on any node (its stream's consumers, but the backlog's), as JetStream's
+    # advisories tell; None until the stream is known.
+    queues: set[str] | None = None
 
 
 class JetStreamLink:
@@ -99,6 +109,8 @@ class JetStreamLink:
         self.stream_settings = api.StreamSettings(replicas=settings.replicas,
                                                   duplicate_window_s=settings.duplicate_window_s)
         self.topics: dict[str, TopicState] = {}
+        self.streams: dict[str, TopicState] = {}  # the same, by stream name
+        self.binding = 0  # this node's bindings whose consumer is being made: publishes wait for them
         self.pullers: dict[str, list[Puller]] = {}  # by queue name
         self.queue_tokens: dict[str, str] = {}  # a queue's subject token -> its name (forwarded acks)
         self._control_send, self._control_receive = trio.open_memory_channel[Callable[[], Any]](float("inf"))
@@ -109,6 +121,8 @@ class JetStreamLink:
 
     async def start(self, nursery: trio.Nursery) -> None:
         self.connection.subscribe(ACK_FORWARD_PREFIX + "*", self._on_forwarded_ack)
+        self.connection.subscribe(CONSUMER_ADVISORIES, self._on_consumer_advisory)
+        self.connection.subscribe(EMPTIED_PREFIX + "*", self._on_emptied)
         nursery.start_soon(self._control)
 
     async def _control(self) -> None:
@@ -130,29 +144,51 @@ class JetStreamLink:
     def _topic_state(self, name: str) -> TopicState:
         state = self.topics.get(name)
         if state is None:
-            state = self.topics[name] = TopicState()
+            state = self.topics[name] = self.streams[api.topic_stream(name)] = TopicState()
             self._later(lambda: self._make_stream(name, state))
         return state
 
     async def _make_stream(self, name: str, state: TopicState) -> None:
         try:
             await api.ensure_stream(self.connection, name, self.stream_settings)
-            if not await self._has_consumers(name):
+            names = await api.consumer_names(self.connection, name)
+            if not names:
                 await self._keep_backlog(name)
         except NatsError as error:
             waiting, state.waiting = state.waiting, []
-            del self.topics[name]  # asked again at the next publish or binding
-            for _, stored in waiting:
+            self.topics.pop(name, None)  # asked again at the next publish or binding
+            for _, stored, _ in waiting:
                 stored(error)
             raise
+        known = set(names) - {api.BACKLOG_CONSUMER}
+        state.queues = known if state.queues is None else state.queues | known
         state.ready = True
+        self._release(name, state)
+
+    def _release(self, name: str, state: TopicState) -> None:
+        """Send what waited for the topic's stream and this node's bindings."""
+        if not state.ready or self.binding:
+            return
         waiting, state.waiting = state.waiting, []
-        for messages, stored in waiting:
-            self._send(name, messages, stored)
+        for messages, stored, drop_if_unbound in waiting:
+            self._publish_now(name, state, messages, stored, drop_if_unbound)
+
+    def _on_consumer_advisory(self, msg: Msg) -> None:
+        """`$JS.EVENT.ADVISORY.CONSUMER.CREATED.<stream>.<consumer>` (or DELETED): which topics have queues."""
+        parts = msg.subject.split(".")
+        if len(parts) != 7:
+            return
+        action, stream, consumer = parts[4], parts[5], parts[6]
+        state = self.streams.get(stream)
+        if state is None or state.queues is None or consumer == api.BACKLOG_CONSUMER:
+            return
+        if action == "CREATED":
+            state.queues.add(consumer)
+        elif action == "DELETED":
+            state.queues.discard(consumer)
 
     async def _has_consumers(self, topic: str) -> bool:
-        info = await api.api(self.connection, f"STREAM.INFO.{api.topic_stream(topic)}")
-        return int(info.get("state", {}).get("consumer_count", 0)) > 0
+        return bool(await api.consumer_names(self.connection, topic))
 
     async def _keep_backlog(self, topic: str) -> None:
         config = api.consumer_config(api.BACKLOG_CONSUMER, ack_wait_s=self.settings.ack_wait_s, deliver_all=True,
@@ -161,16 +197,25 @@ class JetStreamLink:
 
     def topic_deleted(self, name: str) -> None:
         self.topics.pop(name, None)
+        self.streams.pop(api.topic_stream(name), None)
         self._later(lambda: api.delete_stream(self.connection, name))
 
     # -- publishing -------------------------------------------------------------------------
 
-    def publish(self, topic: Topic, messages: list[Message], stored: Stored) -> None:
+    def publish(self, topic: Topic, messages: list[Message], stored: Stored, drop_if_unbound: bool) -> None:
         state = self._topic_state(topic.name)
-        if not state.ready:
-            state.waiting.append((messages, stored))
+        if not state.ready or self.binding:
+            state.waiting.append((messages, stored, drop_if_unbound))
             return
-        self._send(topic.name, messages, stored)
+        self._publish_now(topic.name, state, messages, stored, drop_if_unbound)
+
+    def _publish_now(self, name: str, state: TopicState, messages: list[Message], stored: Stored,
+                     drop_if_unbound: bool) -> None:
+        if drop_if_unbound and not state.queues and self.engine is not None:
+            self.engine.dropped_count += len(messages)  # MQKS's rule: no queue on any node
+            stored(None)
+            return
+        self._send(name, messages, stored)
 
     def _send(self, topic: str, messages: list[Message], stored: Stored) -> None:
         subject = api.topic_subject(topic)
@@ -234,25 +279,46 @@ class JetStreamLink:
     def queue_made(self, queue: SharedQueue) -> None:
         self.queue_tokens[api.token(queue.name)] = queue.name
 
-    def bound(self, queue: SharedQueue, topic: str) -> None:
+    def bound(self, queue: SharedQueue, topic: str, done: Stored) -> None:
         state = self._topic_state(topic)
-        self._later(lambda: self._attach_consumer(queue, topic, state))
+        self.binding += 1
+
+        async def attach() -> None:
+            error: Exception | None = None
+            try:
+                await self._attach_consumer(queue, topic, state)
+            except NatsError as failure:
+                error = failure
+                raise
+            finally:
+                self.binding -= 1
+                done(error)
+                for name, waiting in list(self.topics.items()):
+                    self._release(name, waiting)
+
+        self._later(attach)
 
     async def _attach_consumer(self, queue: SharedQueue, topic: str, state: TopicState) -> None:
         if not state.ready or queue.deleted or topic not in queue.topics:
             return
+        if state.queues is not None:
+            state.queues.add(api.queue_consumer(queue.name))
         name = api.queue_consumer(queue.name)
-        if not await api.consumer_exists(self.connection, topic, name):
-            first = await api.consumer_exists(self.connection, topic, api.BACKLOG_CONSUMER)
+        names = await api.consumer_names(self.connection, topic)
+        floor = 0  # a consumer made now has emptied nothing yet
+        if name not in names:
+            first = api.BACKLOG_CONSUMER in names
             config = api.consumer_config(name, ack_wait_s=self.settings.ack_wait_s, deliver_all=first,
                                          queue=queue.name)
             await api.ensure_consumer(self.connection, topic, name, config)
             if first:  # this queue took the backlog over (from the stream's first message)
                 await api.delete_consumer(self.connection, topic, api.BACKLOG_CONSUMER)
+        else:
+            floor = await api.floor(self.connection, topic, name)
         if queue.deleted or topic not in queue.topics:
             return
         inbox = self.connection.new_inbox()
-        puller = Puller(queue, topic, name, api.pull_subject(topic, name), inbox)
+        puller = Puller(queue, topic, name, api.pull_subject(topic, name), inbox, floor=floor)
         puller.sid = self.connection.subscribe(inbox + ".*", lambda msg: self._on_pulled(puller, msg))
         self.pullers.setdefault(queue.name, []).append(puller)
         self.want(queue)
@@ -284,18 +350,40 @@ class JetStreamLink:
         for topic in topics:
             self._later(lambda topic=topic: self._drop_consumer(queue.name, topic))
 
-    def queue_emptied(self, queue: SharedQueue) -> None:
-        for topic in list(queue.topics):
-            self._stop_puller(queue, topic)
-            self._later(lambda topic=topic: self._restart_consumer(queue, topic))
+    def queue_emptied(self, queue: SharedQueue, done: Stored) -> None:
+        """A consumer cannot skip ahead: the node reads the stream's last sequence and keeps it as the
+        queue's floor in the consumer's metadata; every node acks, undelivered, what comes at or below it."""
+        topics = list(queue.topics)
 
-    async def _restart_consumer(self, queue: SharedQueue, topic: str) -> None:
-        """A consumer made again from the stream's next message: the queue's messages are gone."""
-        name = api.queue_consumer(queue.name)
-        await api.delete_consumer(self.connection, topic, name)
-        config = api.consumer_config(name, ack_wait_s=self.settings.ack_wait_s, deliver_all=False, queue=queue.name)
-        await api.ensure_consumer(self.connection, topic, name, config)
-        await self._attach_consumer(queue, topic, self._topic_state(topic))
+        async def empty() -> None:
+            error: Exception | None = None
+            try:
+                for topic in topics:
+                    floor = await api.raise_floor(self.connection, topic, api.queue_consumer(queue.name))
+                    self._floor(queue.name, api.topic_stream(topic), floor)
+                    self.connection.publish(EMPTIED_PREFIX + api.token(queue.name),
+                                            f"{api.topic_stream(topic)} {floor}".encode())
+            except NatsError as failure:
+                error = failure
+                raise
+            finally:
+                done(error)
+
+        self._later(empty)
+
+    def _floor(self, queue_name: str, stream: str, floor: int) -> None:
+        for puller in self.pullers.get(queue_name, ()):
+            if api.topic_stream(puller.topic) == stream:
+                puller.floor = max(puller.floor, floor)
+
+    def _on_emptied(self, msg: Msg) -> None:
+        name = self.queue_tokens.get(msg.subject[len(EMPTIED_PREFIX):])
+        try:
+            stream, floor = msg.payload.decode().split(" ")
+            if name is not None:
+                self._floor(name, stream, int(floor))
+        except ValueError:
+            return
 
     # -- pulling ----------------------------------------------------------------------------
 
@@ -350,6 +438,10 @@ class JetStreamLink:
         puller.outstanding = max(puller.outstanding - 1, 0)
         try:
             delivery = api.parse_ack_subject(msg.reply)
+            if delivery.stream_seq <= puller.floor:
+                self.connection.publish(msg.reply, api.ACK)  # emptied from the queue before it came
+                self.want(puller.queue)
+                return
             message = self._message(puller.topic, msg, delivery)
         except ValueError as error:
             log.error("a delivery polymq cannot read, left to JetStream: %r", str(error))

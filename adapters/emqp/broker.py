@@ -326,9 +326,16 @@ class EMQPBroker(ZmqService):
                 tag=worker, on_close=functools.partial(self._consumer_closed, worker)))
         log.info("worker %s joined %s", _text(message.identity),
                  ", ".join(f"{name} ({weight})" for weight, name in names))
-        self._send_backend(emqp.ack(message.identity, _msgid(), message.msgid))
+        self.engine.settled(functools.partial(self._informed, message.identity, message.msgid))
+
+    def _informed(self, identity: bytes, msgid: bytes, error: OSError | None) -> None:
+        """The worker's queues took effect for every client (`Engine.settled`): its ACK."""
+        if error is not None:
+            self._send_backend(emqp.disconnect(identity, _msgid(), f"its queues could not be made: {error}"))
+            return
+        self._send_backend(emqp.ack(identity, _msgid(), msgid))
         # The jobmanager starts its worker processes at the broker's first heartbeat: send it now.
-        self._send_backend(emqp.heartbeat(message.identity, _msgid(), time.time()))
+        self._send_backend(emqp.heartbeat(identity, _msgid(), time.time()))
 
     def _consumer_closed(self, worker: Worker, reason: str) -> None:
         """A queue of the worker was deleted (another protocol's admin): its jobs there are gone."""

@@ -365,6 +365,15 @@ class MQKSSession(StreamSession):
     def _ok(self, request_id: str, data: bytes = b"") -> None:
         self.send(mqks.ok_line(request_id, data))
 
+    def _settled(self, request_id: str, error: OSError | None) -> None:
+        """A consume's bindings took effect for every client (`Engine.settled`): its confirmation."""
+        if self._closed:
+            return
+        if error is None:
+            self.send(mqks.ok_line(request_id), now=True)  # in the read that asked: at its end
+        else:
+            self._error(request_id, f"consume not applied: {error}")
+
     def _error(self, request_id: str, reason: str, line: bytes | None = None) -> None:
         error_id = self.server.new_error_id()
         # The full error goes to the log only, under the id the client sees (docs/protocols/mqks.md).
@@ -452,7 +461,7 @@ class MQKSSession(StreamSession):
             # The issuer of a plain consume already knows its line; with --add it gets the result.
             server.send_updates(queue, queue.name, skip=None if request.add else consumer_id)
         if request.confirm:
-            self._ok(consumer_id)
+            engine.settled(lambda error: self._settled(consumer_id, error))
         consumer.engine_consumer = engine.attach(
             queue.name, self._deliverer(consumer, queue), credit=server.limits.consumer_window,
             auto_ack=not request.manual_ack, on_close=lambda _reason: server.unregister(consumer), tag=consumer,

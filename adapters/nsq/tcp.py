@@ -611,7 +611,16 @@ class NSQSession(StreamSession):
         )
         self._durable_channel = self.consumer.queue.durable
         self.codec.subscribed()
-        self.send(nsq.FRAME_OK)
+        engine.settled(self._subscribed)
+
+    def _subscribed(self, error: OSError | None) -> None:
+        if self._stopping is not None:
+            return
+        if error is None:
+            self.send(nsq.FRAME_OK, now=True)  # in the read that subscribed: at its end
+        else:
+            self.send(nsq.frame_error(nsq.fatal("E_INVALID", f"SUB failed {error}")), now=True)
+            self._end(f"SUB failed: {error}")
 
     async def _after(self, pending: Any, then: Callable[[], None]) -> None:
         await pending

@@ -458,14 +458,16 @@ CONSUMERS: dict[str, type[Consumer]] = {kind.name: kind for kind in (
 
 
 @contextlib.contextmanager
-def endpoints(gateway: GatewayProcess, cell: Cell, context: zmq.Context) -> Iterator[tuple[Publisher, Consumer]]:
-    """The cell's consumer, bound, and its publisher; afterwards both closed and what the cell made
-    taken away (its topic with the queues it owns, its consumer's queue; the PZQ queue emptied)."""
+def endpoints(gateway: GatewayProcess, cell: Cell, context: zmq.Context,
+              publisher_gateway: GatewayProcess | None = None) -> Iterator[tuple[Publisher, Consumer]]:
+    """The cell's consumer, bound, and its publisher (on `publisher_gateway`, another node sharing the
+    queues, when given); afterwards both closed and what the cell made taken away (its topic with the
+    queues it owns, its consumer's queue; the PZQ queue emptied)."""
     if cell.topic == PZQ_QUEUE:
         admin(gateway, "queue/empty", queue=PZQ_QUEUE)  # what an earlier cell's topic `pzq` left
     consumer = CONSUMERS[cell.consumer](gateway, cell, context)
     try:
-        publisher = PUBLISHERS[cell.publisher](gateway, cell, context)
+        publisher = PUBLISHERS[cell.publisher](publisher_gateway or gateway, cell, context)
         try:
             yield publisher, consumer
         finally:
