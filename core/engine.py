@@ -1143,6 +1143,10 @@ class Engine:
             observer(queue, bound)
         return True
 
+    def backend(self) -> dict[str, Any]:
+        """Where the queues live, for operators (the admin page, /metrics)."""
+        return {"kind": "embedded", "persistent": self.storage.persistent}
+
     def settled(self, callback: Callable[[OSError | None], None]) -> None:
         """Call `callback` once the queues and bindings made so far have taken effect for every client
         (here at once; an engine that shares them with other nodes calls it once they are shared too).

@@ -69,6 +69,10 @@ class Link(Protocol):
         """An acknowledgement by id of a copy this node does not hold: the node that holds it acks it."""
         ...
 
+    def describe(self) -> dict[str, Any]:
+        """The shared engine as operators see it: its kind, servers, the publish acknowledgements' latency."""
+        ...
+
     def topic_made(self, topic: Topic) -> None: ...
 
     def topic_deleted(self, name: str) -> None: ...
@@ -478,6 +482,10 @@ class SharedEngine(Engine):
                                         origin=origin)
         finally:
             self._drop_if_unbound = False
+
+    def backend(self) -> dict[str, Any]:
+        return {**self.link.describe(), "node": self.node, "publishes": self.barrier.publish_count,
+                "publish_errors": self.barrier.publish_errors, "failure": self.barrier.failure}
 
     def settled(self, callback: Callable[[OSError | None], None]) -> None:
         self.barrier.sync(callback)  # bindings count in the barrier, as publishes do

@@ -91,6 +91,7 @@ class AdminApi:
             "protocols": [self._protocol(name, service) for name, service in self.services().items()],
             "omitted": {"topics": topics_omitted, "queues": queues_omitted},
             "store_failure": engine.storage.failure,
+            "backend": {key: value for key, value in engine.backend().items() if not key.startswith("publish_ack")},
         })
 
     @staticmethod

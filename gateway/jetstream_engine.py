@@ -54,4 +54,4 @@ async def open_engine(options: Any, nursery: trio.Nursery, clock: Clock) -> tupl
 def describe(link: JetStreamLink) -> str:
     """The start-up line's words: backend, servers, replicas."""
     return (f"JetStream at {link.connection.connected_url} (servers {', '.join(link.settings.nats.servers)}), "
-            f"{link.settings.replicas} replicas per topic, node {link.engine.node if link.engine else '?'}")
+            f"replicas per topic: {link.settings.replicas}, node {link.engine.node if link.engine else '?'}")

@@ -62,6 +62,28 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily("polymq_store_failing", "1 while the store's writes or syncs fail.",
                                 value=1 if getattr(storage, "failure", None) is not None else 0)
         yield from self._disk(storage)
+        yield from self._backend()
+
+    def _backend(self) -> Iterator[Metric]:
+        """Where the queues live; for a JetStream cluster, its servers and the publish acks' latency."""
+        backend = self.engine.backend()
+        info = GaugeMetricFamily("polymq_backend_info", "1, labelled with where the queues live (embedded, "
+                                 "jetstream) and, for a cluster, the server this node talks to.",
+                                 labels=["backend", "connected"])
+        info.add_metric([str(backend["kind"]), str(backend.get("connected") or "")], 1)
+        yield info
+        if "publish_ack_counts" not in backend:
+            return
+        cumulative, buckets = 0, []
+        bounds = (*backend["publish_ack_buckets_s"], float("inf"))
+        for bound, count in zip(bounds, backend["publish_ack_counts"], strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+        yield HistogramMetricFamily("polymq_jetstream_publish_ack_seconds", "From a publish to the JetStream "
+                                    "cluster's acknowledgement of its last message.", buckets=buckets,
+                                    sum_value=backend["publish_ack_total_s"])
+        yield GaugeMetricFamily("polymq_jetstream_unreachable", "1 while the JetStream cluster cannot be reached.",
+                                value=1 if backend.get("failure") else 0)
 
     def _disk(self, storage: Any) -> Iterator[Metric]:
         """What the embedded store wrote and holds, and how long its fdatasyncs took (none in memory)."""

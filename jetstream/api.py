@@ -109,15 +109,17 @@ async def api(connection: NatsConnection, subject: str, body: Mapping[str, Any] 
     """One `$JS.API.` request; its answer, or `JetStreamError`. Asked again while nobody answers within
     `timeout` in all: a stream or consumer electing its leader leaves requests it should answer unanswered."""
     payload = b"" if body is None else json.dumps(body).encode()
+    last: RequestTimeout | NoResponders = RequestTimeout("no try")
     with trio.move_on_after(timeout):
         while True:
             try:
                 reply = await connection.request("$JS.API." + subject, payload, timeout=API_ATTEMPT_S)
-            except (RequestTimeout, NoResponders):
+            except (RequestTimeout, NoResponders) as error:
+                last = error
                 await trio.sleep(API_RETRY_S)
                 continue
             return _answer(reply.payload)
-    raise RequestTimeout(f"JetStream did not answer $JS.API.{subject} within {timeout:.0f} s")
+    raise type(last)(f"JetStream did not answer $JS.API.{subject} within {timeout:.0f} s")
 
 
 @attrs.frozen(slots=True)

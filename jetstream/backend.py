@@ -12,6 +12,7 @@ plain NATS messages on the connection, handled synchronously as they are read.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -70,6 +71,21 @@ class JetStreamSettings:
     duplicate_window_s: float = 120.0
 
 
+# Buckets of the publish acknowledgements' latency, seconds: a quorum's answer on one machine is under a
+# millisecond or two, a leader's election takes seconds.
+PUBLISH_ACK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 10.0)
+
+
+@attrs.define(slots=True)
+class PublishLatency:
+    counts: list[int] = attrs.Factory(lambda: [0] * (len(PUBLISH_ACK_BUCKETS_S) + 1))  # the last: above them all
+    total_s: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(PUBLISH_ACK_BUCKETS_S, seconds)] += 1
+        self.total_s += seconds
+
+
 @attrs.define(slots=True, eq=False)
 class Puller:
     """The node's reading of one queue's consumer in one topic's stream."""
@@ -114,7 +130,7 @@ class JetStreamLink:
         self.pullers: dict[str, list[Puller]] = {}  # by queue name
         self.queue_tokens: dict[str, str] = {}  # a queue's subject token -> its name (forwarded acks)
         self._control_send, self._control_receive = trio.open_memory_channel[Callable[[], Any]](float("inf"))
-        self.publish_latency_s = 0.0  # the last publish ack's round trip
+        self.publish_latency = PublishLatency()  # from a publish to JetStream's last answer for it
         self.forwarded_acks = 0
 
     # -- start ------------------------------------------------------------------------------
@@ -234,7 +250,7 @@ class JetStreamLink:
                     first_error[0] = first_error[0] or error
             left[0] -= 1
             if left[0] == 0:
-                self.publish_latency_s = clock.now() - sent
+                self.publish_latency.observe(clock.now() - sent)
                 stored(first_error[0])
 
         if not messages:
@@ -515,6 +531,14 @@ class JetStreamLink:
 
     # -- the link itself ----------------------------------------------------------------------
 
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "jetstream", "servers": list(self.settings.nats.servers),
+                "connected": self.connection.connected_url, "replicas": self.settings.replicas,
+                "ack_wait_s": self.settings.ack_wait_s,
+                "publish_ack_buckets_s": list(PUBLISH_ACK_BUCKETS_S),
+                "publish_ack_counts": list(self.publish_latency.counts),
+                "publish_ack_total_s": self.publish_latency.total_s}
+
     def disconnected(self) -> None:
         if self.engine is not None:
             self.engine.barrier.failure = "the JetStream cluster cannot be reached"
@@ -568,6 +592,10 @@ async def open_shared_engine(settings: JetStreamSettings, nursery: trio.Nursery,
         settings.nats, nursery,
         on_disconnected=lambda: link_box[0].disconnected() if link_box else None,
         on_reconnected=lambda: link_box[0].reconnected() if link_box else None)
+    try:
+        await api.api(connection, "INFO", timeout=settings.publish_timeout_s)
+    except (NoResponders, RequestTimeout, api.JetStreamError) as error:
+        raise NatsError(f"JetStream does not answer at {connection.connected_url} ({error})") from error
     settings.replicas = max(1, min(settings.replicas, cluster_size(connection)))
     number = await node_number(connection, settings.replicas)
     clock = clock or SystemClock()

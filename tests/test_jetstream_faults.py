@@ -1,0 +1,252 @@
+"""Faults of a real three-server JetStream cluster under two gateways: publishers on one gateway (NSQ,
+MQKS and PZQ, which acknowledge each publish), consumers on the other; servers killed with SIGKILL, one
+rejoining with its store wiped, a gateway killed holding deliveries, the whole cluster gone and back.
+Nothing a client heard acknowledged may be lost."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from polymq.clients import mqks_blocking, pzq_blocking
+from polymq.clients import nsq as nsq_blocking
+from polymq.codecs import nsq_client
+
+from support.gateway import GatewayProcess, running_gateway
+from support.nats_cluster import NatsCluster, NatsServer
+
+# A publish during a leader's election waits for it (5-9 s measured) within the gateway's 10 s.
+CLIENT_TIMEOUT_S = 30.0
+ROUND = 20  # messages per publisher between two faults
+ACK_WAIT_S = "2"  # a dead gateway's deliveries go to the other after 2 s
+
+
+def _gateway_args(cluster: NatsCluster) -> tuple[str, ...]:
+    return ("--jetstream", ",".join(cluster.urls), "--jetstream-ack-wait", ACK_WAIT_S, "--no-emqp")
+
+
+@pytest.fixture(scope="module")
+def gateways(nats_cluster: NatsCluster) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
+    with running_gateway(*_gateway_args(nats_cluster)) as publishing, \
+            running_gateway(*_gateway_args(nats_cluster)) as consuming:
+        yield publishing, consuming
+
+
+def _leader(cluster: NatsCluster, stream: str) -> NatsServer:
+    for server in cluster.servers:
+        if not server.running:
+            continue
+        status, body = server.monitor("/jsz?streams=true")
+        if status != 200:
+            continue
+        for account in json.loads(body).get("account_details", []):
+            for detail in account.get("stream_detail", []):
+                leader = detail.get("cluster", {}).get("leader")
+                if detail["name"] == stream and leader:
+                    return next(s for s in cluster.servers if s.name == leader)
+    raise AssertionError(f"no leader of {stream}")
+
+
+class Publishers:
+    """NSQ PUB, MQKS publish --confirm and a PZQ producer on one gateway; what each heard acknowledged."""
+
+    def __init__(self, gateway: GatewayProcess, context: zmq.Context, tag: str) -> None:
+        self.gateway = gateway
+        self.context = context
+        self.tag = tag
+        self.acked: dict[str, set[bytes]] = {"nsq": set(), "mqks": set(), "pzq": set()}
+        self.count = 0
+
+    def round(self) -> None:
+        for _ in range(ROUND):
+            self.count += 1
+            self._nsq(b"nsq %d" % self.count)
+            self._mqks(b"mqks-%d" % self.count)
+            self._pzq(b"pzq %d" % self.count)
+
+    def _nsq(self, body: bytes) -> None:
+        try:
+            with nsq_blocking.Connection(self.gateway.nsq_tcp, CLIENT_TIMEOUT_S) as conn:
+                conn.send(nsq_client.pub(f"{self.tag}-nsq", body))
+                frame = conn.next_frame()
+        except (OSError, TimeoutError):
+            return
+        if frame is not None and frame.is_response and frame.data == b"OK":
+            self.acked["nsq"].add(body)
+
+    def _mqks(self, body: bytes) -> None:
+        try:
+            with mqks_blocking.Connection(self.gateway.host_port("mqks"), CLIENT_TIMEOUT_S) as conn:
+                conn.request("p", "publish", f"{self.tag}-mqks {body.decode()}", confirm=True)
+                line = conn.next_line()
+        except (OSError, TimeoutError):
+            return
+        if line == b"p ok ":
+            self.acked["mqks"].add(body)
+
+    def _pzq(self, body: bytes) -> None:
+        try:
+            with pzq_blocking.Producer(self.context, self.gateway.addresses["pzq-receive"], CLIENT_TIMEOUT_S) as peer:
+                answer = peer.produce(body)
+        except (OSError, TimeoutError, zmq.ZMQError):
+            return
+        if answer[1] == b"1":
+            self.acked["pzq"].add(body)
+
+
+class Consumers:
+    """An NSQ channel, an MQKS queue and a PZQ consumer on the other gateway, made before any publish."""
+
+    def __init__(self, gateway: GatewayProcess, context: zmq.Context, tag: str) -> None:
+        self.nsq = nsq_blocking.Connection(gateway.nsq_tcp, CLIENT_TIMEOUT_S)
+        self.nsq.send(nsq_client.sub(f"{tag}-nsq", "faults"))
+        self.nsq.wait_for_ok("SUB")
+        self.mqks = mqks_blocking.Connection(gateway.host_port("mqks"), CLIENT_TIMEOUT_S)
+        self.mqks.request("c", "consume", f"{tag}-q {tag}-mqks", confirm=True)
+        assert self.mqks.next_line() == b"c ok "
+        self.pzq = pzq_blocking.Consumer(context, gateway.addresses["pzq-send"], CLIENT_TIMEOUT_S)
+
+    def read(self, acked: dict[str, set[bytes]], deadline_s: float = 60.0) -> dict[str, set[bytes]]:
+        got: dict[str, set[bytes]] = {"nsq": set(), "mqks": set(), "pzq": set()}
+        deadline = time.monotonic() + deadline_s
+        self.nsq.send(nsq_client.rdy(100))
+        while not acked["nsq"] <= got["nsq"] and time.monotonic() < deadline:
+            frame = self.nsq.next_frame(5)
+            if frame is not None and frame.is_message:
+                message = nsq_client.decode_message(frame.data)
+                got["nsq"].add(message.body)
+                self.nsq.send(nsq_client.fin(message.msg_id))
+        while not acked["mqks"] <= got["mqks"] and time.monotonic() < deadline:
+            line = self.mqks.next_line(5)
+            if line is not None and b" event=" in line:
+                got["mqks"].add(line.rsplit(b" ", 1)[1].rstrip(b"\n"))
+        while not acked["pzq"] <= got["pzq"] and time.monotonic() < deadline:
+            try:
+                delivery = self.pzq.receive(5)
+            except TimeoutError:
+                continue
+            self.pzq.ack(delivery)
+            got["pzq"].add(delivery[5])
+        return got
+
+    def close(self) -> None:
+        self.nsq.close()
+        self.mqks.close()
+        self.pzq.close()
+
+
+def test_the_backend_is_shown_in_metrics_and_the_admin_state(gateways: tuple[GatewayProcess, GatewayProcess],
+                                                              nats_cluster: NatsCluster) -> None:
+    publishing, _ = gateways
+    with urllib.request.urlopen(f"http://{publishing.http}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    [info] = [line for line in metrics.splitlines() if line.startswith("polymq_backend_info{")]
+    assert info.startswith('polymq_backend_info{backend="jetstream",connected="nats://127.0.0.1:')
+    assert "polymq_jetstream_publish_ack_seconds_bucket" in metrics
+    assert "polymq_jetstream_unreachable 0.0" in metrics
+    with urllib.request.urlopen(f"http://{publishing.http}/api/state", timeout=10) as response:
+        backend = json.loads(response.read())["backend"]
+    assert backend["kind"] == "jetstream" and backend["servers"] == nats_cluster.urls
+    assert backend["replicas"] == 3 and backend["failure"] is None
+
+
+def test_killed_servers_and_a_wiped_store_lose_nothing_acknowledged(
+        gateways: tuple[GatewayProcess, GatewayProcess], nats_cluster: NatsCluster, context: zmq.Context) -> None:
+    publishing, consuming = gateways
+    consumers = Consumers(consuming, context, "servers")
+    publishers = Publishers(publishing, context, "servers")
+    try:
+        publishers.round()
+        leader = _leader(nats_cluster, "POLYMQ_T_servers-nsq")
+        leader.kill()  # the NSQ topic's stream leader
+        publishers.round()
+        leader.start()
+        nats_cluster.wait_ready()
+        other = next(server for server in nats_cluster.servers if server is not leader)
+        other.kill()
+        publishers.round()
+        other.start()
+        nats_cluster.wait_ready()
+        wiped = next(server for server in nats_cluster.servers if server not in (leader, other))
+        wiped.kill()
+        wiped.wipe_store()
+        wiped.start()
+        nats_cluster.wait_ready()
+        publishers.round()
+        got = consumers.read(publishers.acked)
+    finally:
+        consumers.close()
+    for protocol, acked in publishers.acked.items():
+        assert len(acked) >= 2 * ROUND, f"{protocol}: the service did not come back ({len(acked)} acknowledged)"
+        assert acked <= got[protocol], f"{protocol}: acknowledged and lost: {sorted(acked - got[protocol])[:5]}"
+
+
+def test_a_killed_gateways_deliveries_go_to_the_other_gateway(
+        gateways: tuple[GatewayProcess, GatewayProcess], nats_cluster: NatsCluster) -> None:
+    _, survivor = gateways
+    with running_gateway(*_gateway_args(nats_cluster)) as doomed:
+        holder = nsq_blocking.Connection(doomed.nsq_tcp, CLIENT_TIMEOUT_S)
+        holder.send(nsq_client.sub("killed-gateway", "work"))
+        holder.wait_for_ok("SUB")
+        holder.send(nsq_client.rdy(10))
+        with nsq_blocking.Connection(doomed.nsq_tcp, CLIENT_TIMEOUT_S) as producer:
+            for index in range(5):
+                producer.send(nsq_client.pub("killed-gateway", b"job %d" % index))
+                frame = producer.next_frame()
+                assert frame is not None and frame.data == b"OK"
+        held = [nsq_client.decode_message(holder.next_frame().data) for _ in range(5)]  # type: ignore[union-attr]
+        doomed.stop(signal.SIGKILL)
+        holder.close()
+    with nsq_blocking.Connection(survivor.nsq_tcp, CLIENT_TIMEOUT_S) as taker:
+        taker.send(nsq_client.sub("killed-gateway", "work"))
+        taker.wait_for_ok("SUB")
+        taker.send(nsq_client.rdy(10))
+        again = [nsq_client.decode_message(taker.next_frame().data) for _ in range(5)]  # type: ignore[union-attr]
+        for message in again:
+            taker.send(nsq_client.fin(message.msg_id))
+    assert sorted(m.body for m in again) == sorted(m.body for m in held)
+    assert sorted(m.msg_id for m in again) == sorted(m.msg_id for m in held)
+    assert {m.attempts for m in again} == {2}
+
+
+def test_a_lost_cluster_fails_publishes_within_the_bound_and_service_resumes(
+        gateways: tuple[GatewayProcess, GatewayProcess], nats_cluster: NatsCluster) -> None:
+    publishing, consuming = gateways
+    with nsq_blocking.Connection(consuming.nsq_tcp, CLIENT_TIMEOUT_S) as consumer:
+        consumer.send(nsq_client.sub("lost-cluster", "c"))
+        consumer.wait_for_ok("SUB")
+        consumer.send(nsq_client.rdy(10))
+        for server in nats_cluster.servers:
+            server.kill()
+        started = time.monotonic()
+        with nsq_blocking.Connection(publishing.nsq_tcp, CLIENT_TIMEOUT_S) as producer:
+            producer.send(nsq_client.pub("lost-cluster", b"while lost"))
+            frame = producer.next_frame()
+        assert frame is not None and frame.is_error, frame
+        assert frame.data.startswith(b"E_PUB_FAILED PUB failed "), frame
+        assert time.monotonic() - started < 15.0  # the gateway's publish bound (10 s), not a hang
+        for server in nats_cluster.servers:
+            server.start()
+        nats_cluster.wait_ready()
+        deadline = time.monotonic() + 60
+        while True:  # the gateway reconnects by itself: publishes succeed again
+            with nsq_blocking.Connection(publishing.nsq_tcp, CLIENT_TIMEOUT_S) as producer:
+                producer.send(nsq_client.pub("lost-cluster", b"back"))
+                frame = producer.next_frame()
+            if frame is not None and frame.data == b"OK":
+                break
+            assert time.monotonic() < deadline, frame
+        while True:
+            frame = consumer.next_frame(30)
+            assert frame is not None, "the consumer on the other gateway got nothing after the cluster came back"
+            if frame.is_message:
+                message = nsq_client.decode_message(frame.data)
+                consumer.send(nsq_client.fin(message.msg_id))
+                if message.body == b"back":
+                    break

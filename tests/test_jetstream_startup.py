@@ -1,0 +1,69 @@
+"""`polymq serve --jetstream …` at start-up: the line that names the backend, and one clear line when
+the cluster cannot be used (nothing listening, no JetStream, a contradiction with --in-memory)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from support.gateway import running_gateway
+from support.nats_cluster import NatsCluster, NatsServer
+
+FREE_PORTS = ("--nsq-tcp-port", "0", "--nsq-http-port", "0", "--mqks-port", "0", "--phpmq-port", "0",
+              "--phpmq-console-port", "0", "--admin-port", "0", "--no-pzq", "--no-emqp")
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "polymq", "serve", *FREE_PORTS, *args], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ))
+
+
+def _one_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, result.stderr
+    return errors[0].split("gateway  ", 1)[1]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_nothing_listening_is_one_line_naming_every_server(tmp_path: Path) -> None:
+    first, second = _closed_port(), _closed_port()
+    servers = f"nats://127.0.0.1:{first},127.0.0.1:{second}"
+    line = _one_error(_serve("--data-dir", str(tmp_path / "data"), "--jetstream", servers))
+    assert line == (f"cannot use the JetStream cluster at nats://127.0.0.1:{first}, 127.0.0.1:{second}: no NATS "
+                    f"server answered: nats://127.0.0.1:{first}: Error connecting to ('127.0.0.1', {first}): "
+                    f"Connection refused; nats://127.0.0.1:{second}: Error connecting to ('127.0.0.1', {second}): "
+                    "Connection refused; check --jetstream and that the servers run with JetStream on")
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_server_without_jetstream_is_one_line(tmp_path: Path) -> None:
+    with NatsCluster(tmp_path / "nats", size=1, jetstream=False) as cluster:
+        line = _one_error(_serve("--data-dir", str(tmp_path / "data"), "--jetstream", cluster.urls[0]))
+    assert line == (f"cannot use the JetStream cluster at {cluster.urls[0]}: JetStream does not answer at "
+                    f"{cluster.urls[0]} (JetStream did not answer $JS.API.INFO within 10 s); check --jetstream and "
+                    "that the servers run with JetStream on")
+
+
+def test_in_memory_and_jetstream_contradict(tmp_path: Path) -> None:
+    line = _one_error(_serve("--in-memory", "--jetstream", f"nats://127.0.0.1:{_closed_port()}"))
+    assert line == ("--in-memory and --jetstream contradict each other: the JetStream cluster keeps every message; "
+                    "give one of them")
+
+
+def test_the_start_up_line_names_the_backend_servers_and_replicas(nats_server: NatsServer, tmp_path: Path) -> None:
+    with running_gateway("--jetstream", nats_server.url, "--jetstream-replicas", "3") as gateway:
+        line = gateway.wait_for_log(lambda line: " storage JetStream at " in line)
+    # One server: its streams get one replica, whatever was asked.
+    assert line.endswith(f"storage JetStream at {nats_server.url} (servers {nats_server.url}), replicas per "
+                         f"topic: 1, node {line.rsplit(' ', 1)[1]}")
+    assert int(line.rsplit(" ", 1)[1]) >= 0
