@@ -97,7 +97,8 @@ class PublishBarrier:
     before it (an adapter acknowledges its client from the sync's callback, as with the embedded store).
 
     Answers can come out of order (topics are stored apart); a sync fires once every publish numbered
-    up to its own has its answer, with the first error among them, if any."""
+    up to its own has its answer. It carries an error when one of its own publishes failed: those made
+    since the sync before it (an adapter asks for one right after its publishes), not another client's."""
 
     persistent = False  # the engine opens no log of the embedded store
     mem_queue_size = 0
@@ -108,8 +109,9 @@ class PublishBarrier:
         self._issued = 0  # publishes numbered so far
         self._done_below = 1  # every publish numbered lower has its answer
         self._answered: set[int] = set()  # answered above `_done_below`
-        # (the last publish it covers, callback, the first error among them)
+        # (the last publish it covers, callback, the first error among its own, its first own publish)
         self._waiting: deque[list[Any]] = deque()
+        self._synced_up_to = 0  # the last publish the latest sync covers
         self.publish_count = 0
         self.publish_errors = 0
 
@@ -128,7 +130,7 @@ class PublishBarrier:
         if error is not None:
             self.publish_errors += 1
             for waiting in self._waiting:
-                if waiting[0] >= number and waiting[2] is None:
+                if waiting[3] <= number <= waiting[0] and waiting[2] is None:
                     waiting[2] = error
         self._answered.add(number)
         while self._done_below in self._answered:
@@ -136,17 +138,19 @@ class PublishBarrier:
             self._done_below += 1
         waiting_list = self._waiting
         while waiting_list and waiting_list[0][0] < self._done_below:
-            _, callback, first_error = waiting_list.popleft()
+            _, callback, first_error, _ = waiting_list.popleft()
             self.syncs += 1
             callback(None if first_error is None else OSError(f"the shared engine did not store it: {first_error}"))
 
     # -- Storage ---------------------------------------------------------------------------------
 
     def sync(self, callback: SyncCallback) -> None:
+        own_from = self._synced_up_to + 1
+        self._synced_up_to = self._issued
         if self._issued < self._done_below:
             callback(None)
             return
-        self._waiting.append([self._issued, callback, None])
+        self._waiting.append([self._issued, callback, None, own_from])
 
     def write_now(self) -> None:
         pass

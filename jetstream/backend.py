@@ -273,7 +273,10 @@ class JetStreamLink:
             answered(reply)
 
         timeout = max(deadline - self.clock.now(), 0.001)
-        self.connection.request_nowait(subject, body, answer, headers=headers, timeout=timeout)
+        try:
+            self.connection.request_nowait(subject, body, answer, headers=headers, timeout=timeout)
+        except NatsError as error:  # refused before it left: over the servers' max_payload, or closed
+            answered(error)
 
     def _headers(self, message: Message) -> dict[str, str]:
         headers = {

@@ -241,3 +241,20 @@ async def test_a_dead_nodes_deliveries_go_to_the_other_node_after_the_ack_wait(n
         assert {m.attempts for m in got_b} == {2}
         for message in got_b:
             consumer_b.finish(message.id)
+
+
+async def test_a_message_over_the_servers_max_payload_is_refused_and_holds_up_nothing(
+        nats_cluster: NatsCluster) -> None:
+    topic = name("big")
+    async with node(nats_cluster) as a:
+        _, too_big = a.publish(topic, b"x" * (9 << 20))  # the servers take 8 MB
+        _, fine = a.publish(topic, b"small")
+        await too_big.wait()
+        await fine.wait()
+        [error] = too_big.errors
+        assert isinstance(error, OSError) and "max_payload" in str(error)
+        # The sync after the small one waited for the refused one before it, but carries no error of it.
+        assert fine.errors == [None]
+        _, after = a.publish(topic, b"after")
+        await after.wait()
+        assert after.errors == [None]
