@@ -4,6 +4,7 @@ the cluster cannot be used (nothing listening, no JetStream, a contradiction wit
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -67,3 +68,19 @@ def test_the_start_up_line_names_the_backend_servers_and_replicas(nats_server: N
     assert line.endswith(f"storage JetStream at {nats_server.url} (servers {nats_server.url}), replicas per "
                          f"topic: 1, node {line.rsplit(' ', 1)[1]}")
     assert int(line.rsplit(" ", 1)[1]) >= 0
+
+
+def test_the_cluster_pages_example_runs_as_printed_twice(nats_server: NatsServer) -> None:
+    """docs/cluster.md's two-node example, its addresses put where the two gateways listen."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cluster.md").read_text()
+    [code] = re.findall(r"^\.venv/bin/python - <<'EOF'\n(.*?)^EOF$", text.split("## Shared queues on JetStream")[1],
+                        re.MULTILINE | re.DOTALL)
+    with running_gateway("--jetstream", nats_server.url) as first, \
+            running_gateway("--jetstream", nats_server.url) as second:
+        code = code.replace('("127.0.0.2", 25000)', repr(second.host_port("mqks")))
+        code = code.replace('("127.0.0.1", 25000)', repr(first.host_port("mqks")))
+        for _ in range(2):
+            result = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=60)
+            assert result.returncode == 0, result.stderr
+            assert result.stdout == (
+                "c1 ok \np1 ok \nc1 ok p1 event=greetings hello from node 1\nc1 ok --update shared-demo\nc2 ok \n")
