@@ -27,6 +27,7 @@ from polymq.core.message import Message
 from polymq.core.shared import SharedEngine, SharedQueue, Stored
 from polymq.core.timers import TimerService
 from polymq.jetstream import api
+from polymq.jetstream.deferred import DeferredMover
 from polymq.jetstream.nats_connection import (
     Msg,
     NatsConnection,
@@ -131,6 +132,7 @@ class JetStreamLink:
         self.queue_tokens: dict[str, str] = {}  # a queue's subject token -> its name (forwarded acks)
         self._control_send, self._control_receive = trio.open_memory_channel[Callable[[], Any]](float("inf"))
         self.publish_latency = PublishLatency()  # from a publish to JetStream's last answer for it
+        self.deferred = DeferredMover(self)
         self.forwarded_acks = 0
 
     # -- start ------------------------------------------------------------------------------
@@ -139,7 +141,9 @@ class JetStreamLink:
         self.connection.subscribe(ACK_FORWARD_PREFIX + "*", self._on_forwarded_ack)
         self.connection.subscribe(CONSUMER_ADVISORIES, self._on_consumer_advisory)
         self.connection.subscribe(EMPTIED_PREFIX + "*", self._on_emptied)
+        await self.deferred.prepare(self.settings.replicas)
         nursery.start_soon(self._control)
+        nursery.start_soon(self.deferred.run)
 
     async def _control(self) -> None:
         """Run the API calls in the order the engine asked for them; a failed one is logged and skipped."""
@@ -219,11 +223,21 @@ class JetStreamLink:
     # -- publishing -------------------------------------------------------------------------
 
     def publish(self, topic: Topic, messages: list[Message], stored: Stored, drop_if_unbound: bool) -> None:
-        state = self._topic_state(topic.name)
+        now = self.clock.now()
+        if len(messages) == 1 and messages[0].due is not None and messages[0].due > now:
+            message = messages[0]  # NSQ's DPUB: kept in the cluster until it is due (deferred.py)
+            due_wall_ns = self.clock.wall_ns() + int((message.due - now) * 1e9)  # type: ignore[operator]
+            self.deferred.defer(topic.name, message, due_wall_ns, stored, self._headers(message))
+            return
+        self.publish_to(topic.name, messages, stored, drop_if_unbound)
+
+    def publish_to(self, name: str, messages: list[Message], stored: Stored, drop_if_unbound: bool = False) -> None:
+        """Publish to the topic `name` once its stream is there and this node's bindings are made."""
+        state = self._topic_state(name)
         if not state.ready or self.binding:
             state.waiting.append((messages, stored, drop_if_unbound))
             return
-        self._publish_now(topic.name, state, messages, stored, drop_if_unbound)
+        self._publish_now(name, state, messages, stored, drop_if_unbound)
 
     def _publish_now(self, name: str, state: TopicState, messages: list[Message], stored: Stored,
                      drop_if_unbound: bool) -> None:
@@ -481,9 +495,15 @@ class JetStreamLink:
         self.want(puller.queue)
 
     def _message(self, topic: str, msg: Msg, delivery: api.Delivery) -> Message:
+        return self.message_of(topic, msg, attempts=delivery.delivered - 1, fallback_id=delivery.stream_seq,
+                               fallback_timestamp=delivery.timestamp_ns)
+
+    def message_of(self, topic: str, msg: Msg, *, attempts: int, fallback_id: int, fallback_timestamp: int) -> Message:
+        """The engine's message a stored one stands for (its id, timestamp, headers, expiry, origin); the
+        fallbacks are for a message some other NATS client stored, without polymq's headers."""
         headers = msg.headers or {}
-        message_id = int(headers.get(api.HEADER_POLYMQ_ID) or delivery.stream_seq)
-        timestamp = int(headers.get(api.HEADER_POLYMQ_TIMESTAMP) or delivery.timestamp_ns)
+        message_id = int(headers.get(api.HEADER_POLYMQ_ID) or fallback_id)
+        timestamp = int(headers.get(api.HEADER_POLYMQ_TIMESTAMP) or fallback_timestamp)
         engine_headers: Mapping[str, Any] | None = None
         if api.HEADER_POLYMQ_HEADERS in headers:
             engine_headers = json.loads(headers[api.HEADER_POLYMQ_HEADERS])
@@ -491,8 +511,8 @@ class JetStreamLink:
         if api.HEADER_POLYMQ_EXPIRES in headers:
             left_ns = int(headers[api.HEADER_POLYMQ_EXPIRES]) - self.clock.wall_ns()
             expires_at = self.clock.now() + left_ns / 1e9
-        return Message(message_id, msg.payload, timestamp, engine_headers, expires_at, delivery.delivered - 1,
-                       topic, headers.get(api.HEADER_POLYMQ_ORIGIN))
+        return Message(message_id, msg.payload, timestamp, engine_headers, expires_at, attempts, topic,
+                       headers.get(api.HEADER_POLYMQ_ORIGIN))
 
     # -- acknowledgements -------------------------------------------------------------------
 

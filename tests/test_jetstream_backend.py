@@ -258,3 +258,22 @@ async def test_a_message_over_the_servers_max_payload_is_refused_and_holds_up_no
         _, after = a.publish(topic, b"after")
         await after.wait()
         assert after.errors == [None]
+
+
+async def test_a_deferred_publish_reaches_the_queues_when_it_is_due_with_its_first_attempt(
+        nats_cluster: NatsCluster) -> None:
+    topic, queue = name("dpub"), name("later")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        _, got = b.consumer(queue, topic)
+        await attached(b, queue)
+        published_at = trio.current_time()
+        message_id, stored = a.publish(topic, b"in a second", delay=1.0)
+        _, now = a.publish(topic, b"now")
+        await stored.wait()
+        assert stored.errors == [None]
+        await until(lambda: len(got) == 2, "the deferred message")
+        arrived_at = trio.current_time()
+        assert [m.body for m in got] == [b"now", b"in a second"]
+        assert got[1].id == message_id and got[1].attempts == 1
+        assert arrived_at - published_at >= 0.95  # never before it is due
+        assert b.link.deferred.moved + a.link.deferred.moved == 1
