@@ -87,6 +87,10 @@ class Link(Protocol):
 
     def queue_deleted(self, queue: SharedQueue, topics: list[str]) -> None: ...
 
+    def topic_emptied(self, topic: Topic) -> None:
+        """What the topic keeps for its first queue is dropped."""
+        ...
+
     def queue_emptied(self, queue: SharedQueue, done: Stored) -> None:
         """Every message the queue holds on any node now is dropped; `done` once that holds everywhere."""
         ...
@@ -222,7 +226,7 @@ class SharedLog:
         pass  # the shared engine counts deliveries itself
 
     def emptied(self) -> None:
-        pass  # `SharedQueue.empty` tells the shared engine
+        pass  # `SharedQueue.empty` tells the shared engine; a topic's, `SharedTopicLog.emptied`
 
     def next_position(self) -> int:
         raise ValueError("a queue of the shared engine is not read by position")
@@ -241,6 +245,31 @@ class SharedLog:
         return 0
 
 
+class SharedTopicLog(SharedLog):
+    """A shared topic's backlog, as the node knows it: `spilled` is what JetStream keeps for its first queue."""
+
+    def __init__(self, link: Link, topic: Topic) -> None:
+        self.link = link
+        self.topic = topic
+        self.spilled = 0
+        self.on_readable: Callable[[], None] | None = None
+        self.recovered_ready: list[Message] = []
+        self.recovered_deferred: list[Message] = []
+
+    def removed(self, message: Message) -> None:
+        pass
+
+    def removed_after_next_write(self, message: Message) -> None:
+        pass
+
+    def read(self, count: int) -> list[Message]:
+        return []
+
+    def emptied(self) -> None:
+        self.spilled = 0
+        self.link.topic_emptied(self.topic)
+
+
 class SharedQueue(Queue):
     """A queue of the shared engine, as one node sees it: its consumers, and the copies fetched for them."""
 
@@ -254,6 +283,8 @@ class SharedQueue(Queue):
         # The shared engine's handle of each copy this node holds (its ack address), by message id.
         self.handles: dict[int, Any] = {}
         self.fetched_count = 0
+        # Deferred publishes to its topics the shared engine keeps until they are due (NSQ's DPUB).
+        self.deferred_elsewhere = 0
         # Deleted on this node only (unused here for its auto-delete time): other nodes may still use it.
         self.forgotten = False
         self.stale_count = 0  # copies the shared engine gave again while this node still held them
@@ -287,8 +318,9 @@ class SharedQueue(Queue):
             self.handles[message.id] = handle
             message.owner = None
             ready.append(message)
+            if not message.attempts:
+                self.message_count += 1  # a copy put in the queue, counted once, as the embedded queue does
         self.fetched_count += len(messages)
-        self.message_count += len(messages)
         if not self.ring or self.paused:
             self.give_back()  # asked for while a consumer had credit; nobody here can take it now
             return
@@ -384,9 +416,16 @@ class SharedQueue(Queue):
         super().set_paused(paused)
         if paused:
             self.give_back()
+        elif self.ring:
+            self.link.want(self)
+
+    @property
+    def deferred_count(self) -> int:
+        return len(self.deferred) + self.deferred_elsewhere
 
     def empty(self) -> None:
         held = list(self.in_flight.values())
+        self.shared_log.spilled = 0
         super().empty()
         for message in held:
             self.link.ack(self, message)
@@ -420,6 +459,7 @@ class SharedEngine(Engine):
         made = name not in self.topics
         topic = super().ensure_topic(name, ephemeral=ephemeral, origin=origin)
         if made and not topic.ephemeral:
+            topic.log = SharedTopicLog(self.link, topic)
             self.link.topic_made(topic)
         return topic
 
@@ -439,6 +479,10 @@ class SharedEngine(Engine):
         super().bind(queue_name, topic_name, ephemeral_topic=ephemeral_topic)
         topic = self.topics.get(topic_name)
         if new and isinstance(queue, SharedQueue) and topic is not None and not topic.ephemeral:
+            backlog = topic.log
+            if isinstance(backlog, SharedTopicLog) and len(topic.queues) == 1:
+                queue.shared_log.spilled += backlog.spilled  # the first queue takes the backlog
+                backlog.spilled = 0
             self.link.bound(queue, topic_name, self.barrier.issue())
         return queue
 

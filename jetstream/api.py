@@ -193,6 +193,12 @@ async def consumer_names(connection: NatsConnection, topic: str) -> list[str]:
     return list(answer.get("consumers") or [])
 
 
+async def consumer_list(connection: NatsConnection, topic: str) -> list[dict[str, Any]]:
+    """Every consumer of the topic's stream with its counts (num_pending: messages it has not been given)."""
+    answer = await api(connection, f"CONSUMER.LIST.{topic_stream(topic)}", {"offset": 0})
+    return list(answer.get("consumers") or [])
+
+
 async def ensure_consumer(connection: NatsConnection, topic: str, name: str, config: Mapping[str, Any]) -> None:
     """Make the durable consumer `name` of the topic's stream unless it exists (with these settings or others:
     its start can no longer change)."""

@@ -24,7 +24,7 @@ import trio
 from polymq.core.clock import Clock, SystemClock
 from polymq.core.engine import Topic
 from polymq.core.message import Message
-from polymq.core.shared import SharedEngine, SharedQueue, Stored
+from polymq.core.shared import SharedEngine, SharedQueue, SharedTopicLog, Stored
 from polymq.core.timers import TimerService
 from polymq.jetstream import api
 from polymq.jetstream.deferred import DeferredMover
@@ -41,6 +41,9 @@ log = logging.getLogger("polymq.jetstream")
 
 # Subject on which a node forwards an ack by id it cannot serve itself (`polymq.ack.<queue token>`).
 ACK_FORWARD_PREFIX = "polymq.ack."
+# Depths are asked of JetStream for this many topics every REFRESH_S (one request a topic).
+REFRESH_S = 1.0
+REFRESH_TOPICS = 20
 # Subject on which a node tells the others a queue was emptied (`polymq.emptied.<queue token>`).
 EMPTIED_PREFIX = "polymq.emptied."
 # JetStream's advisories of consumers made and deleted, on any node.
@@ -133,6 +136,7 @@ class JetStreamLink:
         self._control_send, self._control_receive = trio.open_memory_channel[Callable[[], Any]](float("inf"))
         self.publish_latency = PublishLatency()  # from a publish to JetStream's last answer for it
         self.deferred = DeferredMover(self)
+        self._refresh_from = 0  # the next topic `_refresh` asks about
         self.forwarded_acks = 0
 
     # -- start ------------------------------------------------------------------------------
@@ -144,6 +148,7 @@ class JetStreamLink:
         await self.deferred.prepare(self.settings.replicas)
         nursery.start_soon(self._control)
         nursery.start_soon(self.deferred.run)
+        nursery.start_soon(self._refresh)
 
     async def _control(self) -> None:
         """Run the API calls in the order the engine asked for them; a failed one is logged and skipped."""
@@ -227,9 +232,31 @@ class JetStreamLink:
         if len(messages) == 1 and messages[0].due is not None and messages[0].due > now:
             message = messages[0]  # NSQ's DPUB: kept in the cluster until it is due (deferred.py)
             due_wall_ns = self.clock.wall_ns() + int((message.due - now) * 1e9)  # type: ignore[operator]
-            self.deferred.defer(topic.name, message, due_wall_ns, stored, self._headers(message))
+            self.deferred.defer(topic.name, message, due_wall_ns, self._counting_deferred(topic, stored),
+                                self._headers(message))
             return
         self.publish_to(topic.name, messages, stored, drop_if_unbound)
+
+    def _counting_deferred(self, topic: Topic, stored: Stored) -> Stored:
+        """`stored`, once the deferred message is kept: counted in this node's queues of the topic until it is
+        due (`_refresh` counts every node's)."""
+
+        def counted(error: Exception | None) -> None:
+            if error is None:
+                for queue in topic.queues:
+                    if isinstance(queue, SharedQueue):
+                        queue.deferred_elsewhere += 1
+            stored(error)
+
+        return counted
+
+    def moved(self, topic: str) -> None:
+        """A deferred message of the topic was due and moved to it by this node."""
+        engine = self.engine
+        found = engine.topics.get(topic) if engine is not None else None
+        for queue in found.queues if found is not None else ():
+            if isinstance(queue, SharedQueue) and queue.deferred_elsewhere > 0:
+                queue.deferred_elsewhere -= 1
 
     def publish_to(self, name: str, messages: list[Message], stored: Stored, drop_if_unbound: bool = False) -> None:
         """Publish to the topic `name` once its stream is there and this node's bindings are made."""
@@ -259,7 +286,9 @@ class JetStreamLink:
                 first_error[0] = first_error[0] or reply
             else:
                 try:
-                    api.parse_publish_ack(reply.payload)
+                    _, _, duplicate = api.parse_publish_ack(reply.payload)
+                    if not duplicate:
+                        self._count_stored(topic)
                 except (api.JetStreamError, ValueError, KeyError) as error:
                     first_error[0] = first_error[0] or error
             left[0] -= 1
@@ -273,6 +302,50 @@ class JetStreamLink:
         deadline = sent + self.settings.publish_timeout_s
         for message in messages:
             self._publish_one(subject, message.body, self._headers(message), deadline, answered)
+
+    def _count_stored(self, topic: str) -> None:
+        """One more message waits in the topic: in each of this node's queues bound to it, or in its backlog.
+        (The node's view: `_refresh` sets what JetStream says of every node's publishes and deliveries.)"""
+        engine = self.engine
+        found = engine.topics.get(topic) if engine is not None else None
+        if found is None:
+            return
+        if found.queues:
+            for queue in found.queues:
+                if isinstance(queue, SharedQueue):
+                    queue.shared_log.spilled += 1
+        elif isinstance(found.log, SharedTopicLog):
+            state = self.topics.get(topic)
+            if state is None or not state.queues:
+                found.log.spilled += 1
+
+    async def _refresh(self) -> None:
+        """What JetStream says each queue and backlog holds, a few topics at a time (depths for /stats, the
+        admin page and /metrics, whatever node published or consumed)."""
+        while True:
+            await trio.sleep(REFRESH_S)
+            engine = self.engine
+            if engine is None:
+                continue
+            names = [name for name, state in self.topics.items() if state.ready]
+            for name in names[self._refresh_from:self._refresh_from + REFRESH_TOPICS]:
+                try:
+                    consumers = await api.consumer_list(self.connection, name)
+                except NatsError:
+                    continue
+                for info in consumers:
+                    pending = int(info.get("num_pending", 0))
+                    consumer = str(info.get("name", ""))
+                    if consumer == api.BACKLOG_CONSUMER:
+                        topic = engine.topics.get(name)
+                        if topic is not None and isinstance(topic.log, SharedTopicLog):
+                            topic.log.spilled = pending
+                        continue
+                    queue = engine.queues.get(self.queue_tokens.get(consumer, ""))
+                    if isinstance(queue, SharedQueue) and len(queue.topics) == 1:
+                        queue.shared_log.spilled = pending
+            self._refresh_from = self._refresh_from + REFRESH_TOPICS if len(names) > self._refresh_from + \
+                REFRESH_TOPICS else 0
 
     def _publish_one(self, subject: str, body: bytes, headers: dict[str, str], deadline: float,
                      answered: Callable[[Msg | NatsError], None]) -> None:
@@ -382,6 +455,20 @@ class JetStreamLink:
             return
         for topic in topics:
             self._later(lambda topic=topic: self._drop_consumer(queue.name, topic))
+
+    def topic_emptied(self, topic: Topic) -> None:
+        """The backlog's consumer made again from the stream's next message: nothing else wants the old
+        ones, so the stream drops them (interest retention)."""
+        name = topic.name
+
+        async def empty() -> None:
+            if not await api.delete_consumer(self.connection, name, api.BACKLOG_CONSUMER):
+                return  # the topic has queues: nothing was kept for a first one
+            config = api.consumer_config(api.BACKLOG_CONSUMER, ack_wait_s=self.settings.ack_wait_s,
+                                         deliver_all=False, queue="")
+            await api.ensure_consumer(self.connection, name, api.BACKLOG_CONSUMER, config)
+
+        self._later(empty)
 
     def queue_emptied(self, queue: SharedQueue, done: Stored) -> None:
         """A consumer cannot skip ahead: the node reads the stream's last sequence and keeps it as the

@@ -132,6 +132,7 @@ class DeferredMover:
         def stored(error: Exception | None) -> None:
             if error is None:
                 self.moved += 1
+                self.link.moved(topic)
                 self.connection.publish(reply, api.ACK)
             else:
                 log.warning("a deferred message of %r was not moved yet: %r", topic, str(error))
