@@ -277,3 +277,26 @@ async def test_a_deferred_publish_reaches_the_queues_when_it_is_due_with_its_fir
         assert got[1].id == message_id and got[1].attempts == 1
         assert arrived_at - published_at >= 0.95  # never before it is due
         assert b.link.deferred.moved + a.link.deferred.moved == 1
+
+
+async def test_depths_follow_publishes_bindings_and_empties_and_an_unpaused_queue_delivers(
+        nats_cluster: NatsCluster) -> None:
+    topic, queue = name("depths"), name("counted")
+    async with node(nats_cluster) as a:
+        for index in range(3):
+            _, stored = a.publish(topic, b"kept %d" % index)
+        await stored.wait()
+        assert a.engine.topics[topic].depth == 3  # kept for the topic's first queue
+        a.engine.ensure_queue(queue)
+        a.engine.bind(queue, topic)
+        shared = a.engine.queues[queue]
+        assert (a.engine.topics[topic].depth, shared.depth) == (0, 3)
+        shared.set_paused(True)
+        got: list[Message] = []
+        a.engine.attach(queue, got.append, credit=10, msg_timeout=30.0)
+        await attached(a, queue)
+        assert got == []  # paused: nothing is fetched
+        shared.set_paused(False)
+        await until(lambda: len(got) == 3, "the deliveries after the unpause")
+        assert [m.body for m in got] == [b"kept 0", b"kept 1", b"kept 2"]
+        assert shared.message_count == 3
