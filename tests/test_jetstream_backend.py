@@ -268,7 +268,7 @@ async def test_a_deferred_publish_reaches_the_queues_when_it_is_due_with_its_fir
         await attached(b, queue)
         published_at = trio.current_time()
         message_id, stored = a.publish(topic, b"in a second", delay=1.0)
-        _, now = a.publish(topic, b"now")
+        a.publish(topic, b"now")
         await stored.wait()
         assert stored.errors == [None]
         await until(lambda: len(got) == 2, "the deferred message")
