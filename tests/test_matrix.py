@@ -293,8 +293,15 @@ def passed() -> Iterator[set[Cell]]:
 
 @pytest.mark.parametrize("cell", [cell for cell in CELLS if cell.consumer not in NO_CONSUMER], ids=lambda c: c.name)
 def test_cell(cell: Cell, matrix_gateway: GatewayProcess, context: zmq.Context, passed: set[Cell]) -> None:
-    bodies = list(bodies_of(cell).values())
-    with endpoints(matrix_gateway, cell, context) as (publisher, consumer):
+    run_cell(cell, list(bodies_of(cell).values()), matrix_gateway, context)
+    passed.add(cell)
+
+
+def run_cell(cell: Cell, bodies: list[bytes], gateway: GatewayProcess, context: zmq.Context,
+             publisher_gateway: GatewayProcess | None = None) -> None:
+    """Publish `bodies` (on `publisher_gateway`, when another node is given) and check every delivery
+    on `gateway`, then that the consumer's queue is left empty."""
+    with endpoints(gateway, cell, context, publisher_gateway) as (publisher, consumer):
         started, started_ns = time.monotonic(), time.time_ns()
         sent = publisher.publish(bodies)
         received = consumer.receive(len(sent))
@@ -309,11 +316,10 @@ def test_cell(cell: Cell, matrix_gateway: GatewayProcess, context: zmq.Context, 
         assert shown == sorted(set(shown)), "the engine's ids: one per message, increasing in publish order"
 
         def drained() -> bool:
-            state = state_of(matrix_gateway, "queues", consumer.queue)
+            state = state_of(gateway, "queues", consumer.queue)
             return state is not None and state["depth"] == 0 and state["in_flight"] == 0
 
         wait_until(drained, f"queue {consumer.queue} empty, nothing in flight (no copy left over)")
-    passed.add(cell)
 
 
 # -- what is not expressible is refused ---------------------------------------------------------------
