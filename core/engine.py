@@ -946,6 +946,9 @@ class Engine:
         self.schedules = Schedules(self)
         # Publishes of replaying writers (Spark micro-batches) de-duplicated by a deterministic id.
         self.dedup = Dedup(self)
+        # Whether a publish reaches a consumer with credit in the call that made it (an engine that shares
+        # its queues with other nodes stores it first, and delivers it once a node fetches it).
+        self.hands_over_at_once = True
 
     # -- topics ------------------------------------------------------------------------------
 

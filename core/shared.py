@@ -91,6 +91,10 @@ class Link(Protocol):
         """What the topic keeps for its first queue is dropped."""
         ...
 
+    def queue_paused(self, queue: SharedQueue, paused: bool) -> None:
+        """Kept with the queue and told to every node, so none delivers from it while it is paused."""
+        ...
+
     def queue_emptied(self, queue: SharedQueue, done: Stored) -> None:
         """Every message the queue holds on any node now is dropped; `done` once that holds everywhere."""
         ...
@@ -413,6 +417,12 @@ class SharedQueue(Queue):
             self.forgotten = False
 
     def set_paused(self, paused: bool) -> None:
+        """Paused or unpaused on every node: the shared engine keeps it and tells the others."""
+        self.paused_here(paused)
+        self.link.queue_paused(self, paused)
+
+    def paused_here(self, paused: bool) -> None:
+        """Paused or unpaused on this node only (another node told so)."""
         super().set_paused(paused)
         if paused:
             self.give_back()
@@ -447,6 +457,7 @@ class SharedEngine(Engine):
         self.link = link
         self.node = node
         self._drop_if_unbound = False  # the publish under way follows MQKS's rule (`publish`)
+        self.hands_over_at_once = False
         self.ids = IdSource(self.clock.wall_ns(), node)
 
     def _new_queue(self, name: str, ephemeral: bool, auto_delete: float | None, options: Mapping[str, Any] | None,

@@ -228,19 +228,31 @@ async def consumer_info(connection: NatsConnection, topic: str, name: str) -> di
 FLOOR_METADATA = "polymq_floor"
 
 
-async def floor(connection: NatsConnection, topic: str, name: str) -> int:
+
+
+# Consumer metadata: "1" while the queue is paused (`set_metadata`).
+PAUSED_METADATA = "polymq_paused"
+
+
+async def metadata(connection: NatsConnection, topic: str, name: str) -> dict[str, str]:
     info = await consumer_info(connection, topic, name)
-    return int((info.get("config", {}).get("metadata") or {}).get(FLOOR_METADATA, 0))
+    return dict(info.get("config", {}).get("metadata") or {})
+
+
+async def set_metadata(connection: NatsConnection, topic: str, name: str, values: Mapping[str, str]) -> None:
+    """Keep `values` in the consumer's metadata (the rest of its settings unchanged)."""
+    stream = topic_stream(topic)
+    config = dict((await consumer_info(connection, topic, name))["config"])
+    config["metadata"] = {**(config.get("metadata") or {}), **values}
+    await api(connection, f"CONSUMER.CREATE.{stream}.{name}",
+              {"stream_name": stream, "config": config, "action": "update"})
 
 
 async def raise_floor(connection: NatsConnection, topic: str, name: str) -> int:
     """Keep the stream's last sequence as the consumer's floor (its metadata) and return it."""
     stream = topic_stream(topic)
     last = int((await api(connection, f"STREAM.INFO.{stream}")).get("state", {}).get("last_seq", 0))
-    config = dict((await consumer_info(connection, topic, name))["config"])
-    config["metadata"] = {**(config.get("metadata") or {}), FLOOR_METADATA: str(last)}
-    await api(connection, f"CONSUMER.CREATE.{stream}.{name}",
-              {"stream_name": stream, "config": config, "action": "update"})
+    await set_metadata(connection, topic, name, {FLOOR_METADATA: str(last)})
     return last
 
 

@@ -44,8 +44,10 @@ ACK_FORWARD_PREFIX = "polymq.ack."
 # Depths are asked of JetStream for this many topics every REFRESH_S (one request a topic).
 REFRESH_S = 1.0
 REFRESH_TOPICS = 20
-# Subject on which a node tells the others a queue was emptied (`polymq.emptied.<queue token>`).
+# Subjects on which a node tells the others a queue was emptied (`polymq.emptied.<queue token>`), or
+# paused or unpaused (`polymq.paused.<queue token>`, payload 1 or 0).
 EMPTIED_PREFIX = "polymq.emptied."
+PAUSED_PREFIX = "polymq.paused."
 # JetStream's advisories of consumers made and deleted, on any node.
 CONSUMER_ADVISORIES = "$JS.EVENT.ADVISORY.CONSUMER.*.*.*"
 # A pull request lasts this long; a queue whose consumers go quiet gets its unused credit back then.
@@ -145,6 +147,7 @@ class JetStreamLink:
         self.connection.subscribe(ACK_FORWARD_PREFIX + "*", self._on_forwarded_ack)
         self.connection.subscribe(CONSUMER_ADVISORIES, self._on_consumer_advisory)
         self.connection.subscribe(EMPTIED_PREFIX + "*", self._on_emptied)
+        self.connection.subscribe(PAUSED_PREFIX + "*", self._on_paused)
         await self.deferred.prepare(self.settings.replicas)
         nursery.start_soon(self._control)
         nursery.start_soon(self.deferred.run)
@@ -419,8 +422,11 @@ class JetStreamLink:
             await api.ensure_consumer(self.connection, topic, name, config)
             if first:  # this queue took the backlog over (from the stream's first message)
                 await api.delete_consumer(self.connection, topic, api.BACKLOG_CONSUMER)
-        else:
-            floor = await api.floor(self.connection, topic, name)
+        else:  # made before: what was kept with it (emptied below a floor, paused)
+            kept = await api.metadata(self.connection, topic, name)
+            floor = int(kept.get(api.FLOOR_METADATA, 0))
+            if kept.get(api.PAUSED_METADATA) == "1" and not queue.paused:
+                queue.paused_here(True)
         if queue.deleted or topic not in queue.topics:
             return
         inbox = self.connection.new_inbox()
@@ -495,6 +501,25 @@ class JetStreamLink:
         for puller in self.pullers.get(queue_name, ()):
             if api.topic_stream(puller.topic) == stream:
                 puller.floor = max(puller.floor, floor)
+
+    def queue_paused(self, queue: SharedQueue, paused: bool) -> None:
+        topics = list(queue.topics)
+        name = api.queue_consumer(queue.name)
+
+        async def keep() -> None:
+            for topic in topics:
+                await api.set_metadata(self.connection, topic, name, {api.PAUSED_METADATA: "1" if paused else "0"})
+            self.connection.publish(PAUSED_PREFIX + api.token(queue.name), b"1" if paused else b"0")
+
+        self._later(keep)
+
+    def _on_paused(self, msg: Msg) -> None:
+        name = self.queue_tokens.get(msg.subject[len(PAUSED_PREFIX):])
+        engine = self.engine
+        queue = engine.queues.get(name) if engine is not None and name is not None else None
+        paused = msg.payload == b"1"
+        if isinstance(queue, SharedQueue) and queue.paused != paused:
+            queue.paused_here(paused)
 
     def _on_emptied(self, msg: Msg) -> None:
         name = self.queue_tokens.get(msg.subject[len(EMPTIED_PREFIX):])

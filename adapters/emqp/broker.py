@@ -51,6 +51,10 @@ from polymq.core.message import Message
 from polymq.core.schedules import FOREVER, InvalidSchedule, Schedule
 from polymq.core.timers import Timer
 
+# Requests answered "dispatched" on shared queues whose worker is still to be counted (STATUS's
+# processed_messages_by_worker); past it the oldest are forgotten: another node's worker took them.
+DISPATCHED_KEPT = 10_000
+
 log = logging.getLogger("polymq.emqp")
 
 # The original's defaults (eventmq/conf.py).
@@ -187,6 +191,9 @@ class EMQPBroker(ZmqService):
         self.known_queues: set[str] = set()
         # Message id → worker of what was delivered while a REQUEST is published.
         self._delivered_now: dict[int, bytes] | None = None
+        # Requests answered "dispatched" on an engine that hands over later (shared queues), by id,
+        # until a worker of this node takes them (the oldest forgotten past DISPATCHED_KEPT).
+        self._dispatched: dict[int, None] = {}
         self._timers: list[Timer] = []
         self.backend = self.add_pump("emqp-backend", sockets.get("emqp-backend"), self._backend)
         self.frontend = self.add_pump("emqp-frontend", sockets.get("emqp-frontend"), self._frontend)
@@ -401,6 +408,8 @@ class EMQPBroker(ZmqService):
         self.handed_out_by_queue[name] += 1
         if self._delivered_now is not None:
             self._delivered_now[message.id] = worker.identity
+        elif self._dispatched and self._dispatched.pop(message.id, 0) is None:
+            self.processed_by_worker[worker.identity] += 1
         assert self.backend is not None  # a worker INFORMed on it
         # A durable queue's job leaves once its attempt is on record: --emqp-max-attempts counts every run.
         self.deliver(self.backend, emqp.request(worker.identity, msgid, name.encode(), headers, message.body),
@@ -495,6 +504,14 @@ class EMQPBroker(ZmqService):
             # a buffered one).
             self.processed_by_queue[name] += 1
             self.processed_by_worker[worker] += 1
+            replies.append(emqp.reply(message.identity, _msgid(), message.msgid))
+        elif not engine.hands_over_at_once and any(consumer.available() > 0 for consumer in queue.consumers):
+            # Queues shared with other nodes: stored first, then fetched by a node; a worker of this node
+            # with a free slot takes it then, so it counts as handed over as it arrived.
+            self.processed_by_queue[name] += 1
+            self._dispatched[message_id] = None  # its worker is counted when the node hands it over
+            if len(self._dispatched) > DISPATCHED_KEPT:
+                del self._dispatched[next(iter(self._dispatched))]  # went to another node's worker
             replies.append(emqp.reply(message.identity, _msgid(), message.msgid))
 
     def _inform_scheduler(self, message: emqp.Message) -> None:
