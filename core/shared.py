@@ -27,7 +27,11 @@ from polymq.core.engine import Consumer, Engine, Outcome, Queue, Topic
 from polymq.core.ids import IdSource
 from polymq.core.message import Message
 from polymq.core.storage import OwnerLog, Snapshot, SyncCallback
-from polymq.core.timers import TimerService
+from polymq.core.timers import Timer, TimerService
+
+# Copies a node holds for credit are reported worked on this often unless the link says otherwise (half
+# of nsqd's 60 s msg_timeout, the ack wait's default).
+DEFAULT_HOLD_REFRESH_S = 30.0
 
 # Called once the shared engine has stored a publish, with None, or with why it could not.
 Stored = Callable[[Exception | None], None]
@@ -287,6 +291,7 @@ class SharedQueue(Queue):
         # The shared engine's handle of each copy this node holds (its ack address), by message id.
         self.handles: dict[int, Any] = {}
         self.fetched_count = 0
+        self._hold_timer: Timer | None = None  # while fetched copies wait here for credit (`_hold`)
         # Deferred publishes to its topics the shared engine keeps until they are due (NSQ's DPUB).
         self.deferred_elsewhere = 0
         # Deleted on this node only (unused here for its auto-delete time): other nodes may still use it.
@@ -325,11 +330,29 @@ class SharedQueue(Queue):
             if not message.attempts:
                 self.message_count += 1  # a copy put in the queue, counted once, as the embedded queue does
         self.fetched_count += len(messages)
-        if not self.ring or self.paused:
-            self.give_back()  # asked for while a consumer had credit; nobody here can take it now
+        if not self.consumers or self.paused:
+            self.give_back()  # asked for while a consumer had credit; nobody here takes anything now
             return
         self._dispatch()
+        if self.ready:
+            self._hold()  # fetched for credit spent meanwhile (another queue of a pool, RDY lowered)
         self.link.want(self)
+
+    def _hold(self) -> None:
+        """Copies fetched here wait for this node's consumers' credit: given back, they would count one
+        more attempt, so they are kept, and the shared engine is told they are still worked on."""
+        if self._hold_timer is None:
+            engine = self.engine
+            assert isinstance(engine, SharedEngine)
+            self._hold_timer = engine.timers.schedule(engine.clock.now() + engine.hold_refresh_s, self._still_held)
+
+    def _still_held(self) -> None:
+        self._hold_timer = None
+        if self.deleted or not self.ready:
+            return
+        for message in self.ready:
+            self.link.progress(self, message)
+        self._hold()
 
     def give_back(self) -> None:
         """Every fetched copy no consumer here took goes back to the shared engine at once, and nothing more
@@ -406,8 +429,10 @@ class SharedQueue(Queue):
 
     def _detach(self, consumer: Consumer, *, requeue: bool, to_tail: bool = False) -> None:
         super()._detach(consumer, requeue=requeue, to_tail=to_tail)
-        if not self.ring:
+        if not self.consumers:
             self.give_back()
+        elif not self.ring:
+            self.link.idle(self)  # the others have no credit: what is asked for now would wait here
 
     def _auto_delete(self) -> None:
         """Unused on this node: forgotten here, kept in the shared engine (another node may use it)."""
@@ -458,6 +483,8 @@ class SharedEngine(Engine):
         self.node = node
         self._drop_if_unbound = False  # the publish under way follows MQKS's rule (`publish`)
         self.hands_over_at_once = False
+        # How often copies held for credit are reported as still worked on (well inside the ack wait).
+        self.hold_refresh_s = DEFAULT_HOLD_REFRESH_S
         self.ids = IdSource(self.clock.wall_ns(), node)
 
     def _new_queue(self, name: str, ephemeral: bool, auto_delete: float | None, options: Mapping[str, Any] | None,

@@ -737,6 +737,7 @@ async def open_shared_engine(settings: JetStreamSettings, nursery: trio.Nursery,
     link = JetStreamLink(connection, settings, clock)
     link_box.append(link)
     engine = SharedEngine(link, node=number, clock=clock, timers=timers)
+    engine.hold_refresh_s = settings.ack_wait_s / 2  # held copies' +WPI well before the ack wait ends
     link.engine = engine
     await link.start(nursery)
     return engine, link

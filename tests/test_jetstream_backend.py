@@ -13,7 +13,14 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from polymq.core.engine import DEAD_LETTER_QUEUE_HEADER, DEAD_LETTER_REASON_HEADER, MAX_ATTEMPTS_OPTION, Consumer
+from polymq.core.engine import (
+    DEAD_LETTER_QUEUE_HEADER,
+    DEAD_LETTER_REASON_HEADER,
+    MAX_ATTEMPTS_OPTION,
+    Consumer,
+    CreditMode,
+    CreditPool,
+)
 from polymq.core.message import Message
 from polymq.core.shared import SharedEngine, SharedQueue
 from polymq.jetstream import api
@@ -319,3 +326,28 @@ async def test_a_queue_paused_on_one_node_delivers_on_no_node_until_unpaused(nat
         a.engine.queues[queue].set_paused(False)
         await until(lambda: len(got) == 1, "the delivery after the unpause on the other node")
         assert got[0].body == b"held back"
+
+
+async def test_a_copy_fetched_for_a_slot_another_queue_took_waits_without_an_attempt_more(
+        nats_cluster: NatsCluster) -> None:
+    """An eMQP worker's one free slot serves two queues: each fetches for it, one copy is delivered and the
+    other waits on the node for the next slot, its attempt count untouched (never given back unseen)."""
+    urgent, normal = name("urgent"), name("normal")
+    async with node(nats_cluster) as a:
+        pool = CreditPool()
+        got: list[Message] = []
+        for queue in (urgent, normal):
+            a.engine.ensure_queue(queue)
+            a.engine.bind(queue, queue)
+            a.engine.attach(queue, got.append, mode=CreditMode.TOKENS, pool=pool)
+            await attached(a, queue)
+        for queue in (urgent, normal):
+            _, stored = a.publish(queue, b"job of " + queue.encode())
+            await stored.wait()
+        pool.add(1)
+        await until(lambda: len(got) == 1 and sum(len(a.engine.queues[q].ready) for q in (urgent, normal)) == 1,
+                    "one job delivered, the other fetched and waiting")
+        pool.add(1)
+        await until(lambda: len(got) == 2, "the waiting job at the next slot")
+        assert sorted(m.body for m in got) == sorted([b"job of " + urgent.encode(), b"job of " + normal.encode()])
+        assert [m.attempts for m in got] == [1, 1]
