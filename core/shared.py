@@ -49,10 +49,6 @@ class Link(Protocol):
         """The queue's consumers can take `queue.wanted()` more copies than it holds or has asked for."""
         ...
 
-    def idle(self, queue: SharedQueue) -> None:
-        """No consumer here can take anything now: what the node asked for and did not get yet is called off."""
-        ...
-
     def ack(self, queue: SharedQueue, message: Message) -> None:
         """The copy is done with: gone from the queue."""
         ...
@@ -330,12 +326,13 @@ class SharedQueue(Queue):
             if not message.attempts:
                 self.message_count += 1  # a copy put in the queue, counted once, as the embedded queue does
         self.fetched_count += len(messages)
-        if not self.consumers or self.paused:
+        if not self.consumers:
             self.give_back()  # asked for while a consumer had credit; nobody here takes anything now
             return
-        self._dispatch()
+        if not self.paused:
+            self._dispatch()
         if self.ready:
-            self._hold()  # fetched for credit spent meanwhile (another queue of a pool, RDY lowered)
+            self._hold()  # fetched for credit spent meanwhile (another queue of a pool, RDY lowered, a pause)
         self.link.want(self)
 
     def _hold(self) -> None:
@@ -355,9 +352,8 @@ class SharedQueue(Queue):
         self._hold()
 
     def give_back(self) -> None:
-        """Every fetched copy no consumer here took goes back to the shared engine at once, and nothing more
-        comes until a consumer has credit again."""
-        self.link.idle(self)
+        """Every fetched copy no consumer here took goes back to the shared engine at once (what pull
+        requests still bring goes back as it comes, until they end)."""
         ready = list(self.ready)
         self.ready.clear()
         for message in ready:
@@ -431,8 +427,6 @@ class SharedQueue(Queue):
         super()._detach(consumer, requeue=requeue, to_tail=to_tail)
         if not self.consumers:
             self.give_back()
-        elif not self.ring:
-            self.link.idle(self)  # the others have no credit: what is asked for now would wait here
 
     def _auto_delete(self) -> None:
         """Unused on this node: forgotten here, kept in the shared engine (another node may use it)."""
@@ -447,10 +441,11 @@ class SharedQueue(Queue):
         self.link.queue_paused(self, paused)
 
     def paused_here(self, paused: bool) -> None:
-        """Paused or unpaused on this node only (another node told so)."""
+        """Paused or unpaused on this node only (another node told so). What the node fetched waits here."""
         super().set_paused(paused)
         if paused:
-            self.give_back()
+            if self.ready:
+                self._hold()
         elif self.ring:
             self.link.want(self)
 

@@ -543,18 +543,6 @@ class JetStreamLink:
         for puller in pullers:
             self._pull(puller, min(share, wanted))
 
-    def idle(self, queue: SharedQueue) -> None:
-        """Pull requests cannot be called off, but one whose reply subject nobody listens to any more is
-        dropped by the server: each puller moves to a new inbox."""
-        for puller in self.pullers.get(queue.name, ()):
-            if not puller.outstanding:
-                continue
-            self.connection.unsubscribe(puller.sid)
-            puller.requests.clear()
-            puller.outstanding = 0
-            puller.inbox = self.connection.new_inbox()
-            puller.sid = self.connection.subscribe(puller.inbox + ".*", lambda msg, p=puller: self._on_pulled(p, msg))
-
     def _pull(self, puller: Puller, count: int) -> None:
         while count > 0 and len(puller.requests) < MAX_PULLS_WAITING:
             batch = min(count, MAX_PULL_BATCH)
