@@ -69,6 +69,11 @@ class Link(Protocol):
         """An acknowledgement by id of a copy this node does not hold: the node that holds it acks it."""
         ...
 
+    def requeue_to_tail(self, queue: SharedQueue, message: Message) -> None:
+        """The message again at the tail of this queue only (its attempts and expiry as they are now); the
+        delivery it came by ends once that copy is stored."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """The shared engine as operators see it: its kind, servers, the publish acknowledgements' latency."""
         ...
@@ -400,12 +405,18 @@ class SharedQueue(Queue):
         engine.publish_stored(topic, [letter], stored)  # its handle stays until the +TERM
 
     def requeue_to_tail(self, message_id: int, ttl: float | None) -> Outcome:
-        """Back to the queue (`-NAK`): the shared engine delivers it again, keeping its TTL."""
+        """Back at the tail of this queue, whoever holds it, with a new TTL (None: none) and its attempts:
+        a copy for this queue only, stored before the delivery is acknowledged."""
         message = self._take_any(message_id)
         if message is None:
             return Outcome.NOT_IN_FLIGHT
         self.requeue_count += 1
-        self._return(message)
+        max_attempts = self.max_attempts
+        if max_attempts and message.attempts >= max_attempts:
+            self._dead_letter(message, "max attempts")
+            return Outcome.OK
+        message.expires_at = None if ttl is None else self.engine.clock.now() + ttl
+        self.link.requeue_to_tail(self, message)
         return Outcome.OK
 
     def finish_any(self, message_id: int) -> Outcome:

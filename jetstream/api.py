@@ -21,6 +21,7 @@ from polymq.jetstream.nats_connection import NatsConnection, NatsError, NoRespon
 
 # Subjects and names polymq uses in the cluster; every node of one deployment shares them.
 SUBJECT_PREFIX = "polymq.t."
+REQUEUE_PREFIX = "polymq.r."  # `polymq.r.<topic>.<queue>`: a copy put back at one queue's tail
 STREAM_PREFIX = "POLYMQ_T_"
 # The consumer that keeps a topic's messages while no queue is bound to it (nsqd's topic backlog):
 # a stream with interest retention keeps nothing nobody is interested in.
@@ -45,6 +46,7 @@ HEADER_POLYMQ_TIMESTAMP = "Polymq-Timestamp"
 HEADER_POLYMQ_ORIGIN = "Polymq-Origin"
 HEADER_POLYMQ_HEADERS = "Polymq-Headers"  # the engine's headers of the message, as JSON
 HEADER_POLYMQ_EXPIRES = "Polymq-Expires"  # wall-clock ns after which the copy is not delivered
+HEADER_POLYMQ_ATTEMPTS = "Polymq-Attempts"  # deliveries a copy put back at a queue's tail had before
 
 # Acks, as nats-server reads them from a delivery's reply subject.
 ACK = b"+ACK"
@@ -135,7 +137,7 @@ class StreamSettings:
 def stream_config(topic: str, settings: StreamSettings) -> dict[str, Any]:
     return {
         "name": topic_stream(topic),
-        "subjects": [topic_subject(topic)],
+        "subjects": [topic_subject(topic), f"{REQUEUE_PREFIX}{token(topic)}.*"],
         "retention": "interest",  # a message stays until every queue bound to its topic has it done
         "storage": "file",
         "num_replicas": settings.replicas,
@@ -168,9 +170,20 @@ async def delete_stream(connection: NatsConnection, topic: str) -> bool:
     return True
 
 
-def consumer_config(name: str, *, ack_wait_s: float, deliver_all: bool, queue: str | None = None) -> dict[str, Any]:
+def requeue_subject(topic: str, queue: str) -> str:
+    """Where a copy put back at the tail of one queue goes: a subject of the topic's stream only that
+    queue's consumer reads (PHPMQ's 005)."""
+    return f"{REQUEUE_PREFIX}{token(topic)}.{token(queue)}"
+
+
+def consumer_config(name: str, *, topic: str, ack_wait_s: float, deliver_all: bool,
+                    queue: str | None = None) -> dict[str, Any]:
+    """A queue's consumer reads the topic's subject and its own requeue subject; the backlog's (no `queue`)
+    the topic's subject only."""
+    filters = [topic_subject(topic)] if queue is None else [topic_subject(topic), requeue_subject(topic, queue)]
     return {
         "durable_name": name,
+        "filter_subjects": filters,
         "ack_policy": "explicit",
         "ack_wait": int(ack_wait_s * 1e9),
         "max_deliver": -1,  # polymq counts attempts itself and dead-letters (then +TERM)
@@ -178,7 +191,7 @@ def consumer_config(name: str, *, ack_wait_s: float, deliver_all: bool, queue: s
         "replay_policy": "instant",
         "max_ack_pending": -1,
         "max_waiting": 512,  # pull requests waiting at once (nats-server's default)
-        "metadata": {"polymq_queue": queue if queue is not None else name},
+        "metadata": {"polymq_queue": queue if queue is not None else ""},
     }
 
 

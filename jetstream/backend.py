@@ -219,8 +219,8 @@ class JetStreamLink:
         return bool(await api.consumer_names(self.connection, topic))
 
     async def _keep_backlog(self, topic: str) -> None:
-        config = api.consumer_config(api.BACKLOG_CONSUMER, ack_wait_s=self.settings.ack_wait_s, deliver_all=True,
-                                     queue="")
+        config = api.consumer_config(api.BACKLOG_CONSUMER, topic=topic, ack_wait_s=self.settings.ack_wait_s,
+                                     deliver_all=True)
         await api.ensure_consumer(self.connection, topic, api.BACKLOG_CONSUMER, config)
 
     def topic_deleted(self, name: str) -> None:
@@ -417,7 +417,7 @@ class JetStreamLink:
         floor = 0  # a consumer made now has emptied nothing yet
         if name not in names:
             first = api.BACKLOG_CONSUMER in names
-            config = api.consumer_config(name, ack_wait_s=self.settings.ack_wait_s, deliver_all=first,
+            config = api.consumer_config(name, topic=topic, ack_wait_s=self.settings.ack_wait_s, deliver_all=first,
                                          queue=queue.name)
             await api.ensure_consumer(self.connection, topic, name, config)
             if first:  # this queue took the backlog over (from the stream's first message)
@@ -470,8 +470,8 @@ class JetStreamLink:
         async def empty() -> None:
             if not await api.delete_consumer(self.connection, name, api.BACKLOG_CONSUMER):
                 return  # the topic has queues: nothing was kept for a first one
-            config = api.consumer_config(api.BACKLOG_CONSUMER, ack_wait_s=self.settings.ack_wait_s,
-                                         deliver_all=False, queue="")
+            config = api.consumer_config(api.BACKLOG_CONSUMER, topic=name, ack_wait_s=self.settings.ack_wait_s,
+                                         deliver_all=False)
             await api.ensure_consumer(self.connection, name, api.BACKLOG_CONSUMER, config)
 
         self._later(empty)
@@ -611,6 +611,7 @@ class JetStreamLink:
         if api.HEADER_POLYMQ_EXPIRES in headers:
             left_ns = int(headers[api.HEADER_POLYMQ_EXPIRES]) - self.clock.wall_ns()
             expires_at = self.clock.now() + left_ns / 1e9
+        attempts += int(headers.get(api.HEADER_POLYMQ_ATTEMPTS) or 0)  # a copy put back at a queue's tail
         return Message(message_id, msg.payload, timestamp, engine_headers, expires_at, attempts, topic,
                        headers.get(api.HEADER_POLYMQ_ORIGIN))
 
@@ -634,6 +635,30 @@ class JetStreamLink:
         handle = queue.handles.get(message.id)
         if handle is not None:
             self.connection.publish(handle, api.PROGRESS)
+
+    def requeue_to_tail(self, queue: SharedQueue, message: Message) -> None:
+        """A copy of the message at the tail of this queue only (its own subject), with its attempts and its
+        new expiry; the delivery is acked once the copy is stored, and given back if it cannot be."""
+        topic = message.topic or ""
+        headers = self._headers(message)
+        headers[api.HEADER_MSG_ID] = f"requeue-{message.id}-{message.attempts}"
+        headers[api.HEADER_POLYMQ_ATTEMPTS] = str(message.attempts)
+        handle = queue.handles.pop(message.id, None)
+
+        def answered(reply: Msg | NatsError) -> None:
+            error: Exception | None = None
+            if isinstance(reply, NatsError):
+                error = reply
+            else:
+                try:
+                    api.parse_publish_ack(reply.payload)
+                except (api.JetStreamError, ValueError, KeyError) as failure:
+                    error = failure
+            if handle is not None:
+                self.connection.publish(handle, api.ACK if error is None else api.NAK)
+
+        deadline = self.clock.now() + self.settings.publish_timeout_s
+        self._publish_one(api.requeue_subject(topic, queue.name), message.body, headers, deadline, answered)
 
     def forward_ack(self, queue: SharedQueue, message_id: int) -> None:
         self.connection.publish(ACK_FORWARD_PREFIX + api.token(queue.name), b"%d" % message_id)

@@ -351,3 +351,28 @@ async def test_a_copy_fetched_for_a_slot_another_queue_took_waits_without_an_att
         await until(lambda: len(got) == 2, "the waiting job at the next slot")
         assert sorted(m.body for m in got) == sorted([b"job of " + urgent.encode(), b"job of " + normal.encode()])
         assert [m.attempts for m in got] == [1, 1]
+
+
+async def test_a_requeue_to_the_tail_comes_after_the_others_with_its_attempts_and_new_ttl(
+        nats_cluster: NatsCluster) -> None:
+    """PHPMQ's 005: the message again at the tail of this queue only, its attempts kept, its TTL new."""
+    topic, queue, other = name("tail"), name("Foo"), name("other")
+    async with node(nats_cluster) as a:
+        consumer, got = a.consumer(queue, topic)
+        _, others = a.consumer(other, topic)
+        await attached(a, queue)
+        await attached(a, other)
+        for body in (b"a", b"b"):
+            _, stored = a.publish(topic, body)
+            await stored.wait()
+        await until(lambda: len(got) == 2 and len(others) == 2, "both messages in both queues")
+        shared = a.engine.queues[queue]
+        assert isinstance(shared, SharedQueue)
+        assert shared.requeue_to_tail(got[0].id, 100.0).name == "OK"
+        consumer.finish(got[1].id)
+        await until(lambda: len(got) == 3, "the requeued message again")
+        again = got[2]
+        assert (again.id, again.body, again.attempts) == (got[0].id, b"a", 2)
+        assert again.expires_at is not None and again.expires_at > a.engine.clock.now() + 90
+        consumer.finish(again.id)
+        assert len(others) == 2  # the other queue of the topic got no copy of it
