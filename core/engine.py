@@ -647,15 +647,19 @@ class Queue:
         if max_attempts and message.attempts >= max_attempts:
             self._dead_letter(message, "max attempts")
             return Outcome.OK
+        self._put_at_tail(message, None if ttl is None else self.engine.clock.now() + ttl)
+        return Outcome.OK
+
+    def _put_at_tail(self, message: Message, expires_at: float | None) -> None:
+        """`message`, taken from its delivery, again at the tail as a new copy expiring at `expires_at`."""
         if self.log is not None:
             self.log.removed(message)
         copy = message.copy()
-        copy.expires_at = None if ttl is None else self.engine.clock.now() + ttl
+        copy.expires_at = expires_at
         self.message_count -= 1  # `_put` counts it again: it is the same message
         self._put(copy)
         if self.ready and self.ring and not self.paused:
             self._dispatch()
-        return Outcome.OK
 
     def dead_letter(self, message_id: int, reason: str = "rejected") -> Outcome:
         """Move a delivery, whoever holds it, to this queue's dead-letter topic."""

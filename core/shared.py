@@ -404,20 +404,10 @@ class SharedQueue(Queue):
 
         engine.publish_stored(topic, [letter], stored)  # its handle stays until the +TERM
 
-    def requeue_to_tail(self, message_id: int, ttl: float | None) -> Outcome:
-        """Back at the tail of this queue, whoever holds it, with a new TTL (None: none) and its attempts:
-        a copy for this queue only, stored before the delivery is acknowledged."""
-        message = self._take_any(message_id)
-        if message is None:
-            return Outcome.NOT_IN_FLIGHT
-        self.requeue_count += 1
-        max_attempts = self.max_attempts
-        if max_attempts and message.attempts >= max_attempts:
-            self._dead_letter(message, "max attempts")
-            return Outcome.OK
-        message.expires_at = None if ttl is None else self.engine.clock.now() + ttl
+    def _put_at_tail(self, message: Message, expires_at: float | None) -> None:
+        """A copy for this queue only, with its attempts and new expiry, stored before the delivery is acked."""
+        message.expires_at = expires_at
         self.link.requeue_to_tail(self, message)
-        return Outcome.OK
 
     def finish_any(self, message_id: int) -> Outcome:
         """Acknowledge a delivery whoever holds it, on this node or on another (PHPMQ, MQKS acks by id)."""

@@ -23,6 +23,7 @@ import trio
 
 from polymq.core.clock import Clock, SystemClock
 from polymq.core.engine import Topic
+from polymq.core.ids import NODE_BITS
 from polymq.core.message import Message
 from polymq.core.shared import SharedEngine, SharedQueue, SharedTopicLog, Stored
 from polymq.core.timers import TimerService
@@ -62,8 +63,8 @@ MAX_PULLS_WAITING = 64
 PUBLISH_RETRY_S = 0.1
 # How long a node waits at start-up for the stream of node numbers to take publishes.
 STREAM_READY_S = 20.0
-# Node numbers repeat after this many starts (`core/ids.py`'s NODE_BITS).
-NODE_NUMBERS = 4096
+# Node numbers repeat after this many starts: the ids' node bits.
+NODE_NUMBERS = 1 << NODE_BITS
 
 
 @attrs.define(slots=True)

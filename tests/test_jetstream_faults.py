@@ -1,5 +1,6 @@
 """Faults of a real three-server JetStream cluster under two gateways: publishers on one gateway (NSQ,
-MQKS and PZQ, which acknowledge each publish), consumers on the other; servers killed with SIGKILL, one
+MQKS and PZQ, which acknowledge each publish), consumers on the other (NSQ, MQKS, PZQ and PHPMQ, which
+reads an NSQ topic); servers killed with SIGKILL, one
 rejoining with its store wiped, a gateway killed holding deliveries, the whole cluster gone and back.
 Nothing a client heard acknowledged may be lost."""
 
@@ -16,6 +17,7 @@ import zmq
 
 from polymq.clients import mqks_blocking, pzq_blocking
 from polymq.clients import nsq as nsq_blocking
+from polymq.clients import phpmq as phpmq_blocking
 from polymq.codecs import nsq_client
 
 from support.gateway import GatewayProcess, running_gateway
@@ -60,25 +62,26 @@ class Publishers:
         self.gateway = gateway
         self.context = context
         self.tag = tag
-        self.acked: dict[str, set[bytes]] = {"nsq": set(), "mqks": set(), "pzq": set()}
+        self.acked: dict[str, set[bytes]] = {"nsq": set(), "mqks": set(), "pzq": set(), "phpmq": set()}
         self.count = 0
 
     def round(self) -> None:
         for _ in range(ROUND):
             self.count += 1
-            self._nsq(b"nsq %d" % self.count)
+            self._nsq(b"nsq %d" % self.count, "nsq")
+            self._nsq(b"for php %d" % self.count, "phpmq")  # NSQ publishes what PHPMQ consumes
             self._mqks(b"mqks-%d" % self.count)
             self._pzq(b"pzq %d" % self.count)
 
-    def _nsq(self, body: bytes) -> None:
+    def _nsq(self, body: bytes, consumer: str) -> None:
         try:
             with nsq_blocking.Connection(self.gateway.nsq_tcp, CLIENT_TIMEOUT_S) as conn:
-                conn.send(nsq_client.pub(f"{self.tag}-nsq", body))
+                conn.send(nsq_client.pub(f"{self.tag}-{consumer}", body))
                 frame = conn.next_frame()
         except (OSError, TimeoutError):
             return
         if frame is not None and frame.is_response and frame.data == b"OK":
-            self.acked["nsq"].add(body)
+            self.acked[consumer].add(body)
 
     def _mqks(self, body: bytes) -> None:
         try:
@@ -111,9 +114,13 @@ class Consumers:
         self.mqks.request("c", "consume", f"{tag}-q {tag}-mqks", confirm=True)
         assert self.mqks.next_line() == b"c ok "
         self.pzq = pzq_blocking.Consumer(context, gateway.addresses["pzq-send"], CLIENT_TIMEOUT_S)
+        self.php_queue = f"{tag}-phpmq"
+        self.php = phpmq_blocking.Connection(gateway.host_port("phpmq"), CLIENT_TIMEOUT_S)
+        self.php.consume(self.php_queue, 100)
+        self.php.barrier()
 
     def read(self, acked: dict[str, set[bytes]], deadline_s: float = 60.0) -> dict[str, set[bytes]]:
-        got: dict[str, set[bytes]] = {"nsq": set(), "mqks": set(), "pzq": set()}
+        got: dict[str, set[bytes]] = {"nsq": set(), "mqks": set(), "pzq": set(), "phpmq": set()}
         deadline = time.monotonic() + deadline_s
         self.nsq.send(nsq_client.rdy(100))
         while not acked["nsq"] <= got["nsq"] and time.monotonic() < deadline:
@@ -133,12 +140,20 @@ class Consumers:
                 continue
             self.pzq.ack(delivery)
             got["pzq"].add(delivery[5])
+        while not acked["phpmq"] <= got["phpmq"] and time.monotonic() < deadline:
+            try:
+                [delivery] = self.php.deliveries(1, 5)
+            except TimeoutError:
+                continue
+            self.php.ack(self.php_queue, delivery.message_id)
+            got["phpmq"].add(delivery.content)
         return got
 
     def close(self) -> None:
         self.nsq.close()
         self.mqks.close()
         self.pzq.close()
+        self.php.close()
 
 
 def test_the_backend_is_shown_in_metrics_and_the_admin_state(gateways: tuple[GatewayProcess, GatewayProcess],
