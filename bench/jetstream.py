@@ -30,8 +30,9 @@ import click
 
 from polymq.bench import mqks as mqks_bench
 from polymq.bench import nsq as nsq_bench
-from polymq.bench.versus_nsqd import free_port, stop_server, wait_accepting
+from polymq.bench.versus_nsqd import BenchError, stop_server, wait_accepting
 from polymq.clients.nats_servers import NatsCluster, NatsServerError
+from polymq.clients.ports import free_ports
 
 MESSAGE_SIZE = 200  # nsq's bench_writer's default
 DIRECT_WINDOW = 256  # publish acks awaited at once by the direct client
@@ -91,15 +92,21 @@ async def _direct(urls: list[str], messages: int) -> dict[str, float]:
 
 @contextlib.contextmanager
 def _gateway(extra: list[str]) -> Iterator[tuple[int, int, int]]:
-    tcp, http, mqks = free_port(), free_port(), free_port()
+    tcp, http, mqks = free_ports(3)
     data = Path(tempfile.mkdtemp(prefix="polymq-bench-js-"))
+    log = data / "gateway.log"
     argv = [sys.executable, "-m", "polymq", "serve", "--data-dir", str(data / "data"), "--nsq-tcp-port", str(tcp),
             "--nsq-http-port", str(http), "--mqks-port", str(mqks), "--phpmq-port", "-1", "--phpmq-console-port", "-1",
             "--no-pzq", "--no-emqp", "--admin-port", "-1", *extra]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with log.open("wb") as output:
+        process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT)
     try:
-        wait_accepting(tcp, process)
-        wait_accepting(mqks, process)
+        try:
+            wait_accepting(tcp, process)
+            wait_accepting(mqks, process)
+        except BenchError as error:  # the gateway's own last line says why it did not start
+            lines = log.read_text(errors="replace").strip().splitlines()
+            raise BenchError(f"{error}: {lines[-1] if lines else 'it printed nothing'}") from None
         yield tcp, http, mqks
     finally:
         stop_server(process)
@@ -177,6 +184,7 @@ def command(messages: int, sync_always: bool, as_json: bool) -> None:
                     row.rates = run()
                 except Exception as error:  # a failed measure is a row saying why, the others still run
                     row.error = f"{type(error).__name__}: {error}"
+                    click.echo(f"{label} failed: {row.error}", err=True)
                 rows.append(row)
         finally:
             cluster.stop()

@@ -38,6 +38,7 @@ import attrs
 import click
 
 from polymq.bench import common
+from polymq.clients.ports import free_ports
 
 # Where nsq's build script puts the binaries by default.
 DEFAULT_NSQ_BIN = Path.home() / "ref" / "nsq" / "bin"
@@ -96,12 +97,6 @@ class BenchError(Exception):
     pass
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def wait_accepting(port: int, process: subprocess.Popen[bytes]) -> None:
     """Until something accepts connections on 127.0.0.1:`port`; BenchError if `process` exits first
     or nothing does within START_TIMEOUT_S."""
@@ -117,7 +112,7 @@ def wait_accepting(port: int, process: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def _running(server: Server, nsq_bin: Path, polymq_cmd: Sequence[str]) -> Iterator[tuple[int, int]]:
-    tcp, http = free_port(), free_port()
+    tcp, http = free_ports(2)
     data = Path(tempfile.mkdtemp(prefix="polymq-versus-"))
     if server.kind == "nsqd":
         argv = [str(nsq_bin / "nsqd"), f"--data-path={data}", f"--tcp-address=127.0.0.1:{tcp}",

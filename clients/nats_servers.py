@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from polymq.clients.ports import free_ports
 
 # A loaded 2-core machine: JetStream's meta leader may take a while to be elected.
 READY_TIMEOUT_S = 30.0
@@ -48,13 +49,6 @@ def nats_server_program() -> Path:
     return Path(found)
 
 
-def free_port() -> int:
-    """A port nothing listens on now: bound on 127.0.0.1 by the system's choice, then closed."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _http_get(url: str) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -74,9 +68,7 @@ class NatsServer:
         self.sync_always = sync_always  # JetStream fsyncs every write (`sync_interval: always`)
         self.ping_interval_s = ping_interval_s
         self.extra_config = extra_config  # appended to the config file: a `tls {…}`, an `authorization {…}`
-        self.port = free_port()
-        self.cluster_port = free_port()
-        self.monitor_port = free_port()
+        self.port, self.cluster_port, self.monitor_port = free_ports(3)
         self.store_dir = directory / "store"
         self.config_file = directory / "nats.conf"
         self.log_file = directory / "nats.log"

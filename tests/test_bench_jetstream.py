@@ -11,7 +11,7 @@ import sys
 def test_the_bench_measures_every_row_and_stops_what_it_started() -> None:
     result = subprocess.run([sys.executable, "-m", "polymq", "bench", "jetstream", "--messages", "300", "--json"],
                             capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stderr + result.stdout
     rows = {row["label"]: row for row in json.loads(result.stdout)}
     assert list(rows) == ["nats-py, direct", "polymq on JetStream", "polymq embedded (--fsync=always)"]
     assert all(row["error"] is None for row in rows.values())

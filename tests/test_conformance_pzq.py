@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
+from polymq.clients.ports import free_ports
 from polymq.conformance.pzq import checks, command
 
 from support import restart_gateway
@@ -33,16 +33,6 @@ def run_suite(*args: str) -> tuple[int, list[str]]:
     """The exit code and the report's lines, without the description printed under each check."""
     result = CliRunner().invoke(command, list(args), catch_exceptions=False)
     return result.exit_code, [line for line in result.output.splitlines() if not line.startswith(DESCRIPTION)]
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import attrs
 import pytest
 import trio
 
+from polymq.clients.ports import free_ports
 from polymq.jetstream.nats_connection import (
     RECONNECT_BUF_SIZE,
     ConnectionLost,
@@ -31,7 +32,7 @@ from polymq.jetstream.nats_connection import (
     RequestTimeout,
 )
 
-from support.nats_cluster import NatsCluster, NatsServer, free_port
+from support.nats_cluster import NatsCluster, NatsServer
 
 # Generous: a loaded 2-core machine runs three servers and the test.
 DEADLINE_S = 30.0
@@ -303,7 +304,7 @@ async def test_close_sends_what_is_buffered_and_fails_what_is_pending(nats_serve
 
 
 async def test_no_servers_names_every_address_tried() -> None:
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     urls = [f"nats://127.0.0.1:{port}" for port in ports]
     message = await refusal([*urls[:1], f"127.0.0.1:{ports[1]}"])
     for url in urls:

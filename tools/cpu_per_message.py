@@ -31,10 +31,10 @@ from polymq.bench.versus_nsqd import (
     MPUB_BATCH,
     READER_RDY,
     BenchError,
-    free_port,
     stop_server,
     wait_accepting,
 )
+from polymq.clients.ports import free_ports
 
 # Messages queued before the consume run, so the reader does not run dry in a few seconds.
 BACKLOG = 1_500_000
@@ -91,7 +91,7 @@ def main(nsq_bin: Path, pythonpath: Path | None, runfor: float, only: tuple[str,
     """Gateway CPU µs per message for PUB, MPUB and consume (SERVE_ARGS: flags of `polymq serve`,
     --in-memory when none are given)."""
     wanted = set(only or ("PUB", "MPUB", "consume"))
-    tcp, http = free_port(), free_port()
+    tcp, http = free_ports(2)
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)

@@ -14,7 +14,6 @@ from polymq.clients.nats_servers import (  # noqa: F401  (the tests import them 
     NatsCluster,
     NatsServer,
     NatsServerError,
-    free_port,
     nats_server_program,
 )
 
