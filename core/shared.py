@@ -298,6 +298,8 @@ class SharedQueue(Queue):
         # Deleted on this node only (unused here for its auto-delete time): other nodes may still use it.
         self.forgotten = False
         self.stale_count = 0  # copies the shared engine gave again while this node still held them
+        # Deliveries in flight at the last refresh: still held at the next, they are reported worked on.
+        self._in_flight_seen: set[int] = set()
 
     def wanted(self) -> int:
         """Copies the consumers here could take now beyond those already fetched."""
@@ -355,6 +357,16 @@ class SharedQueue(Queue):
         for message in self.ready:
             self.link.progress(self, message)
         self._hold()
+
+    def refresh_in_flight(self) -> None:
+        """A delivery its consumer has held since the last refresh is reported worked on (`+WPI`): the
+        node's own timeout decides when it goes back; the shared engine's ack wait only when the node is gone."""
+        in_flight = self.in_flight
+        for message_id in self._in_flight_seen:
+            message = in_flight.get(message_id)
+            if message is not None:
+                self.link.progress(self, message)
+        self._in_flight_seen = set(in_flight)
 
     def give_back(self) -> None:
         """Every fetched copy no consumer here took goes back to the shared engine at once (what pull
@@ -482,11 +494,25 @@ class SharedEngine(Engine):
         # How often copies held for credit are reported as still worked on (well inside the ack wait).
         self.hold_refresh_s = DEFAULT_HOLD_REFRESH_S
         self.ids = IdSource(self.clock.wall_ns(), node)
+        self._refresh_timer: Timer | None = None  # while shared queues exist (`_refresh_in_flight`)
+
+    def _refresh_in_flight(self) -> None:
+        """Every hold_refresh_s, deliveries held longer than that are reported worked on."""
+        self._refresh_timer = None
+        shared = [queue for queue in self.queues.values() if isinstance(queue, SharedQueue)]
+        for queue in shared:
+            queue.refresh_in_flight()
+        if shared:
+            self._refresh_timer = self.timers.schedule(self.clock.now() + self.hold_refresh_s,
+                                                       self._refresh_in_flight)
 
     def _new_queue(self, name: str, ephemeral: bool, auto_delete: float | None, options: Mapping[str, Any] | None,
                    owner_topic: str | None) -> Queue:
         if ephemeral:
             return super()._new_queue(name, ephemeral, auto_delete, options, owner_topic)
+        if self._refresh_timer is None:
+            self._refresh_timer = self.timers.schedule(self.clock.now() + self.hold_refresh_s,
+                                                       self._refresh_in_flight)
         return SharedQueue(self, name, auto_delete=auto_delete, options=options, owner_topic=owner_topic)
 
     def ensure_topic(self, name: str, *, ephemeral: bool = False, origin: str | None = None) -> Topic:

@@ -141,6 +141,7 @@ class JetStreamLink:
         self.deferred = DeferredMover(self)
         self._refresh_from = 0  # the next topic `_refresh` asks about
         self.forwarded_acks = 0
+        self.progress_reports = 0  # `+WPI`s sent: deliveries and held copies still worked on
 
     # -- start ------------------------------------------------------------------------------
 
@@ -636,6 +637,7 @@ class JetStreamLink:
         handle = queue.handles.get(message.id)
         if handle is not None:
             self.connection.publish(handle, api.PROGRESS)
+            self.progress_reports += 1
 
     def requeue_to_tail(self, queue: SharedQueue, message: Message) -> None:
         """A copy of the message at the tail of this queue only (its own subject), with its attempts and its

@@ -328,6 +328,24 @@ async def test_a_queue_paused_on_one_node_delivers_on_no_node_until_unpaused(nat
         assert got[0].body == b"held back"
 
 
+async def test_a_delivery_held_past_the_ack_wait_stays_with_its_consumer(nats_cluster: NatsCluster) -> None:
+    """The node's own timeout (PZQ's ack timeout, NSQ's msg_timeout) decides when a held delivery goes
+    back, not JetStream's ack wait: the node reports it worked on, and no other node gets it."""
+    topic, queue = name("long"), name("held")
+    async with node(nats_cluster, ack_wait_s=1.0) as a, node(nats_cluster, ack_wait_s=1.0) as b:
+        _, got_a = a.consumer(queue, topic)  # its msg_timeout is 30 s
+        await attached(a, queue)
+        _, got_b = b.consumer(queue, topic)
+        await attached(b, queue)
+        a.publish(topic, b"a long job")
+        await until(lambda: len(got_a) + len(got_b) == 1, "the delivery")
+        holder, other = (a, b) if got_a else (b, a)
+        await until(lambda: holder.link.progress_reports >= 3, "three reports: past twice the ack wait")
+        assert len(got_a) + len(got_b) == 1, "delivered again while its consumer held it"
+        assert holder.engine.queues[queue].stale_count == 0
+        assert other.engine.queues[queue].fetched_count == 0
+
+
 async def test_a_copy_fetched_for_a_slot_another_queue_took_waits_without_an_attempt_more(
         nats_cluster: NatsCluster) -> None:
     """An eMQP worker's one free slot serves two queues: each fetches for it, one copy is delivered and the
