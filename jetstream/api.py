@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import trio
 
-from polymq.jetstream.nats_connection import NatsConnection, NatsError, NoResponders, RequestTimeout
+from polymq.jetstream.nats_connection import ConnectionLost, NatsConnection, NatsError, NoResponders, RequestTimeout
 
 # Subjects and names polymq uses in the cluster; every node of one deployment shares them.
 SUBJECT_PREFIX = "polymq.t."
@@ -109,14 +109,15 @@ def _answer(payload: bytes) -> dict[str, Any]:
 async def api(connection: NatsConnection, subject: str, body: Mapping[str, Any] | None = None,
               *, timeout: float = API_DEADLINE_S) -> dict[str, Any]:
     """One `$JS.API.` request; its answer, or `JetStreamError`. Asked again while nobody answers within
-    `timeout` in all: a stream or consumer electing its leader leaves requests it should answer unanswered."""
+    `timeout` in all: a stream or consumer electing its leader leaves requests it should answer unanswered,
+    and a request whose server went away is asked again of the next one."""
     payload = b"" if body is None else json.dumps(body).encode()
-    last: RequestTimeout | NoResponders = RequestTimeout("no try")
+    last: RequestTimeout | NoResponders | ConnectionLost = RequestTimeout("no try")
     with trio.move_on_after(timeout):
         while True:
             try:
                 reply = await connection.request("$JS.API." + subject, payload, timeout=API_ATTEMPT_S)
-            except (RequestTimeout, NoResponders) as error:
+            except (RequestTimeout, NoResponders, ConnectionLost) as error:
                 last = error
                 await trio.sleep(API_RETRY_S)
                 continue

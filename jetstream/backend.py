@@ -30,6 +30,7 @@ from polymq.core.timers import TimerService
 from polymq.jetstream import api
 from polymq.jetstream.deferred import DeferredMover
 from polymq.jetstream.nats_connection import (
+    ConnectionLost,
     Msg,
     NatsConnection,
     NatsError,
@@ -141,6 +142,7 @@ class JetStreamLink:
         self.deferred = DeferredMover(self)
         self._refresh_from = 0  # the next topic `_refresh` asks about
         self.forwarded_acks = 0
+        self._down_since: float | None = None  # while the link to the cluster is down: since when
         self.progress_reports = 0  # `+WPI`s sent: deliveries and held copies still worked on
 
     # -- start ------------------------------------------------------------------------------
@@ -267,9 +269,21 @@ class JetStreamLink:
         """Publish to the topic `name` once its stream is there and this node's bindings are made."""
         state = self._topic_state(name)
         if not state.ready or self.binding:
-            state.waiting.append((messages, stored, drop_if_unbound))
+            entry = (messages, stored, drop_if_unbound)
+            state.waiting.append(entry)
+            if self.engine is not None:  # a stream the cluster cannot make now fails it within the bound
+                self.engine.timers.schedule(self.clock.now() + self.settings.publish_timeout_s,
+                                            self._waited_too_long, state, entry)
             return
         self._publish_now(name, state, messages, stored, drop_if_unbound)
+
+    def _waited_too_long(self, state: TopicState, entry: tuple[list[Message], Stored, bool]) -> None:
+        for index, waiting in enumerate(state.waiting):
+            if waiting is entry:
+                del state.waiting[index]
+                entry[1](RequestTimeout(f"the JetStream cluster made no stream for it within "
+                                        f"{self.settings.publish_timeout_s:g} s"))
+                return
 
     def _publish_now(self, name: str, state: TopicState, messages: list[Message], stored: Stored,
                      drop_if_unbound: bool) -> None:
@@ -355,11 +369,13 @@ class JetStreamLink:
     def _publish_one(self, subject: str, body: bytes, headers: dict[str, str], deadline: float,
                      answered: Callable[[Msg | NatsError], None]) -> None:
         """Publish until JetStream answers or `deadline`: a stream without a leader yet (just made, or
-        electing one) has no responders, and is asked again; `Nats-Msg-Id` makes a repeat count once."""
+        electing one) has no responders, and a publish whose server went away has no answer; both are asked
+        again (over the next server once reconnected); `Nats-Msg-Id` makes a repeat count once."""
 
         def answer(reply: Msg | NatsError) -> None:
             retry_at = self.clock.now() + PUBLISH_RETRY_S
-            if isinstance(reply, NoResponders | RequestTimeout) and retry_at < deadline and self.engine is not None:
+            if isinstance(reply, NoResponders | RequestTimeout | ConnectionLost) and retry_at < deadline \
+                    and self.engine is not None:
                 self.engine.timers.schedule(retry_at, self._publish_one, subject, body, headers, deadline, answered)
                 return
             answered(reply)
@@ -691,11 +707,19 @@ class JetStreamLink:
                 "publish_ack_total_s": self.publish_latency.total_s}
 
     def disconnected(self) -> None:
+        """The link to one server is gone; the connection tries the others. Publishes wait for it (each up to
+        its own bound); only a link down that long makes new ones fail at once."""
+        down_since = self._down_since = self.clock.now()
         if self.engine is not None:
+            self.engine.timers.schedule(down_since + self.settings.publish_timeout_s, self._still_down, down_since)
+
+    def _still_down(self, down_since: float) -> None:
+        if self._down_since == down_since and self.engine is not None:
             self.engine.barrier.failure = "the JetStream cluster cannot be reached"
 
     def reconnected(self) -> None:
         """Pull requests die with the link: every consumer asks again."""
+        self._down_since = None
         if self.engine is not None:
             self.engine.barrier.failure = None
         for pullers in list(self.pullers.values()):

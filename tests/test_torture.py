@@ -81,6 +81,45 @@ def test_checker_explains_a_duplicate_only_by_a_hard_end_or_a_kill() -> None:
     assert report.protocols["pzq"].lost == 0
 
 
+def test_checker_explains_a_duplicate_by_another_gateways_end_or_a_server_kill_between_the_two() -> None:
+    """Two gateways on a JetStream cluster: the second acknowledgement may come from the other gateway's
+    process life, older than the first's; a server SIGKILLed between the two explains it too."""
+    ledger = Ledger()
+    first_gateway_died, _ = _sent(ledger, PZQ_FLOW.index, 1)
+    server_killed_between, _ = _sent(ledger, PZQ_FLOW.index, 2)
+    server_killed_before, _ = _sent(ledger, PZQ_FLOW.index, 3)
+    ledger.record_acked("pzq", [first_gateway_died, server_killed_between, server_killed_before], 0.001)
+    ledger.record_server_kill()  # before any acknowledgement: explains nothing
+    ledger.record_finish(PZQ_SINK, first_gateway_died, 1, generation=2)
+    ledger.record_kill(2)
+    ledger.record_restart(2)
+    ledger.record_finish(PZQ_SINK, first_gateway_died, 2, generation=1)  # the other gateway, started first
+    ledger.record_finish(PZQ_SINK, server_killed_between, 3, generation=1)
+    ledger.record_server_kill()
+    ledger.record_finish(PZQ_SINK, server_killed_between, 3, generation=1)
+    ledger.record_finish(PZQ_SINK, server_killed_before, 3, generation=1)
+    ledger.record_finish(PZQ_SINK, server_killed_before, 3, generation=1)
+    report = ledger.check()
+    assert (report.protocols["pzq"].duplicated, report.protocols["pzq"].unexplained_duplicates) == (3, 1)
+    assert [problem.split(" in ")[0] for problem in report.problems] == [
+        f"unexplained duplicate: {server_killed_before.decode()}"]
+    assert report.server_kills == 2
+
+
+def test_checker_counts_a_refused_publish_only_where_refusals_are_allowed() -> None:
+    ledger = Ledger()
+    key, _ = _sent(ledger, PZQ_FLOW.index, 1)
+    ledger.record_refused("pzq", [key], "[b'1', b'0', b'', b'the JetStream cluster cannot be reached']")
+    assert not ledger.check().ok  # on the embedded store a refusal is a finding
+    ledger = Ledger()
+    ledger.refusals_allowed = True
+    key, _ = _sent(ledger, PZQ_FLOW.index, 1)
+    ledger.record_refused("pzq", [key], "[b'1', b'0', b'', b'the JetStream cluster cannot be reached']")
+    report = ledger.check()
+    assert report.ok
+    assert (report.protocols["pzq"].refused, report.protocols["pzq"].acked, report.protocols["pzq"].lost) == (1, 0, 0)
+
+
 def test_checker_counts_corrupted_foreign_and_misrouted_bodies_as_unexpected() -> None:
     ledger = Ledger()
     _, body = _sent(ledger, PZQ_FLOW.index, 1)
@@ -100,14 +139,39 @@ LAST_LINE = re.compile(r"acked=(\d+) delivered=(\d+) lost=(\d+) duplicated=(\d+)
                        r"protocols=nsq,mqks,phpmq,pzq,emqp")
 PROTOCOL_LINE = re.compile(r"(\w+): acked=(\d+) delivered=(\d+) lost=(\d+) duplicated=(\d+) unexpected=(\d+) .*"
                            r" unexplained_duplicates=(\d+)$")
-SUMMARY_LINE = re.compile(r"torture: duration=30s seed=\d+ kills=(\d+) starts=(\d+) drained=yes ")
+SUMMARY_LINE = re.compile(r"torture: duration=\d+s seed=\d+ kills=(\d+) starts=(\d+) drained=yes \S+"
+                          r"(?: server_kills=(\d+))?$")
 # 30 s of load, a restart per kill and a drain on a loaded 2-core machine: far below this.
 RUN_TIMEOUT_S = 600
 
 
 @pytest.mark.slow
 def test_thirty_seconds_of_every_protocol_under_sigkills_lose_nothing() -> None:
-    run = subprocess.run([sys.executable, "-m", "polymq", "torture", "--duration", "30", "--seed", "1"],
+    lines = _run_and_check("--duration", "30", "--seed", "1")
+    kills, starts, _ = _summary(lines)
+    assert kills >= 1 and starts == kills + 1, lines  # every SIGKILL was followed by a restart
+
+
+@pytest.mark.slow
+def test_two_gateways_on_three_nats_servers_under_sigkills_of_both_kinds_lose_nothing() -> None:
+    """`--jetstream`: every protocol's clients spread over two gateways sharing their queues through three
+    nats-servers; SIGKILLs fall on gateways and servers, and nothing acknowledged is lost."""
+    lines = _run_and_check("--duration", "30", "--seed", "2", "--jetstream")
+    kills, starts, server_kills = _summary(lines)
+    assert starts == kills + 2, lines  # two gateways at first, each SIGKILL followed by a restart
+    assert kills >= 1 and server_kills >= 1, lines
+
+
+def _summary(lines: list[str]) -> tuple[int, int, int]:
+    summary = next(filter(None, map(SUMMARY_LINE.match, lines)), None)
+    assert summary is not None, lines
+    kills, starts, server_kills = summary.groups()
+    return int(kills), int(starts), int(server_kills or 0)
+
+
+def _run_and_check(*args: str) -> list[str]:
+    """Run `polymq torture`, check what every run must show, and return its output's lines."""
+    run = subprocess.run([sys.executable, "-m", "polymq", "torture", *args],
                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     lines = run.stdout.splitlines()
     explain = f"stdout:\n{run.stdout}\nstderr (end):\n{run.stderr[-4000:]}"
@@ -115,13 +179,10 @@ def test_thirty_seconds_of_every_protocol_under_sigkills_lose_nothing() -> None:
     acked, delivered, lost, _, unexpected = map(int, LAST_LINE.fullmatch(lines[-1]).groups())  # type: ignore[union-attr]
     assert (lost, unexpected) == (0, 0), explain
     assert acked > 0 and delivered > 0, explain
-    summary = next(filter(None, map(SUMMARY_LINE.match, lines)), None)
-    assert summary is not None, explain
-    kills, starts = map(int, summary.groups())
-    assert kills >= 1 and starts == kills + 1, explain  # every SIGKILL was followed by a restart
     counts = {match[1]: tuple(map(int, match.groups()[1:])) for match in map(PROTOCOL_LINE.match, lines) if match}
     assert sorted(counts) == sorted(PROTOCOLS), explain
     for protocol, (p_acked, p_delivered, p_lost, _, p_unexpected, unexplained) in counts.items():
         assert p_acked > 0 and p_delivered > 0, f"{protocol}: {explain}"
         assert (p_lost, p_unexpected, unexplained) == (0, 0, 0), f"{protocol}: {explain}"
     assert run.returncode == 0, explain
+    return lines

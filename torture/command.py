@@ -36,11 +36,14 @@ from polymq.torture.worker import Settings
               help="READYs an eMQP worker sends when it joins: its processes (the gateway is told the count).")
 @click.option("--drain-timeout", type=click.FloatRange(min=1), default=180.0, show_default=True,
               help="Longest drain (s).")
+@click.option("--jetstream", is_flag=True,
+              help="Three nats-servers (from the venv) and two gateways sharing queues through them; clients"
+                   " spread over both gateways, SIGKILLs fall on gateways and servers alike.")
 @click.option("--gateway-arg", "gateway_args", multiple=True,
               help="An argument for `polymq serve` (repeat it: --gateway-arg=--fsync --gateway-arg=never).")
 def command(duration: float, seed: int, data_dir: Path | None, kill_min: float, kill_max: float, kills: bool,
             chaos: bool, flood: str | None, publishers: int, consumers: int, emqp_slots: int, drain_timeout: float,
-            gateway_args: tuple[str, ...]) -> None:
+            jetstream: bool, gateway_args: tuple[str, ...]) -> None:
     """Run every protocol's publishers and consumers at once against a gateway this command starts,
     SIGKILLs and restarts on the same store, then drain and count.
 
@@ -52,14 +55,15 @@ def command(duration: float, seed: int, data_dir: Path | None, kill_min: float, 
         raise click.BadParameter("must not be below --kill-min", param_hint="--kill-max")
     options = Options(
         duration_s=duration, seed=seed, data_dir=data_dir, kill_min_s=kill_min, kill_max_s=kill_max,
-        kills=kills, chaos=chaos, drain_timeout_s=drain_timeout, gateway_args=gateway_args,
+        kills=kills, chaos=chaos, drain_timeout_s=drain_timeout, gateway_args=gateway_args, jetstream=jetstream,
         settings=Settings(publishers=publishers, consumers=consumers, flood=flood, emqp_slots=emqp_slots),
     )
     result = run_torture(options, progress=lambda text: click.echo(f"torture: {text}", err=True))
     report = result.report
     flood_text = f" flood={flood}" if flood else ""
     click.echo(f"torture: duration={duration:g}s seed={seed} kills={report.kills} starts={result.starts}"
-               f" drained={'yes' if result.drained else 'no'}{flood_text} elapsed={result.elapsed_s:.1f}s")
+               f" drained={'yes' if result.drained else 'no'}{flood_text} elapsed={result.elapsed_s:.1f}s"
+               + (f" server_kills={report.server_kills}" if jetstream else ""))
     for protocol, counts in report.protocols.items():
         click.echo(counts.line(protocol))
     for line in result.rates.lines():

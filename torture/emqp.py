@@ -91,6 +91,11 @@ def answer(run: Run, frames: list[bytes], pending: dict[bytes, tuple[bytes, floa
         if sent is not None:
             run.ledger.record_acked("emqp", [sent[0]], time.monotonic() - sent[1])
         return  # the REPLY of a request that had left the window: still unacknowledged
+    if len(frames) == 6 and frames[2] == emqp.REPLY and frames[5].startswith(emqp.ERROR_PREFIX):
+        refused = pending.pop(frames[4], None)
+        if refused is not None:
+            run.ledger.record_refused("emqp", [refused[0]], repr(frames))
+        return
     if frames[2:3] != [emqp.HEARTBEAT]:
         run.ledger.record_error(f"emqp client: unexpected answer {frames!r}")
 

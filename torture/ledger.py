@@ -4,8 +4,9 @@ Every message copy (a body in one sink) is followed from its send to each acknow
 gave it. A consumer *session* is one connection of one consumer; it ends cleanly, or *hard*: a
 random disconnect, a crash holding unacknowledged messages, or a gateway that went away. A copy
 acknowledged twice is a duplicate; it is explained when the first acknowledgement's session ended
-hard, or its gateway process ended (SIGKILL or stop) and the second came from a later one (the
-acknowledgement may never have been read or stored), otherwise it is a finding.
+hard, or its gateway process ended (SIGKILL or stop) before the second came (the acknowledgement may
+never have been read or stored), or a JetStream server was SIGKILLed between the two (an
+acknowledgement on its way to it is lost with it); otherwise it is a finding.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ EXAMPLES = 5  # copies quoted per kind of problem
 class Finish:
     session: int
     generation: int
+    order: int  # when, among the ledger's events (`Ledger.tick`)
 
 
 @attrs.define(slots=True)
@@ -41,12 +43,14 @@ class ProtocolCounts:
     requeues: int = 0
     crashes: int = 0  # consumer sessions ended holding unacknowledged messages
     disconnects: int = 0  # sessions (consumers and publishers) closed at a random moment
+    refused: int = 0  # copies of publishes answered with the protocol's error (a shared engine out of reach)
 
     def line(self, protocol: str) -> str:
         return (f"{protocol}: acked={self.acked} delivered={self.delivered} lost={self.lost}"
                 f" duplicated={self.duplicated} unexpected={self.unexpected} sent={self.sent}"
                 f" receipts={self.receipts} requeues={self.requeues} crashes={self.crashes}"
-                f" disconnects={self.disconnects} unexplained_duplicates={self.unexplained_duplicates}")
+                f" disconnects={self.disconnects} refused={self.refused}"
+                f" unexplained_duplicates={self.unexplained_duplicates}")
 
 
 @attrs.frozen(slots=True)
@@ -55,6 +59,7 @@ class Report:
     kills: int
     problems: tuple[str, ...]  # examples of each finding
     harness_errors: tuple[str, ...]
+    server_kills: int = 0  # JetStream servers SIGKILLed (`--jetstream`)
 
     def total(self) -> ProtocolCounts:
         total = ProtocolCounts()
@@ -89,7 +94,9 @@ class Ledger:
         self.disconnects: Counter[str] = Counter()  # by protocol
         self.hard_ended: set[int] = set()  # consumer sessions
         self.kills: set[int] = set()  # generations ended by SIGKILL
-        self.ended: set[int] = set()  # generations ended by SIGKILL or a stop
+        self.ended: dict[int, int] = {}  # generations ended by SIGKILL or a stop → when
+        self.server_kills: list[int] = []  # when a JetStream server was SIGKILLed
+        self._events = itertools.count()  # the order of finishes, ends and server kills
         self.errors: list[str] = []
         self.ack_latencies: defaultdict[str, list[float]] = defaultdict(list)  # by publishing protocol
         self.acked_in_window: Counter[str] = Counter()  # by publishing protocol, while measuring
@@ -98,6 +105,10 @@ class Ledger:
         self.flow_sent: Counter[int] = Counter()  # copies, by flow
         self.flow_done: Counter[int] = Counter()  # distinct copies delivered, by flow
         self.subscribed: set[str] = set()  # consumer threads that have made their queue
+        # A publish answered with the protocol's error is a refusal (nothing promised, nothing to lose)
+        # where the servers under the gateways are SIGKILLed; elsewhere it is a finding.
+        self.refusals_allowed = False
+        self.refused: Counter[str] = Counter()  # copies, by publishing protocol
         self._sessions = itertools.count(1)
 
     # -- writers -----------------------------------------------------------------------------
@@ -158,7 +169,7 @@ class Ledger:
                 self.flow_done[self.sent[key].flow] += 1
                 if self.measuring:
                     self.delivered_in_window[SINKS[sink].protocol] += 1
-            finishes.append(Finish(session, generation))
+            finishes.append(Finish(session, generation, next(self._events)))
             self.missing.discard((key, sink))
 
     def record_requeue(self, sink: str) -> None:
@@ -181,7 +192,19 @@ class Ledger:
 
     def record_restart(self, generation: int) -> None:
         with self.lock:
-            self.ended.add(generation)
+            self.ended.setdefault(generation, next(self._events))
+
+    def record_server_kill(self) -> None:
+        with self.lock:
+            self.server_kills.append(next(self._events))
+
+    def record_refused(self, protocol: str, keys: list[bytes], answer: str) -> None:
+        """A publish of these bodies was answered with the protocol's error: never acknowledged."""
+        if not self.refusals_allowed:
+            self.record_error(f"{protocol} publisher: unexpected answer {answer}")
+            return
+        with self.lock:
+            self.refused[protocol] += sum(len(FLOWS[self.sent[key].flow].sinks) for key in keys)
 
     def record_error(self, text: str) -> None:
         with self.lock:
@@ -191,9 +214,14 @@ class Ledger:
 
     def _explained(self, first: Finish, second: Finish) -> bool:
         """A copy acknowledged again: the first acknowledgement's connection ended hard, or its
-        gateway process ended (SIGKILL, stop) before the second one's."""
-        return first.session in self.hard_ended or (first.generation in self.ended
-                                                     and second.generation > first.generation)
+        gateway process ended (SIGKILL, stop) before the second one's, or a JetStream server was
+        SIGKILLed between the two."""
+        if first.session in self.hard_ended:
+            return True
+        ended = self.ended.get(first.generation)
+        if ended is not None and ended < second.order:
+            return True
+        return any(first.order < kill < second.order for kill in self.server_kills)
 
     def backlog(self, flow: int) -> int:
         """Copies of `flow` sent and not delivered yet (publishers pause above a limit)."""
@@ -239,4 +267,5 @@ class Ledger:
             for protocol in PROTOCOLS:
                 counts[protocol].crashes = self.crashes[protocol]
                 counts[protocol].disconnects = self.disconnects[protocol]
-            return Report(counts, len(self.kills), tuple(problems), tuple(self.errors))
+                counts[protocol].refused = self.refused[protocol]
+            return Report(counts, len(self.kills), tuple(problems), tuple(self.errors), len(self.server_kills))

@@ -41,7 +41,10 @@ def publisher(run: Run, index: int) -> threading.Thread:
                     raise TimeoutError("no answer to a publish")
                 response = mqks_client.parse_response(line)
                 sent = pending.pop(response.request_id, None)
-                if sent is None or not response.ok:
+                if sent is not None and not response.ok:
+                    run.ledger.record_refused("mqks", [sent[0]], repr(line[:120]))
+                    return
+                if sent is None:
                     run.ledger.record_error(f"mqks publisher: unexpected answer {line[:120]!r}")
                     return
                 run.ledger.record_acked("mqks", [sent[0]], time.monotonic() - sent[1])

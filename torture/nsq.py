@@ -44,6 +44,8 @@ def publisher(run: Run, index: int) -> threading.Thread:
                 keys, sent_at = pending.popleft()
                 if frame.is_response and frame.data == OK:
                     run.ledger.record_acked("nsq", keys, time.monotonic() - sent_at)
+                elif frame.is_error and frame.data.startswith((b"E_PUB_FAILED", b"E_MPUB_FAILED")):
+                    run.ledger.record_refused("nsq", keys, repr(frame))
                 else:
                     run.ledger.record_error(f"nsq publisher: unexpected answer {frame!r}")
 

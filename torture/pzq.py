@@ -59,6 +59,9 @@ def publisher(run: Run, index: int) -> threading.Thread:
                     idle_since = time.monotonic()
                     answer = zmq_socket.receive(sock)
                     sent = pending.pop(answer[0], None)
+                    if sent is not None and answer[1:3] == [pzq.ACK_FAILED, b""]:
+                        run.ledger.record_refused("pzq", [sent[0]], repr(answer))
+                        continue
                     if sent is None or answer[1:3] != [pzq.ACK_OK, b""]:
                         run.ledger.record_error(f"pzq producer: unexpected answer {answer!r}")
                         continue

@@ -1,5 +1,8 @@
 """One run: the gateway on a store the run owns, every protocol's clients at once, SIGKILLs at
-random moments with a restart on the same store, then a drain and the check of the records."""
+random moments with a restart on the same store, then a drain and the check of the records.
+
+With `jetstream`, the run starts three nats-servers and two gateways sharing their queues through
+them; each client keeps to one gateway, and the SIGKILLs fall on gateways and servers alike."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from pathlib import Path
 
 import attrs
 
+from polymq.clients.nats_servers import NatsCluster, NatsServerError
 from polymq.torture import emqp, mqks, nsq, phpmq, pzq
 from polymq.torture.gateway import GatewayDidNotStart
 from polymq.torture.ledger import Ledger, Report
@@ -37,6 +41,14 @@ GATEWAY_ARGS = (
 )
 JOIN_S = 30.0  # a client thread ends within its socket timeout and a poll
 
+# With `jetstream`: servers and gateways in a run (the smallest cluster that survives losing one
+# server, and two nodes so that every queue has consumers on both).
+JETSTREAM_SERVERS = 3
+JETSTREAM_GATEWAYS = 2
+# JetStream's ack wait in a run: what a SIGKILLed gateway held goes to the other one after it, so the
+# drain waits seconds, not the minute of the default.
+JETSTREAM_ACK_WAIT_S = 10.0
+
 
 @attrs.define(slots=True)
 class Options:
@@ -52,6 +64,7 @@ class Options:
     settle_s: float = 1.0  # everything acknowledged delivered: this quiet long for the stragglers
     gateway_args: tuple[str, ...] = ()
     settings: Settings = attrs.Factory(Settings)
+    jetstream: bool = False  # three nats-servers and two gateways on them, both kinds SIGKILLed
 
 
 @attrs.frozen(slots=True)
@@ -89,9 +102,17 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
     if data_dir is None:
         own_dir = data_dir = Path(tempfile.mkdtemp(prefix="polymq-torture-"))
     ledger = Ledger()
+    ledger.refusals_allowed = options.jetstream
     # The eMQP workers are jobmanagers of `emqp_slots` processes: the gateway is told so.
     worker_processes = ("--emqp-worker-processes", str(options.settings.emqp_slots))
-    gateways = Gateways(data_dir, (*GATEWAY_ARGS, *worker_processes, *options.gateway_args), ledger)
+    args = (*GATEWAY_ARGS, *worker_processes, *options.gateway_args)
+    cluster: NatsCluster | None = None
+    data_dirs = [data_dir]
+    if options.jetstream:
+        cluster = NatsCluster(data_dir / "nats", JETSTREAM_SERVERS)
+        data_dirs = [data_dir / f"gateway-{slot + 1}" for slot in range(JETSTREAM_GATEWAYS)]
+        args = (*args, "--jetstream", ",".join(cluster.urls), "--jetstream-ack-wait", f"{JETSTREAM_ACK_WAIT_S:g}")
+    gateways = Gateways(data_dirs, args, ledger)
     run = Run(options.settings, gateways, ledger, options.seed)
     rng = random.Random(options.seed)
     publishers: list[threading.Thread] = []
@@ -100,6 +121,9 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
     measure_start = time.monotonic()
     rates: Rates | None = None
     try:
+        if cluster is not None:
+            cluster.start()
+            cluster.wait_ready()
         gateways.start()
         run.consuming.set()
         for sink in SINKS.values():
@@ -122,9 +146,7 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
                 time.sleep(end - now)
                 break
             time.sleep(life)
-            gateways.kill()
-            progress(f"SIGKILL: process life {gateways.generation} after {life:.1f} s")
-            gateways.start()
+            _kill_one(rng, gateways, cluster, ledger, life, progress)
         run.publishing.clear()
         measured = time.monotonic() - measure_start
         with ledger.lock:
@@ -135,10 +157,13 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
         # A last restart (SIGKILL, or a clean stop with --no-kills): what crashed consumers held comes
         # back with the last process life (PZQ's and eMQP's peers are not seen to go).
         if options.kills:
-            gateways.kill()
-            progress(f"SIGKILL: process life {gateways.generation}, then the drain")
+            for slot in range(gateways.slots):
+                generation = gateways.kill(slot)
+                progress(f"SIGKILL: process life {generation}, then the drain")
         else:
             gateways.stop()
+        if cluster is not None:
+            cluster.wait_ready()
         gateways.start()
         drained = _drain(ledger, options)
         run.consuming.clear()
@@ -146,7 +171,7 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
         gateways.stop()
     except GatewayDidNotStart:
         pass  # recorded: the run ends here, its report says so
-    except TimeoutError as error:
+    except (TimeoutError, NatsServerError) as error:
         ledger.record_error(str(error))
     finally:
         run.publishing.clear()
@@ -154,11 +179,30 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
         gateways.stop()
         for thread in publishers + consumers:
             thread.join(JOIN_S)  # at once after a run that went its way
+        if cluster is not None:
+            cluster.stop()
         if own_dir is not None:
             shutil.rmtree(own_dir, ignore_errors=True)
     if rates is None:
         rates = _rates(ledger, time.monotonic() - measure_start)
     return Result(ledger.check(), rates, gateways.starts, time.monotonic() - started, drained)
+
+
+def _kill_one(rng: random.Random, gateways: Gateways, cluster: NatsCluster | None, ledger: Ledger, life: float,
+              progress: Callable[[str], None]) -> None:
+    """SIGKILL a gateway or, with a cluster, one of its servers (as likely), and start it again at once
+    on its own store."""
+    if cluster is not None and rng.random() < 0.5:
+        server = rng.choice(cluster.servers)
+        server.kill()
+        ledger.record_server_kill()
+        progress(f"SIGKILL: nats-server {server.name} after {life:.1f} s")
+        server.start()
+        return
+    slot = rng.randrange(gateways.slots)
+    generation = gateways.kill(slot)
+    progress(f"SIGKILL: process life {generation} after {life:.1f} s")
+    gateways.start(slot)
 
 
 def _sinks_ready(ledger: Ledger, sessions: int) -> bool:

@@ -51,37 +51,54 @@ class Settings:
 
 
 class Gateways:
-    """The gateway process of the moment: started, SIGKILLed and started again on one store."""
+    """The gateway processes of the moment, one per slot, each on its own store: started, SIGKILLed and
+    started again. A process life is a *generation*, numbered across the slots; each client thread
+    keeps to one slot (given round-robin), so with two slots a queue's consumers sit on both nodes."""
 
-    def __init__(self, data_dir: Path, args: tuple[str, ...], ledger: Ledger) -> None:
-        self.data_dir = data_dir
+    def __init__(self, data_dirs: list[Path], args: tuple[str, ...], ledger: Ledger) -> None:
+        self.data_dirs = data_dirs
         self.args = args
         self.ledger = ledger
-        self.generation = 0
+        self.generation = 0  # the newest process life, of any slot
         self.starts = 0
-        self._gateway: GatewayProcess | None = None
+        self._gateways: list[GatewayProcess | None] = [None] * len(data_dirs)
+        self._generations = [0] * len(data_dirs)
+        self._assigned = itertools.count()
         self._changed = threading.Condition()
 
-    def start(self) -> None:
-        try:
-            gateway = start_gateway(self.data_dir, self.args, ready_timeout=START_TIMEOUT_S)
-        except GatewayDidNotStart as error:
-            self.ledger.record_error(str(error))
-            raise
-        with self._changed:
-            self.generation += 1
-            self.starts += 1
-            self._gateway = gateway
-            self._changed.notify_all()
+    @property
+    def slots(self) -> int:
+        return len(self._gateways)
 
-    def kill(self) -> None:
-        """SIGKILL the current process (by its PID); a process that had died on its own is a finding."""
+    def assign(self) -> int:
+        """The slot of a new client thread."""
         with self._changed:
-            gateway, generation = self._gateway, self.generation
-            self._gateway = None
+            return next(self._assigned) % self.slots
+
+    def start(self, slot: int | None = None) -> None:
+        """Start the slot's gateway (every slot's when None)."""
+        for index in range(self.slots) if slot is None else (slot,):
+            try:
+                gateway = start_gateway(self.data_dirs[index], self.args, ready_timeout=START_TIMEOUT_S)
+            except GatewayDidNotStart as error:
+                self.ledger.record_error(str(error))
+                raise
+            with self._changed:
+                self.generation += 1
+                self.starts += 1
+                self._gateways[index] = gateway
+                self._generations[index] = self.generation
+                self._changed.notify_all()
+
+    def kill(self, slot: int = 0) -> int:
+        """SIGKILL the slot's process (by its PID); a process that had died on its own is a finding.
+        Returns the generation it ended."""
+        with self._changed:
+            gateway, generation = self._gateways[slot], self._generations[slot]
+            self._gateways[slot] = None
             self._changed.notify_all()
         if gateway is None:
-            return
+            return generation
         code = gateway.process.poll()
         if code is not None:
             log = "\n".join(gateway.log_lines[-60:])
@@ -89,27 +106,33 @@ class Gateways:
         gateway.stop(signal.SIGKILL)
         self.ledger.record_kill(generation)
         self.ledger.record_restart(generation)
+        return generation
 
     def stop(self) -> None:
-        with self._changed:
-            gateway, self._gateway = self._gateway, None
-            self._changed.notify_all()
-        if gateway is not None:
-            self.ledger.record_restart(self.generation)
-        if gateway is not None:
+        """Stop every slot's process (SIGTERM)."""
+        for slot in range(self.slots):
+            with self._changed:
+                gateway, generation = self._gateways[slot], self._generations[slot]
+                self._gateways[slot] = None
+                self._changed.notify_all()
+            if gateway is None:
+                continue
+            self.ledger.record_restart(generation)
             code = gateway.process.poll()
             if code is not None:
                 self.ledger.record_error(f"the gateway exited on its own (code {code})")
             gateway.stop()
 
-    def current(self, timeout: float) -> tuple[int, GatewayProcess] | None:
+    def current(self, slot: int, timeout: float) -> tuple[int, GatewayProcess] | None:
         with self._changed:
-            if self._gateway is None:
+            if self._gateways[slot] is None:
                 self._changed.wait(timeout)
-            return None if self._gateway is None else (self.generation, self._gateway)
+            gateway = self._gateways[slot]
+            return None if gateway is None else (self._generations[slot], gateway)
 
     def alive(self, generation: int) -> bool:
-        return self._gateway is not None and self.generation == generation
+        gateways, generations = self._gateways, self._generations
+        return any(gateways[slot] is not None and generations[slot] == generation for slot in range(self.slots))
 
     def wait_for_change(self, generation: int, timeout: float) -> None:
         with self._changed:
@@ -175,10 +198,12 @@ def client_thread(run: Run, name: str, session: Callable[[GatewayProcess, int], 
     """A thread that runs `session` against the current gateway while `running` is set, again after
     every disconnect and on every new gateway process."""
 
+    slot = run.gateways.assign()
+
     def loop() -> None:
         try:
             while running.is_set():
-                current = run.gateways.current(POLL_S)
+                current = run.gateways.current(slot, POLL_S)
                 if current is None:
                     continue
                 generation, gateway = current
