@@ -5,6 +5,10 @@ same key replaces it. Each firing is an ordinary publish; a schedule with a run 
 after that many firings. Times are wall-clock (a cron expression names wall times); the engine's
 timers run on the monotonic clock, so each firing is set as "that many seconds from now".
 After a restart a schedule whose time passed while the gateway was down fires once, at once.
+
+Where schedules are kept, and which node fires them, is the `ScheduleKeeper`'s: the embedded store
+keeps them and its one node fires them all (`StoreKeeper`); a shared engine keeps them for every node
+and lets one fire at a time (`polymq.jetstream.schedules`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import base64
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 from croniter import croniter
@@ -28,6 +32,8 @@ FOREVER = -1  # a run count without end
 KEPT_SCHEDULE = "schedule"  # the store's kind of kept record for a schedule
 # An interval of 0 (the original accepts it: every turn of its 1 ms loop) fires this often, not in a busy loop.
 MIN_INTERVAL_S = 0.001
+# A node that may not fire a due schedule (another node fires them) looks again this often.
+NOT_MINE_RETRY_S = 1.0
 
 
 class InvalidSchedule(ValueError):
@@ -66,12 +72,45 @@ def next_cron(expression: str, after_wall: float) -> float:
     return float(croniter(expression, start).get_next(float))
 
 
+class ScheduleKeeper(Protocol):
+    def may_fire(self) -> bool:
+        """This node fires the schedules now (the others keep them, ready to take over)."""
+        ...
+
+    def saved(self, schedule: Schedule) -> None:
+        """The schedule was added or fired: keep its state."""
+        ...
+
+    def deleted(self, key: str) -> None:
+        """The schedule was removed, or ran its last firing."""
+        ...
+
+
+class StoreKeeper:
+    """The engine's own store keeps the schedules (when it is durable); its node fires them all."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def may_fire(self) -> bool:
+        return True
+
+    def saved(self, schedule: Schedule) -> None:
+        if self.engine.storage.persistent:
+            self.engine.storage.kept_saved(KEPT_SCHEDULE, schedule.key, schedule.to_record())
+
+    def deleted(self, key: str) -> None:
+        if self.engine.storage.persistent:
+            self.engine.storage.kept_deleted(KEPT_SCHEDULE, key)
+
+
 class Schedules:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.by_key: dict[str, Schedule] = {}
         # Called at each firing with the schedule, before it publishes (an adapter makes its queue).
         self.on_fire: Callable[[Schedule], None] | None = None
+        self.keeper: ScheduleKeeper = StoreKeeper(engine)
 
     def _wall(self) -> float:
         return self.engine.clock.wall_ns() / 1e9
@@ -106,24 +145,34 @@ class Schedules:
         return schedule
 
     def remove(self, key: str) -> bool:
+        if not self.forget(key):
+            return False
+        self.keeper.deleted(key)
+        return True
+
+    def forget(self, key: str) -> bool:
+        """Drop the schedule here only (the keeper says it was removed)."""
         schedule = self.by_key.pop(key, None)
         if schedule is None:
             return False
         if schedule.timer is not None:
             schedule.timer.cancel()
-        if self.engine.storage.persistent:
-            self.engine.storage.kept_deleted(KEPT_SCHEDULE, key)
         return True
 
     def restore(self, records: tuple[Mapping[str, Any], ...]) -> None:
         for record in records:
-            schedule = Schedule.from_record(record)
-            self.by_key[schedule.key] = schedule
-            self._arm(schedule)
+            self.known(record)
+
+    def known(self, record: Mapping[str, Any]) -> None:
+        """A schedule as the keeper has it (at start, or as another node added or fired it): it replaces
+        this node's copy, which is not saved again."""
+        self.forget(record["key"])
+        schedule = Schedule.from_record(record)
+        self.by_key[schedule.key] = schedule
+        self._arm(schedule)
 
     def _save(self, schedule: Schedule) -> None:
-        if self.engine.storage.persistent:
-            self.engine.storage.kept_saved(KEPT_SCHEDULE, schedule.key, schedule.to_record())
+        self.keeper.saved(schedule)
 
     def _arm(self, schedule: Schedule) -> None:
         engine = self.engine
@@ -133,6 +182,11 @@ class Schedules:
     def _fire(self, schedule: Schedule) -> None:
         if self.by_key.get(schedule.key) is not schedule:
             return  # removed or replaced meanwhile
+        if not self.keeper.may_fire():
+            # Another node fires it and saves its next time; this one looks again, to take over if it must.
+            engine = self.engine
+            schedule.timer = engine.timers.schedule(engine.clock.now() + NOT_MINE_RETRY_S, self._fire, schedule)
+            return
         now = self._wall()
         schedule.fired += 1
         if self.on_fire is not None:

@@ -71,6 +71,7 @@ class JetStreamError(NatsError):
 ERR_STREAM_NOT_FOUND = 10059
 ERR_CONSUMER_NOT_FOUND = 10014
 ERR_STREAM_NAME_IN_USE = 10058
+ERR_NO_MESSAGE_FOUND = 10037
 
 
 def token(name: str) -> str:

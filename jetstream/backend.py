@@ -38,6 +38,7 @@ from polymq.jetstream.nats_connection import (
     NoResponders,
     RequestTimeout,
 )
+from polymq.jetstream.schedules import SharedScheduleKeeper
 
 log = logging.getLogger("polymq.jetstream")
 
@@ -144,6 +145,7 @@ class JetStreamLink:
         self.forwarded_acks = 0
         self._down_since: float | None = None  # while the link to the cluster is down: since when
         self.progress_reports = 0  # `+WPI`s sent: deliveries and held copies still worked on
+        self.schedule_keeper: SharedScheduleKeeper | None = None  # set at start
 
     # -- start ------------------------------------------------------------------------------
 
@@ -153,6 +155,11 @@ class JetStreamLink:
         self.connection.subscribe(EMPTIED_PREFIX + "*", self._on_emptied)
         self.connection.subscribe(PAUSED_PREFIX + "*", self._on_paused)
         await self.deferred.prepare(self.settings.replicas)
+        if self.engine is not None:
+            self.schedule_keeper = SharedScheduleKeeper(self, self.engine.schedules, self.engine.node)
+            self.engine.schedules.keeper = self.schedule_keeper
+            await self.schedule_keeper.prepare(self.settings.replicas)
+            nursery.start_soon(self.schedule_keeper.run)
         nursery.start_soon(self._control)
         nursery.start_soon(self.deferred.run)
         nursery.start_soon(self._refresh)

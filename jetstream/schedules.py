@@ -1,0 +1,192 @@
+"""Schedules (eMQP `SCHEDULE`) on JetStream: kept for every node, fired by one node at a time.
+
+Each schedule is a key of the key-value bucket `POLYMQ_SCHEDULES` (the stream `KV_POLYMQ_SCHEDULES`,
+as NATS's own KV clients lay a bucket out, so `nats kv` reads it): its record, as the embedded store
+keeps it, with its next firing time. Every node loads the bucket at start and follows its changes,
+so each holds every schedule, armed.
+
+Which node fires is decided by a lease: the key `schedules` of the bucket `POLYMQ_LEASES`, a message
+with a TTL. A node takes it only when the key is empty (`Nats-Expected-Last-Subject-Sequence: 0`) and
+keeps it by writing it again over its own sequence before the TTL ends; a node that dies lets it
+lapse, and another takes it within LEASE_TTL_S + LEASE_RENEW_S. The holder fires what is due and saves
+each schedule's next time; the others, when a schedule is due, look again every second, and take
+over from the last saved time (a firing due while nobody held the lease comes at once). A holder
+that dies between a firing's publish and its save has that firing made again by the next holder.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from polymq.core.schedules import Schedule, Schedules
+from polymq.jetstream import api
+from polymq.jetstream.nats_connection import Msg, NatsError
+
+if TYPE_CHECKING:
+    from polymq.jetstream.backend import JetStreamLink
+
+log = logging.getLogger("polymq.jetstream")
+
+BUCKET = "POLYMQ_SCHEDULES"
+LEASES = "POLYMQ_LEASES"
+LEASE_KEY = "schedules"
+# How long a lease lasts unless renewed, and how often its holder renews it (three tries per TTL), or
+# another node tries to take it: a dead holder's schedules wait at most about their sum.
+LEASE_TTL_S = 6
+LEASE_RENEW_S = 2.0
+# NATS's KV headers and the JetStream header of an optimistic write.
+HEADER_KV_OPERATION = "KV-Operation"
+KV_DELETE = "DEL"
+HEADER_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+
+
+def kv_stream(bucket: str) -> str:
+    return f"KV_{bucket}"
+
+
+def kv_subject(bucket: str, key: str) -> str:
+    return f"$KV.{bucket}.{key}"
+
+
+def bucket_config(bucket: str, replicas: int, *, ttl: bool = False) -> dict[str, Any]:
+    """A KV bucket's stream as NATS's KV clients make it: the last value per key, deletes as markers."""
+    config: dict[str, Any] = {
+        "name": kv_stream(bucket), "subjects": [kv_subject(bucket, ">")], "retention": "limits",
+        "max_msgs_per_subject": 1, "storage": "file", "num_replicas": replicas, "discard": "new",
+        "allow_rollup_hdrs": True, "deny_delete": True, "allow_direct": True}
+    if ttl:
+        config["allow_msg_ttl"] = True
+    return config
+
+
+class SharedScheduleKeeper:
+    """The `ScheduleKeeper` of a node on JetStream."""
+
+    def __init__(self, link: JetStreamLink, schedules: Schedules, node: int) -> None:
+        self.link = link
+        self.connection = link.connection
+        self.schedules = schedules
+        self.node = node
+        self.holding = False
+        self._lease_sequence = 0  # the lease's sequence while this node holds it
+        self.leases_taken = 0
+
+    # -- ScheduleKeeper ---------------------------------------------------------------------------
+
+    def may_fire(self) -> bool:
+        return self.holding
+
+    def saved(self, schedule: Schedule) -> None:
+        record = {**schedule.to_record(), "node": self.node}
+        self._write(schedule.key, json.dumps(record).encode(), None)
+
+    def deleted(self, key: str) -> None:
+        self._write(key, b"", {HEADER_KV_OPERATION: KV_DELETE})
+
+    def _write(self, key: str, payload: bytes, headers: Mapping[str, str] | None) -> None:
+        subject = kv_subject(BUCKET, api.token(key))
+
+        def answered(reply: Msg | NatsError) -> None:
+            error: Exception | None = reply if isinstance(reply, NatsError) else None
+            if error is None:
+                assert isinstance(reply, Msg)
+                try:
+                    api.parse_publish_ack(reply.payload)
+                except (api.JetStreamError, ValueError, KeyError) as failure:
+                    error = failure
+            if error is not None:
+                log.warning("schedule %r not kept in JetStream: %r", key, str(error))
+
+        try:
+            self.connection.request_nowait(subject, payload, answered, headers=headers,
+                                           timeout=self.link.settings.publish_timeout_s)
+        except NatsError as error:
+            log.warning("schedule %r not kept in JetStream: %r", key, str(error))
+
+    # -- start and follow ---------------------------------------------------------------------------
+
+    async def prepare(self, replicas: int) -> None:
+        """Make both buckets unless they exist, follow the schedules' changes, then load what is kept."""
+        for bucket, ttl in ((BUCKET, False), (LEASES, True)):
+            try:
+                await api.api(self.connection, f"STREAM.CREATE.{kv_stream(bucket)}",
+                              bucket_config(bucket, replicas, ttl=ttl))
+            except api.JetStreamError as error:
+                if error.err_code != api.ERR_STREAM_NAME_IN_USE:
+                    raise
+        self.connection.subscribe(kv_subject(BUCKET, ">"), self._on_change)
+        info = await api.api(self.connection, f"STREAM.INFO.{kv_stream(BUCKET)}",
+                             {"subjects_filter": kv_subject(BUCKET, ">")})
+        subjects = (info.get("state") or {}).get("subjects") or {}
+        for subject in subjects:
+            try:
+                answer = await api.api(self.connection, f"STREAM.MSG.GET.{kv_stream(BUCKET)}",
+                                       {"last_by_subj": subject})
+            except api.JetStreamError as error:
+                if error.err_code == api.ERR_NO_MESSAGE_FOUND:
+                    continue  # removed meanwhile
+                raise
+            self._known(answer.get("message") or {})
+
+    def _known(self, stored: Mapping[str, Any]) -> None:
+        """A stored KV message (STREAM.MSG.GET's form: base64 data and headers)."""
+        headers = base64.b64decode(stored.get("hdrs") or b"")
+        if HEADER_KV_OPERATION.encode() in headers:
+            return  # a delete marker
+        data = base64.b64decode(stored.get("data") or b"")
+        if data:
+            self._apply(data)
+
+    def _on_change(self, msg: Msg) -> None:
+        operation = (msg.headers or {}).get(HEADER_KV_OPERATION)
+        if operation is not None:
+            key = self._key_of(msg.subject)
+            if key is not None:
+                self.schedules.forget(key)
+            return
+        self._apply(msg.payload, skip_own=True)
+
+    def _apply(self, data: bytes, *, skip_own: bool = False) -> None:
+        try:
+            record = json.loads(data)
+            if skip_own and record.get("node") == self.node:
+                return  # this node's own save coming back: its copy is newer or the same
+            self.schedules.known(record)
+        except (ValueError, KeyError, TypeError) as error:
+            log.warning("a schedule kept in JetStream cannot be read: %r", str(error))
+
+    def _key_of(self, subject: str) -> str | None:
+        token = subject.removeprefix(kv_subject(BUCKET, ""))
+        for key in self.schedules.by_key:
+            if api.token(key) == token:
+                return key
+        return None
+
+    # -- the lease --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Take or renew the lease every LEASE_RENEW_S, for as long as the node runs."""
+        subject = kv_subject(LEASES, LEASE_KEY)
+        while True:
+            expected = self._lease_sequence if self.holding else 0
+            headers = {HEADER_EXPECTED_LAST_SUBJECT_SEQ: str(expected), api.HEADER_TTL: f"{LEASE_TTL_S}s"}
+            try:
+                reply = await self.connection.request(subject, str(self.node).encode(), headers=headers,
+                                                      timeout=LEASE_RENEW_S)
+                _, sequence, _ = api.parse_publish_ack(reply.payload)
+            except (NatsError, api.JetStreamError, ValueError, KeyError):
+                if self.holding:
+                    log.info("node %d no longer fires the schedules (its lease was not renewed)", self.node)
+                self.holding = False
+            else:
+                if not self.holding:
+                    self.leases_taken += 1
+                    log.info("node %d fires the schedules", self.node)
+                self.holding, self._lease_sequence = True, sequence
+            await trio.sleep(LEASE_RENEW_S)
