@@ -20,6 +20,7 @@ from polymq.codecs import phpmq
 
 from support.browser import chromium
 from support.gateway import GatewayProcess, running_gateway
+from support.nats_cluster import NatsServer
 from support.nsq_wire import subscribed_socket
 
 TOKEN = "page-test-token-0123456789"
@@ -124,3 +125,21 @@ def test_the_page_shows_protocols_side_by_side_and_pauses_a_channel(tmp_path: Pa
             browser.find_element(By.ID, "confirm-cancel").click()
             wait.until(lambda driver: not dialog.is_displayed())
             assert "orders" in {queue["name"] for queue in _state(gateway)["queues"]}
+
+
+def test_the_status_line_names_the_jetstream_server_and_the_node(tmp_path: Path, nats_server: NatsServer) -> None:
+    """On a node whose queues live in JetStream, the page says so, with the server it talks to and its number."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    with running_gateway("--admin-token-file", str(token_file), "--jetstream", nats_server.url,
+                         data_dir=tmp_path / "data") as gateway, chromium() as browser:
+        node = _state(gateway)["backend"]["node"]
+        browser.get(f"http://{gateway.http}/")
+        wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=RETRIED)
+        token_input = wait.until(lambda driver: driver.find_element(By.ID, "token-input"))
+        wait.until(lambda driver: token_input.is_displayed())
+        token_input.send_keys(TOKEN)
+        browser.find_element(By.ID, "token-ok").click()
+        status = wait.until(lambda driver: "JetStream" in _text(driver, "#status") and _text(driver, "#status"))
+        assert status.endswith(f" — queues in JetStream at {nats_server.url} (node {node})"), status
+        assert status.startswith("updated ")
