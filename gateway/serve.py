@@ -41,7 +41,15 @@ from polymq.gateway.admin_access import AccessError, AdminAccess
 from polymq.gateway.admin_api import AdminApi
 from polymq.gateway.collector import collect_on_a_clock
 from polymq.gateway.committer import Committer
-from polymq.gateway.config import HTTP_LISTENER, OPTIONS_BY_KEY, Config, click_options, from_command_line, to_toml
+from polymq.gateway.config import (
+    DATA_DIR_KEY,
+    HTTP_LISTENER,
+    OPTIONS_BY_KEY,
+    Config,
+    click_options,
+    from_command_line,
+    to_toml,
+)
 from polymq.gateway.http import serve_gateway_http
 from polymq.gateway.metrics import Metrics
 from polymq.jetstream.backend import JetStreamLink
@@ -167,6 +175,9 @@ def open_storage(config: Config) -> tuple[DiskStorage | MemoryStorage, Committer
                                "every message; give one of them")
         return MemoryStorage(), None  # unused: the engine stores through the cluster
     if config.storage.in_memory:
+        if DATA_DIR_KEY in config.given:
+            raise StartupError("--in-memory and --data-dir contradict each other: --in-memory keeps nothing on "
+                               "disk; give one of them")
         return MemoryStorage(), None
     data_dir = config.storage.data_dir.absolute()
     created = _missing_ancestor(data_dir)

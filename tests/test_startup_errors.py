@@ -120,6 +120,26 @@ def test_tls_required_without_a_certificate_is_a_start_up_error(tmp_path: Path) 
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("given", ["flags", "variables", "config file"])
+def test_in_memory_and_a_data_dir_contradict_each_other_however_they_are_given(tmp_path: Path, given: str) -> None:
+    data_dir = tmp_path / "data"
+    args: tuple[str, ...] = ("--in-memory", "--data-dir", str(data_dir))
+    env: dict[str, str] = {}
+    if given == "variables":
+        args, env = (), {"POLYMQ_IN_MEMORY": "1", "POLYMQ_DATA_DIR": str(data_dir)}
+    elif given == "config file":
+        config = tmp_path / "polymq.toml"
+        config.write_text('[storage]\ndata_dir = "data"\nin_memory = true\n')
+        args = ("--config", str(config))
+    result = _serve(*args, *FREE_PORTS, env=env)
+    assert result.returncode == 1
+    _no_traceback(result)
+    [line] = _error_lines(result)
+    assert line.endswith("gateway  --in-memory and --data-dir contradict each other: --in-memory keeps nothing on "
+                         "disk; give one of them")
+    assert not data_dir.exists()
+
+
 def test_a_bad_flag_value_is_a_usage_error_naming_the_flag() -> None:
     result = _serve("--fsync=sometimes")
     assert result.returncode == 2
