@@ -58,6 +58,10 @@ log = logging.getLogger("polymq")
 
 # The listen backlog; the original MQKS used 256, nsqd the OS default.
 LISTEN_BACKLOG = 1024
+# What the store does in its data dir: lists, creates and removes files in every folder; reads,
+# appends to and cuts back every file.
+FOLDER_ACCESS = os.R_OK | os.W_OK | os.X_OK
+FILE_ACCESS = os.R_OK | os.W_OK
 
 
 class StartupError(Exception):
@@ -167,6 +171,24 @@ def _missing_ancestor(path: Path) -> Path | None:
     return missing
 
 
+def _refuse_what_cannot_be_written(data_dir: Path) -> None:
+    """Raises PermissionError naming the first folder or file of an existing data dir this process
+    may not read and write: the store appends to, cuts back and removes every file of it, and adds
+    and removes files in every folder (one left by another user, root say, would otherwise fail
+    later, in the sync thread)."""
+    if not data_dir.is_dir():
+        return  # DiskStorage creates it, or says why not
+    effective = os.access in os.supports_effective_ids  # root without CAP_DAC_OVERRIDE: its own rights
+    for folder, _, files in os.walk(data_dir, onerror=_raise):
+        for path, needed in ((folder, FOLDER_ACCESS), *((os.path.join(folder, name), FILE_ACCESS) for name in files)):
+            if not os.access(path, needed, effective_ids=effective):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
 def open_storage(config: Config) -> tuple[DiskStorage | MemoryStorage, Committer | None]:
     clock = SystemClock()
     if jetstream_engine.server_urls(config.jetstream):
@@ -180,8 +202,10 @@ def open_storage(config: Config) -> tuple[DiskStorage | MemoryStorage, Committer
                                "disk; give one of them")
         return MemoryStorage(), None
     data_dir = config.storage.data_dir.absolute()
-    created = _missing_ancestor(data_dir)
+    created: Path | None = None
     try:
+        created = _missing_ancestor(data_dir)  # a folder above it this user may not search raises here
+        _refuse_what_cannot_be_written(data_dir)
         storage = DiskStorage(data_dir, clock, policy=config.storage.fsync,
                               mem_queue_size=config.storage.mem_queue_size)
     except DataDirInUse as error:
