@@ -52,6 +52,7 @@ from polymq.gateway.config import (
 )
 from polymq.gateway.http import serve_gateway_http
 from polymq.gateway.metrics import Metrics
+from polymq.gateway.run_file import RunFile
 from polymq.jetstream.backend import JetStreamLink
 
 log = logging.getLogger("polymq")
@@ -78,6 +79,7 @@ class Prepared:
     storage: DiskStorage | MemoryStorage
     committer: Committer | None
     access: AdminAccess  # who may use the admin API (checked before anything is bound)
+    run_file: RunFile = attrs.Factory(lambda: RunFile(None))  # told once the gateway serves
 
     def close(self) -> None:
         for bound in self.bound:
@@ -393,6 +395,7 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
                                     config.storage.snapshot_memory_mb << 20, metrics,
                                     AdminApi(engine, lambda: by_protocol, prepared.access))
             log.info("ready")
+            prepared.run_file.serving()
             task_status.started(engine)
             async for signum in signals:
                 log.info("received %s, stopping: closing %d connections", signal.Signals(signum).name,
@@ -418,8 +421,9 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
         log.info("stopped: %d messages in memory dropped (--in-memory)", _stored(engine))
 
 
-def _fail(message: str, error: BaseException, debug: bool) -> None:
+def _fail(message: str, error: BaseException, debug: bool, run_file: RunFile) -> None:
     log.error("%s", message, exc_info=error if debug else None)
+    run_file.failed(message)  # for `polymq wait`, which says it instead of waiting on
     if not debug and not isinstance(error, StartupError):
         log.error("run with --debug for the traceback")
     sys.exit(1)
@@ -444,14 +448,17 @@ def command(ctx: click.Context, debug: bool, **values: object) -> None:
     """
     config = from_command_line(ctx, values)
     logs.configure(config.log.level, config.log.format)
+    run_file = RunFile.of_gateway(config.http.bind, config.http.port)
+    run_file.starting()
     try:
         prepared = prepare(config)
     except StartupError as error:
-        _fail(str(error), error, debug)
+        _fail(str(error), error, debug, run_file)
         return
     except Exception as error:  # a failure no check foresaw: one line, the traceback with --debug
-        _fail(f"start-up failed: {type(error).__name__}: {error}", error, debug)
+        _fail(f"start-up failed: {type(error).__name__}: {error}", error, debug, run_file)
         return
+    prepared.run_file = run_file
     try:
         trio.run(run_gateway, prepared)
     except BaseException as error:
@@ -461,8 +468,8 @@ def command(ctx: click.Context, debug: bool, **values: object) -> None:
         if isinstance(cause, KeyboardInterrupt | SystemExit):
             raise
         if isinstance(cause, StartupError):
-            _fail(str(cause), cause, debug)
-        _fail(f"stopped by an unexpected error: {type(cause).__name__}: {cause}", error, debug)
+            _fail(str(cause), cause, debug, run_file)
+        _fail(f"stopped by an unexpected error: {type(cause).__name__}: {cause}", error, debug, run_file)
 
 
 @click.command()
