@@ -5,7 +5,8 @@ the check's).
 A suite registers plain functions with `Registry.check(name)`. Each function receives a
 context object made by the suite (addresses, timeout, cleanup) and signals a failure by raising
 `CheckFailed`; any other exception is also reported as a failure, never as a crash of the run.
-Output is one line per check, `PASS name` or `FAIL name: reason (expected …, got …)`, then
+Output is one line per check, `PASS name` or `FAIL name: reason (expected …, got …)`, a
+`LEFT OUT name: …` line for each selected check that needs an option the run was not given, then
 `N passed, M failed` alone on the last line.
 
 A check's group is the first word of its name (up to a space, else up to a hyphen). A suite marks
@@ -167,7 +168,10 @@ def run_checks(
     checks: list[Check[ContextT]],
     make_context: Callable[[str], AbstractContextManager[ContextT]],
     echo: Callable[[str], None] = print,
+    left_out: list[Check[ContextT]] | None = None,
 ) -> Summary:
+    """Runs `checks`, a line each; then a line for each of `left_out` (selected, but needing an option
+    this run was not given); then the summary."""
     summary = Summary()
     for check in checks:
         result = run_one(check, make_context)
@@ -175,6 +179,8 @@ def run_checks(
         echo(result.line())
         if check.about != check.name:
             echo(f"     checks: {check.about}")
+    for check in left_out or ():
+        echo(f"LEFT OUT {check.name}: needs an option this run was not given (--list marks it)")
     echo(summary.line())
     return summary
 
@@ -365,7 +371,8 @@ def run_command(checks: Registry[ContextT], make_context: Callable[[str], Abstra
         return
     if collector is not None:
         click.echo(f"== {suite}")
-    summary = run_checks(selected, make_context, lambda line: click.echo(line))
+    left_out = [check for check in chosen if not runs(check)]
+    summary = run_checks(selected, make_context, lambda line: click.echo(line), left_out)
     if collector is not None:
         collector.append((suite, summary))
         return

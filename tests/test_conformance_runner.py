@@ -73,6 +73,19 @@ def test_only_and_skip_take_groups_and_parts_of_names_and_repeat() -> None:
         0, ["PASS core one passes", "PASS robustness three passes"])
 
 
+@click.command()
+@runner.selection_options("core")
+def toy_without_an_option() -> None:
+    runner.run_command(checks, _context, lambda check: not check.name.startswith("robustness"))
+
+
+def test_a_check_left_out_for_want_of_an_option_is_said_before_the_summary() -> None:
+    result = CliRunner().invoke(toy_without_an_option, [], catch_exceptions=False)
+    lines = result.output.splitlines()
+    assert lines[-2:] == ["LEFT OUT robustness three passes: needs an option this run was not given (--list marks it)",
+                          "1 passed, 1 failed"]
+
+
 def test_nothing_selected_is_a_usage_error() -> None:
     code, lines = invoke("--only", "no-such-check")
     assert code == 2 and "no check matches 'no-such-check'" in "\n".join(lines)
