@@ -6,7 +6,8 @@ listener and address or the path and the pid holding it (`StartupError`, exit st
 traceback only with `--debug`). `run_gateway` then serves. It logs `listening <name> <host>:<port>`
 for each listener and then `ready` (tests and scripts start it with port 0 and read those lines).
 SIGTERM and SIGINT stop it cleanly with exit status 0, after a last line saying what was written.
-See docs/operations.md.
+Until it serves it keeps a run file (gateway/run_file.py) with its start-up failure line, which
+`polymq wait` prints. See docs/operations.md.
 """
 
 from __future__ import annotations
