@@ -395,8 +395,8 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
                 await nursery.start(serve_gateway_http, engine, http, config.http,
                                     config.storage.snapshot_memory_mb << 20, metrics,
                                     AdminApi(engine, lambda: by_protocol, prepared.access))
+            prepared.run_file.serving()  # gone before `ready` is logged, for whoever reads that line
             log.info("ready")
-            prepared.run_file.serving()
             task_status.started(engine)
             async for signum in signals:
                 log.info("received %s, stopping: closing %d connections", signal.Signals(signum).name,
