@@ -60,12 +60,9 @@ MAX_SIZE = 1024 * 1024  # polymq's MQKS line limit (codecs/mqks.py MAX_LINE_LENG
 DEFAULT_PREFIX = "polymq_bench"
 DEFAULT_PORT = 25000  # the original's one-worker port (docs/protocols/mqks.md)
 
-# What the original did on a 2-core VM (docs/protocols/mqks.md) and what polymq aims at: ten times
-# its throughput, p99 under 2 ms at light load.
+# What the original did on a 2-core VM (docs/protocols/mqks.md).
 ORIGINAL_E2E_MSGS_PER_S = 5_800
 ORIGINAL_AVG_LATENCY_US = 3_000
-TARGET_SPEEDUP = 10
-TARGET_P99_US = 2_000
 
 # The send time at the start of each body: wall-clock ns, 19 digits until the year 2286.
 STAMP_DIGITS = common.STAMP_DIGITS
@@ -561,24 +558,22 @@ def _ms(us: float) -> str:
 
 
 def verdicts(r: ScenarioResult) -> list[str]:
-    """The scenario against the original's figures and polymq's targets."""
+    """The scenario beside the original's figures."""
     if r.name == "latency":
         if r.latency is None:
             return []
-        met = "met" if r.latency.p99_us < TARGET_P99_US else "NOT met"
         return [f"latency: avg {_ms(r.avg_latency_us)} vs the original's ~{_ms(ORIGINAL_AVG_LATENCY_US)}; "
-                f"p99 {_ms(r.latency.p99_us)} (target < {_ms(TARGET_P99_US)}: {met})"]
+                f"p99 {_ms(r.latency.p99_us)}"]
     if r.name == "client":
-        # A figure of the Python client, not of the server: no target applies to it.
+        # A figure of the Python client, not of the server.
         return [f"client: the project's trio MQKSClient, 1 publisher (publish_nowait) + 1 auto-ack consumer in one "
-                f"process: {r.e2e_rate():,.0f} msgs/s end-to-end (no target; the original's reference run: "
+                f"process: {r.e2e_rate():,.0f} msgs/s end-to-end (the original's reference run: "
                 f"~{ORIGINAL_E2E_MSGS_PER_S:,} with 4 of its clients)"]
     speedup = r.e2e_rate() / ORIGINAL_E2E_MSGS_PER_S
-    met = "met" if speedup >= TARGET_SPEEDUP else "NOT met"
     # The original's figure is of auto-ack consumers (upstream's benchmark has no manual-ack mode).
     of_what = "" if r.name == "auto" else " auto-ack"
     return [f"{r.name}: {r.e2e_rate():,.0f} msgs/s end-to-end = {speedup:.1f}x the original's{of_what} "
-            f"~{ORIGINAL_E2E_MSGS_PER_S:,} (target >= {TARGET_SPEEDUP}x: {met})"]
+            f"~{ORIGINAL_E2E_MSGS_PER_S:,}"]
 
 
 def render(opts: BenchOptions, results: list[ScenarioResult]) -> str:
@@ -671,8 +666,7 @@ def command(addr: tuple[str, int], scenarios: tuple[str, ...], clients: int, mes
         click.echo(json.dumps({
             "server": f"{opts.host}:{opts.port}", "size": size,
             "reference": {"original_e2e_msgs_per_s": ORIGINAL_E2E_MSGS_PER_S,
-                          "original_avg_latency_us": ORIGINAL_AVG_LATENCY_US,
-                          "target_speedup": TARGET_SPEEDUP, "target_p99_us": TARGET_P99_US},
+                          "original_avg_latency_us": ORIGINAL_AVG_LATENCY_US},
             "scenarios": [r.as_dict() for r in results],
         }, indent=2))
     else:

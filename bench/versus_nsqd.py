@@ -118,7 +118,8 @@ def _running(server: Server, nsq_bin: Path, polymq_cmd: Sequence[str]) -> Iterat
         argv = [str(nsq_bin / "nsqd"), f"--data-path={data}", f"--tcp-address=127.0.0.1:{tcp}",
                 f"--http-address=127.0.0.1:{http}", *server.args]
     else:
-        argv = [*polymq_cmd, "serve", "--data-dir", str(data / "data"), "--nsq-tcp-port", str(tcp),
+        storage = () if "--in-memory" in server.args else ("--data-dir", str(data / "data"))
+        argv = [*polymq_cmd, "serve", *storage, "--nsq-tcp-port", str(tcp),
                 "--nsq-http-port", str(http), "--mqks-port", "-1", "--phpmq-port", "-1",
                 "--phpmq-console-port", "-1", "--no-pzq", "--no-emqp", "--admin-port", "-1", *server.args]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

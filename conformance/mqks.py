@@ -1115,4 +1115,5 @@ def command(address: str, timeout: float) -> None:
     Prints `PASS name` or `FAIL name: reason` per check, then `N passed, M failed`;
     exits 0 only if every check passed.
     """
-    runner.run_command(checks, make_context_factory(runner.parse_address(address), timeout))
+    runner.run_command(checks, make_context_factory(runner.parse_address(address), timeout),
+                       address=("--addr", address))

@@ -1592,4 +1592,4 @@ def command(tcp: str, http_address: str, timeout: float) -> None:
     exits 0 only if every check passed.
     """
     contexts = make_context_factory(runner.parse_address(tcp), runner.parse_address(http_address), timeout)
-    runner.run_command(checks, contexts)
+    runner.run_command(checks, contexts, address=("--tcp", tcp))

@@ -358,4 +358,5 @@ def command(address: str, timeout: float, quiet: float) -> None:
     `robustness` (bad input closes one connection), which the original fails. Prints `PASS name`
     or `FAIL name: reason` per check, then `N passed, M failed`; exits 0 only if every check passed.
     """
-    runner.run_command(checks, make_context_factory(runner.parse_address(address), timeout, quiet))
+    runner.run_command(checks, make_context_factory(runner.parse_address(address), timeout, quiet),
+                       address=("--addr", address))

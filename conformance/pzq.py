@@ -418,4 +418,5 @@ def command(receive: str, send: str, monitor: str, timeout: float, ack_timeout: 
     """
     contexts = make_context_factory(receive, send, monitor, timeout, ack_timeout, restart_command)
     runner.run_command(checks, contexts,
-                       lambda check: bool(restart_command) or not check.name.startswith("restart "))
+                       lambda check: bool(restart_command) or not check.name.startswith("restart "),
+                       address=("--receive", receive))

@@ -5,7 +5,8 @@ the check's).
 A suite registers plain functions with `Registry.check(name)`. Each function receives a
 context object made by the suite (addresses, timeout, cleanup) and signals a failure by raising
 `CheckFailed`; any other exception is also reported as a failure, never as a crash of the run.
-Output is one line per check, `PASS name` or `FAIL name: reason (expected …, got …)`, then
+Output is one line per check, `PASS name` or `FAIL name: reason (expected …, got …)`, a
+`LEFT OUT name: …` line for each selected check that needs an option the run was not given, then
 `N passed, M failed` alone on the last line.
 
 A check's group is the first word of its name (up to a space, else up to a hyphen). A suite marks
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import socket
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
@@ -34,6 +36,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # What every suite waits at most for any one expected answer, unless --timeout says otherwise.
 DEFAULT_TIMEOUT_S = 5.0
+# What a suite waits at most for its server to accept a connection before it runs a check: as long
+# as for any one answer.
+PROBE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 
 _UNSET: Any = object()
 
@@ -163,7 +168,10 @@ def run_checks(
     checks: list[Check[ContextT]],
     make_context: Callable[[str], AbstractContextManager[ContextT]],
     echo: Callable[[str], None] = print,
+    left_out: list[Check[ContextT]] | None = None,
 ) -> Summary:
+    """Runs `checks`, a line each; then a line for each of `left_out` (selected, but needing an option
+    this run was not given); then the summary."""
     summary = Summary()
     for check in checks:
         result = run_one(check, make_context)
@@ -171,6 +179,8 @@ def run_checks(
         echo(result.line())
         if check.about != check.name:
             echo(f"     checks: {check.about}")
+    for check in left_out or ():
+        echo(f"LEFT OUT {check.name}: needs an option this run was not given (--list marks it)")
     echo(summary.line())
     return summary
 
@@ -253,6 +263,31 @@ SELECTION_KEY = "polymq.conformance.selection"
 # Set by `polymq conformance all` in the click context's meta: a list each suite appends its
 # (name, Summary) to instead of exiting.
 COLLECTOR_KEY = "polymq.conformance.collector"
+# Set by `polymq conformance all` for its first pass over the suites: each only checks that its
+# server answers (before any suite runs a check).
+PROBE_ONLY_KEY = "polymq.conformance.probe-only"
+# Set by `polymq conformance all` for its second pass: the servers answered the first.
+PROBED_KEY = "polymq.conformance.probed"
+
+
+class NothingAnswers(click.ClickException):
+    """No server accepts connections at a suite's address: every check would fail the same way."""
+
+
+def refuse_if_nothing_answers(flag: str, address: str) -> None:
+    """Raises NothingAnswers, naming `address` and the option `flag` that sets it, unless something
+    accepts a connection there (a TCP `HOST:PORT`, or a ZeroMQ `ipc://PATH` socket)."""
+    try:
+        if address.startswith(IPC_PREFIX):
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.settimeout(PROBE_TIMEOUT_S)
+                probe.connect(address.removeprefix(IPC_PREFIX))
+        else:
+            socket.create_connection(tcp.split_address(address), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as error:
+        why = (error.strerror or str(error) or type(error).__name__).lower()
+        raise NothingAnswers(f"nothing answers at {address} (set by {flag}): {why}; start the server there, "
+                             f"or give its address with {flag}") from None
 
 
 def selection_options(example: str | None = None) -> Callable[[F], F]:
@@ -308,10 +343,12 @@ def address_options(*options: tuple[str, str | None, str]) -> Callable[[F], F]:
 
 
 def run_command(checks: Registry[ContextT], make_context: Callable[[str], AbstractContextManager[ContextT]],
-                runs: Callable[[Check[ContextT]], bool] = lambda _: True) -> None:
+                runs: Callable[[Check[ContextT]], bool] = lambda _: True,
+                address: tuple[str, str] | None = None) -> None:
     """Run the checks the command line selects (and `runs` lets run), print their lines and exit
     0 only if every one passed; or print them with --list; or, under `polymq conformance all`,
-    hand the summary to it."""
+    hand the summary to it. `address` (its option's flag, its value) is where every check
+    connects first: when nothing answers there, one line says so and no check runs (exit 1)."""
     ctx = click.get_current_context()
     selection: Selection = ctx.meta.get(SELECTION_KEY, Selection())
     collector: list[tuple[str, Summary]] | None = ctx.meta.get(COLLECTOR_KEY)
@@ -327,9 +364,15 @@ def run_command(checks: Registry[ContextT], make_context: Callable[[str], Abstra
             return
         words = selection.only + selection.skip
         raise click.UsageError(f"no check matches {' '.join(map(repr, words))}" if words else "no check to run")
+    if address is not None and not ctx.meta.get(PROBED_KEY):
+        flag, value = address
+        refuse_if_nothing_answers(f"--{suite}-{flag.lstrip('-')}" if collector is not None else flag, value)
+    if ctx.meta.get(PROBE_ONLY_KEY):
+        return
     if collector is not None:
         click.echo(f"== {suite}")
-    summary = run_checks(selected, make_context, lambda line: click.echo(line))
+    left_out = [check for check in chosen if not runs(check)]
+    summary = run_checks(selected, make_context, lambda line: click.echo(line), left_out)
     if collector is not None:
         collector.append((suite, summary))
         return
@@ -425,15 +468,23 @@ def combined_command(suites: dict[str, click.Command]) -> click.Command:
         ctx = click.get_current_context()
         collected: list[tuple[str, Summary]] = []
         ctx.meta[COLLECTOR_KEY] = collected
-        for suite, command in suites.items():
-            args = [word for w in only for word in ("--only", w)] + [word for w in skip for word in ("--skip", w)]
-            args += ["--list"] if list_only else []
-            for dest, (owner, own, is_flag) in passed_on.items():
-                value = given.get(dest)
-                if owner == suite and value not in (None, False):
-                    args += [own] if is_flag else [own, str(value)]
-            with command.make_context(suite, args, parent=ctx) as sub:
-                command.invoke(sub)
+
+        def each_suite() -> None:
+            for suite, command in suites.items():
+                args = [word for w in only for word in ("--only", w)] + [word for w in skip for word in ("--skip", w)]
+                args += ["--list"] if list_only else []
+                for dest, (owner, own, is_flag) in passed_on.items():
+                    value = given.get(dest)
+                    if owner == suite and value not in (None, False):
+                        args += [own] if is_flag else [own, str(value)]
+                with command.make_context(suite, args, parent=ctx) as sub:
+                    command.invoke(sub)
+
+        if not list_only:  # every suite's server first: one that answers nothing stops the run before any check
+            ctx.meta[PROBE_ONLY_KEY] = True
+            each_suite()
+            ctx.meta[PROBE_ONLY_KEY], ctx.meta[PROBED_KEY] = False, True
+        each_suite()
         if list_only:
             return
         if not collected:

@@ -145,6 +145,8 @@ GATEWAY_SECTIONS: dict[str, tuple[Setting, ...]] = {
                 "text: one line per record for people; json: one JSON object per line for machines."),
     ),
 }
+# The data dir's key: `--in-memory` leaves it without use, so the two are not given together.
+DATA_DIR_KEY = "storage.data_dir"
 # The gateway's own HTTP listener, as the endpoints of protocols are named in log lines.
 HTTP_LISTENER = "http"
 
@@ -236,6 +238,9 @@ class Config:
     """The effective options: one options object per section (attributes named as its settings)."""
 
     sections: Mapping[str, Any] = attrs.field(factory=_default_sections)
+    # The dotted keys a flag, a variable or the config file set (the rest kept their defaults):
+    # start-up refuses options that contradict each other only when both were asked for.
+    given: frozenset[str] = frozenset()
 
     @property
     def bind(self) -> str:
@@ -396,22 +401,28 @@ def from_command_line(ctx: click.Context, values: Mapping[str, Any]) -> Config:
     if config_file is not None:
         from_file = read_file(config_file)
     chosen: dict[str, Any] = {}
+    given: set[str] = set()
     for option in OPTIONS:
         source = ctx.get_parameter_source(option.name)
         value = values[option.name]
-        if source in (ParameterSource.DEFAULT, None) and option.key in from_file:
-            value = from_file[option.key][0]
+        if source in (ParameterSource.DEFAULT, None):
+            if option.key in from_file:
+                value = from_file[option.key][0]
+                given.add(option.key)
+        else:
+            given.add(option.key)
         chosen[option.key] = value
-    return build(chosen)
+    return build(chosen, frozenset(given))
 
 
-def build(chosen: Mapping[str, Any]) -> Config:
-    """A Config from checked values by dotted key (missing keys keep their defaults)."""
+def build(chosen: Mapping[str, Any], given: frozenset[str] = frozenset()) -> Config:
+    """A Config from checked values by dotted key (missing keys keep their defaults); `given`: the
+    keys a flag, a variable or the file set."""
     nested: dict[str, dict[str, Any]] = {name: {} for name in SECTION_CLASSES}
     for key, value in chosen.items():
         section, _, field = key.rpartition(".")
         nested[section][field] = value
-    return Config({name: SECTION_CLASSES[name](**values) for name, values in nested.items()})
+    return Config({name: SECTION_CLASSES[name](**values) for name, values in nested.items()}, given)
 
 
 def expected(kind: click.ParamType) -> str | None:
@@ -445,6 +456,12 @@ def _wrap(text: str, width: int = 98) -> Iterable[str]:
     yield line
 
 
+def _unused(config: Config, option: Option) -> bool:
+    """An option the rest of the config leaves without effect: printed as a comment, so that the
+    printed file, read back, is not refused for contradicting itself."""
+    return option.key == DATA_DIR_KEY and bool(config.storage.in_memory)
+
+
 def to_toml(config: Config) -> str:
     """The config as TOML, every option with its help, flag and variable as a comment."""
     out = ["# polymq's configuration: `polymq serve --config FILE`. Flags and POLYMQ_* variables win over",
@@ -464,6 +481,8 @@ def to_toml(config: Config) -> str:
                 value = [str(item) if isinstance(item, Path) else item for item in value]
             if value is None:
                 out.append(f"# {option.field} = (not set)")
+            elif _unused(config, option):
+                out.append(f"# {tomli_w.dumps({option.field: value}).rstrip()} (not used with in_memory)")
             elif option.setting.secret:
                 out.append(f"# {option.field} = (set, not shown)")
             else:

@@ -6,7 +6,8 @@ listener and address or the path and the pid holding it (`StartupError`, exit st
 traceback only with `--debug`). `run_gateway` then serves. It logs `listening <name> <host>:<port>`
 for each listener and then `ready` (tests and scripts start it with port 0 and read those lines).
 SIGTERM and SIGINT stop it cleanly with exit status 0, after a last line saying what was written.
-See docs/operations.md.
+Until it serves it keeps a run file (gateway/run_file.py) with its start-up failure line, which
+`polymq wait` prints. See docs/operations.md.
 """
 
 from __future__ import annotations
@@ -41,15 +42,28 @@ from polymq.gateway.admin_access import AccessError, AdminAccess
 from polymq.gateway.admin_api import AdminApi
 from polymq.gateway.collector import collect_on_a_clock
 from polymq.gateway.committer import Committer
-from polymq.gateway.config import HTTP_LISTENER, OPTIONS_BY_KEY, Config, click_options, from_command_line, to_toml
+from polymq.gateway.config import (
+    DATA_DIR_KEY,
+    HTTP_LISTENER,
+    OPTIONS_BY_KEY,
+    Config,
+    click_options,
+    from_command_line,
+    to_toml,
+)
 from polymq.gateway.http import serve_gateway_http
 from polymq.gateway.metrics import Metrics
+from polymq.gateway.run_file import RunFile
 from polymq.jetstream.backend import JetStreamLink
 
 log = logging.getLogger("polymq")
 
 # The listen backlog; the original MQKS used 256, nsqd the OS default.
 LISTEN_BACKLOG = 1024
+# What the store does in its data dir: lists, creates and removes files in every folder; reads,
+# appends to and cuts back every file.
+FOLDER_ACCESS = os.R_OK | os.W_OK | os.X_OK
+FILE_ACCESS = os.R_OK | os.W_OK
 
 
 class StartupError(Exception):
@@ -66,6 +80,7 @@ class Prepared:
     storage: DiskStorage | MemoryStorage
     committer: Committer | None
     access: AdminAccess  # who may use the admin API (checked before anything is bound)
+    run_file: RunFile = attrs.Factory(lambda: RunFile(None))  # told once the gateway serves
 
     def close(self) -> None:
         for bound in self.bound:
@@ -159,6 +174,24 @@ def _missing_ancestor(path: Path) -> Path | None:
     return missing
 
 
+def _refuse_what_cannot_be_written(data_dir: Path) -> None:
+    """Raises PermissionError naming the first folder or file of an existing data dir this process
+    may not read and write: the store appends to, cuts back and removes every file of it, and adds
+    and removes files in every folder (one left by another user, root say, would otherwise fail
+    later, in the sync thread)."""
+    if not data_dir.is_dir():
+        return  # DiskStorage creates it, or says why not
+    effective = os.access in os.supports_effective_ids  # root without CAP_DAC_OVERRIDE: its own rights
+    for folder, _, files in os.walk(data_dir, onerror=_raise):
+        for path, needed in ((folder, FOLDER_ACCESS), *((os.path.join(folder, name), FILE_ACCESS) for name in files)):
+            if not os.access(path, needed, effective_ids=effective):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
 def open_storage(config: Config) -> tuple[DiskStorage | MemoryStorage, Committer | None]:
     clock = SystemClock()
     if jetstream_engine.server_urls(config.jetstream):
@@ -167,10 +200,15 @@ def open_storage(config: Config) -> tuple[DiskStorage | MemoryStorage, Committer
                                "every message; give one of them")
         return MemoryStorage(), None  # unused: the engine stores through the cluster
     if config.storage.in_memory:
+        if DATA_DIR_KEY in config.given:
+            raise StartupError("--in-memory and --data-dir contradict each other: --in-memory keeps nothing on "
+                               "disk; give one of them")
         return MemoryStorage(), None
     data_dir = config.storage.data_dir.absolute()
-    created = _missing_ancestor(data_dir)
+    created: Path | None = None
     try:
+        created = _missing_ancestor(data_dir)  # a folder above it this user may not search raises here
+        _refuse_what_cannot_be_written(data_dir)
         storage = DiskStorage(data_dir, clock, policy=config.storage.fsync,
                               mem_queue_size=config.storage.mem_queue_size)
     except DataDirInUse as error:
@@ -357,6 +395,7 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
                 await nursery.start(serve_gateway_http, engine, http, config.http,
                                     config.storage.snapshot_memory_mb << 20, metrics,
                                     AdminApi(engine, lambda: by_protocol, prepared.access))
+            prepared.run_file.serving()  # gone before `ready` is logged, for whoever reads that line
             log.info("ready")
             task_status.started(engine)
             async for signum in signals:
@@ -383,8 +422,9 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
         log.info("stopped: %d messages in memory dropped (--in-memory)", _stored(engine))
 
 
-def _fail(message: str, error: BaseException, debug: bool) -> None:
+def _fail(message: str, error: BaseException, debug: bool, run_file: RunFile) -> None:
     log.error("%s", message, exc_info=error if debug else None)
+    run_file.failed(message)  # for `polymq wait`, which says it instead of waiting on
     if not debug and not isinstance(error, StartupError):
         log.error("run with --debug for the traceback")
     sys.exit(1)
@@ -409,14 +449,17 @@ def command(ctx: click.Context, debug: bool, **values: object) -> None:
     """
     config = from_command_line(ctx, values)
     logs.configure(config.log.level, config.log.format)
+    run_file = RunFile.of_gateway(config.http.bind, config.http.port)
+    run_file.starting()
     try:
         prepared = prepare(config)
     except StartupError as error:
-        _fail(str(error), error, debug)
+        _fail(str(error), error, debug, run_file)
         return
     except Exception as error:  # a failure no check foresaw: one line, the traceback with --debug
-        _fail(f"start-up failed: {type(error).__name__}: {error}", error, debug)
+        _fail(f"start-up failed: {type(error).__name__}: {error}", error, debug, run_file)
         return
+    prepared.run_file = run_file
     try:
         trio.run(run_gateway, prepared)
     except BaseException as error:
@@ -426,8 +469,8 @@ def command(ctx: click.Context, debug: bool, **values: object) -> None:
         if isinstance(cause, KeyboardInterrupt | SystemExit):
             raise
         if isinstance(cause, StartupError):
-            _fail(str(cause), cause, debug)
-        _fail(f"stopped by an unexpected error: {type(cause).__name__}: {cause}", error, debug)
+            _fail(str(cause), cause, debug, run_file)
+        _fail(f"stopped by an unexpected error: {type(cause).__name__}: {cause}", error, debug, run_file)
 
 
 @click.command()

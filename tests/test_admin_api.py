@@ -236,9 +236,9 @@ FREE_PORTS = ("--nsq-tcp-port", "0", "--nsq-http-port", "0", "--mqks-port", "0",
 
 
 def _serve(tmp_path: Path, *args: str) -> list[str]:
-    """The ERROR lines of a `polymq serve` that must fail at start-up (exit status 1)."""
-    result = subprocess.run([sys.executable, "-m", "polymq", "serve", *FREE_PORTS, "--data-dir", str(tmp_path),
-                             *args], capture_output=True, text=True, timeout=30)
+    """The ERROR lines of a `polymq serve` that must fail at start-up (exit status 1), run in `tmp_path`."""
+    result = subprocess.run([sys.executable, "-m", "polymq", "serve", *FREE_PORTS, *args], capture_output=True,
+                            text=True, timeout=30, cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     return [line.split(" gateway  ", 1)[1] for line in result.stderr.splitlines() if " ERROR " in line]

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from polymq.bench import pzq as pzq_bench
+from polymq.bench.common import LatencySummary
+from polymq.bench.flows import FlowResult
+
 from support.gateway import running_gateway
 
 BENCH_TIMEOUT_S = 180
@@ -39,3 +43,12 @@ def test_no_server_is_an_error() -> None:
     done = run_bench("--receive", "127.0.0.1:1", "--send", "127.0.0.1:2", "--scenario", "latency",
                      "--latency-messages", "5", "--producers", "1", "--consumers", "1")
     assert done.returncode != 0 and "is a PZQ server there?" in done.stderr
+
+
+def test_the_lines_under_the_table_compare_with_the_original_and_nothing_else() -> None:
+    slow = FlowResult("both", producers=2, consumers=2, produced=1_000, consumed=600, produce_seconds=1.0,
+                      consume_seconds=2.0, latency=None)
+    assert pzq_bench.verdicts(slow) == ["both: 1,000 msgs/s produced with ACKs, 0.2x the original's ~5,000",
+                                        "both: 300 msgs/s consumed with ACKs, 0.2x the original's ~1,500"]
+    latency = FlowResult("latency", 1, 1, 10, 10, 1.0, 1.0, LatencySummary(10, 400, 900, 1500))
+    assert pzq_bench.verdicts(latency) == ["latency: p50 0.40 ms, p99 0.90 ms"]

@@ -31,6 +31,17 @@ def test_the_endpoints_scenario_publishes_and_reads_every_row(tmp_path: Path) ->
     assert all(r["rows"] == 2500 and r["seconds"] > 0 and r["rows_per_s"] > 0 for r in results.values())
 
 
+def test_the_endpoints_table_is_the_figures_alone(tmp_path: Path) -> None:
+    with running_gateway(data_dir=tmp_path) as gateway:
+        done = run_bench("--gateway", gateway.http, "--scenario", "endpoints", "--rows", "2500", "--batch", "1000")
+    assert done.returncode == 0, done.stderr + done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["scenario", "rows", "seconds", "rows/s"]
+    assert [line.split("  ")[0] for line in lines[1:]] == [
+        "publish endpoint", "read endpoint (first read, columns)", "read endpoint (again, columns)",
+        "read endpoint (again, rows)"]
+
+
 def test_the_ceiling_and_the_stream_read_count_every_row(tmp_path: Path) -> None:
     with running_gateway(data_dir=tmp_path) as gateway:
         done = subprocess.run(

@@ -70,6 +70,16 @@ def test_show_prints_toml_that_reads_back_to_the_same_config(tmp_path: Path) -> 
     assert shown["nsq"]["auth_http_address"] == "127.0.0.1:4181"
 
 
+def test_show_with_in_memory_leaves_the_data_dir_out_so_that_it_reads_back(tmp_path: Path) -> None:
+    first = _polymq("config", "--show", "--in-memory")
+    assert first.returncode == 0, first.stderr
+    assert '# data_dir = "data" (not used with in_memory)' in first.stdout.splitlines()
+    config = tmp_path / "polymq.toml"
+    config.write_text(first.stdout)
+    assert "data_dir" not in tomllib.loads(first.stdout)["storage"]  # type: ignore[operator]
+    assert _polymq("config", "--show", "--config", str(config)).stdout == first.stdout
+
+
 def test_every_option_is_in_the_toml_with_its_flag_and_variable_and_in_the_docs() -> None:
     text = to_toml(Config())
     operations = (ROOT / "docs" / "operations.md").read_text()

@@ -8,7 +8,9 @@ from pathlib import Path
 import zmq
 from click.testing import CliRunner
 
+from polymq.adapters import emqp as emqp_unit
 from polymq.conformance.emqp import checks, command
+from polymq.gateway.cli import main
 
 from support.gateway import GatewayProcess, running_gateway
 
@@ -35,9 +37,17 @@ def test_every_check_passes_against_the_gateway(tmp_path: Path) -> None:
     assert {line.split(" ", 2)[1] for line in lines[:-1]} == {"core", "pubsub", "robustness"}
 
 
-def test_without_pubsub_addresses_the_pubsub_checks_are_left_out(tmp_path: Path) -> None:
+def test_the_pubsub_checks_run_at_the_gateway_s_default_pub_sub_ports_unless_skipped(tmp_path: Path) -> None:
+    settings = {setting.name: setting.default for setting in emqp_unit.PROTOCOL.all_settings}
+    defaults = {param.name: param.default for param in command.params}
+    assert defaults["pubsub_in"] == f"127.0.0.1:{settings['pubsub_in_port']}"
+    assert defaults["pubsub_out"] == f"127.0.0.1:{settings['pubsub_out_port']}"
+    listed = CliRunner().invoke(main, ["conformance", "all", "--list", "--only", "pubsub"], catch_exceptions=False)
+    assert listed.output.splitlines() == [
+        "emqp:", "  pubsub",
+        "    pubsub PUBLISH goes out as [topic, message] to the subscribers of a matching prefix"]
     with running_gateway(data_dir=tmp_path) as gateway:
-        code, lines = run_suite(*addresses(gateway, pubsub=False))
+        code, lines = run_suite(*addresses(gateway, pubsub=False), "--skip", "pubsub")
     assert code == 0, "\n".join(lines)
     assert not any(line.startswith("PASS pubsub") for line in lines)
     assert lines[-1] == f"{len(checks.checks) - 1} passed, 0 failed"
@@ -58,7 +68,8 @@ def test_a_silent_broker_fails_every_check() -> None:
     ports = [sock.bind_to_random_port("tcp://127.0.0.1") for sock in sinks]
     try:
         code, lines = run_suite("--frontend", f"127.0.0.1:{ports[0]}", "--backend", f"127.0.0.1:{ports[1]}",
-                                "--admin", f"127.0.0.1:{ports[2]}", "--timeout", "0.3", "--heartbeat-interval", "0.1")
+                                "--admin", f"127.0.0.1:{ports[2]}", "--timeout", "0.3", "--heartbeat-interval", "0.1",
+                                "--skip", "pubsub")
     finally:
         for sock in sinks:
             sock.close(linger=0)

@@ -4,12 +4,16 @@ code, and `polymq conformance all` over every unit's suite."""
 from __future__ import annotations
 
 import importlib
+import socket
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import click
+import pytest
 from click.testing import CliRunner
 
 from polymq.adapters.registry import protocols
@@ -69,6 +73,19 @@ def test_only_and_skip_take_groups_and_parts_of_names_and_repeat() -> None:
         0, ["PASS core one passes", "PASS robustness three passes"])
 
 
+@click.command()
+@runner.selection_options("core")
+def toy_without_an_option() -> None:
+    runner.run_command(checks, _context, lambda check: not check.name.startswith("robustness"))
+
+
+def test_a_check_left_out_for_want_of_an_option_is_said_before_the_summary() -> None:
+    result = CliRunner().invoke(toy_without_an_option, [], catch_exceptions=False)
+    lines = result.output.splitlines()
+    assert lines[-2:] == ["LEFT OUT robustness three passes: needs an option this run was not given (--list marks it)",
+                          "1 passed, 1 failed"]
+
+
 def test_nothing_selected_is_a_usage_error() -> None:
     code, lines = invoke("--only", "no-such-check")
     assert code == 2 and "no check matches 'no-such-check'" in "\n".join(lines)
@@ -106,23 +123,76 @@ def test_all_lists_every_units_suite() -> None:
 
 
 def test_list_shows_the_checks_an_option_is_missing_for() -> None:
-    result = CliRunner().invoke(main, ["conformance", "emqp", "--list", "--only", "pubsub"], catch_exceptions=False)
+    result = CliRunner().invoke(main, ["conformance", "pzq", "--list", "--only", "restart"], catch_exceptions=False)
     assert result.exit_code == 0
     assert "[left out: needs another option]" in result.output
 
 
-def test_all_writes_one_testsuite_per_suite_and_fails_when_a_server_is_missing(tmp_path: Path) -> None:
-    # Nothing listens on these ports: every selected check fails, and each suite reports.
+@contextmanager
+def _silent_servers(count: int) -> Iterator[list[str]]:
+    """Addresses that accept connections and never answer."""
+    with ExitStack() as stack:
+        addresses = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+            addresses.append(f"127.0.0.1:{sock.getsockname()[1]}")
+        yield addresses
+
+
+def _closed_address() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_all_writes_one_testsuite_per_suite_and_fails_when_a_server_is_wrong(tmp_path: Path) -> None:
+    # Servers that never answer: every selected check fails, and each suite reports.
     report = tmp_path / "all.xml"
-    dead = "127.0.0.1:9"
-    result = CliRunner().invoke(main, [
-        "conformance", "all", "--only", "ping", "--only", "magic-bad", "--junit", str(report),
-        "--nsq-tcp", dead, "--nsq-http", dead, "--nsq-timeout", "0.3", "--mqks-addr", dead, "--mqks-timeout", "0.3",
-    ], catch_exceptions=False)
+    with _silent_servers(3) as (tcp, http, mqks):
+        result = CliRunner().invoke(main, [
+            "conformance", "all", "--only", "ping", "--only", "magic-bad", "--junit", str(report),
+            "--nsq-tcp", tcp, "--nsq-http", http, "--nsq-timeout", "0.3", "--mqks-addr", mqks,
+            "--mqks-timeout", "0.3"], catch_exceptions=False)
     assert result.exit_code == 1, result.output
     names = [suite.get("name") for suite in ET.parse(report).getroot().iter("testsuite")]
     assert names == ["nsq", "mqks"]
     assert "FAIL magic-bad" in result.output and "FAIL ping" in result.output
+
+
+def _conformance(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "polymq", "conformance", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+# Each suite's address every check connects to first, by the option that sets it.
+FIRST_ADDRESS = {"nsq": "--tcp", "mqks": "--addr", "phpmq": "--addr", "pzq": "--receive", "emqp": "--frontend"}
+
+
+@pytest.mark.parametrize(("suite", "flag"), FIRST_ADDRESS.items())
+def test_a_suite_pointed_at_nothing_says_so_in_one_line_and_runs_no_check(suite: str, flag: str) -> None:
+    address = _closed_address()
+    result = _conformance(suite, flag, address)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [f"Error: nothing answers at {address} (set by {flag}): connection refused; "
+                                          f"start the server there, or give its address with {flag}"]
+
+
+def test_all_pointed_at_nothing_says_so_in_one_line_before_any_suite_runs() -> None:
+    nothing = _closed_address()
+    with _silent_servers(2) as (tcp, http):  # NSQ answers: its checks would run first, and do not
+        result = _conformance("all", "--nsq-tcp", tcp, "--nsq-http", http, "--mqks-addr", nothing)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [f"Error: nothing answers at {nothing} (set by --mqks-addr): connection "
+                                          "refused; start the server there, or give its address with --mqks-addr"]
+
+
+def test_list_needs_no_server() -> None:
+    result = _conformance("nsq", "--tcp", _closed_address(), "--list")
+    assert result.returncode == 0 and result.stdout.startswith("nsq:\n")
 
 
 # A check's name is its description when it says what is checked in words (`core oldest first`);

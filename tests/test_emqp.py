@@ -445,8 +445,8 @@ def test_the_gateway_runs_a_schedule_itself_each_firing_a_request(gateway: Gatew
         worker.ready(5)
         wait_until(lambda: slots(context, gateway, worker) == 5, "slots")
         payload = job_payload("tick")
+        started = time.monotonic()  # before the gateway can have the schedule, however late its jobs are read
         client.send(emqp.SCHEDULE, b"cronq", b"guarantee,run_count:2", b"1", payload, b"")
-        started = time.monotonic()
         first = worker.job()  # at once (no nohaste)
         assert first[4:] == [b"cronq", b"reply-requested", payload]
         second = worker.job()

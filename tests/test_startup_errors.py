@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,6 +93,67 @@ def test_an_unusable_data_dir_names_the_path_and_why() -> None:
     assert line.endswith("; choose a writable folder with --data-dir")
 
 
+def _as_a_user_without_privileges() -> tuple[str, ...]:
+    """The command prefix that runs the gateway as `nobody` when the tests run as root (whose
+    CAP_DAC_OVERRIDE writes anywhere); nothing when they run as another user already."""
+    if os.geteuid() != 0:
+        return ()
+    nobody = pwd.getpwnam("nobody")
+    if shutil.which("setpriv"):
+        return ("setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups")
+    if shutil.which("runuser"):
+        return ("runuser", "-u", "nobody", "--")
+    pytest.skip("neither setpriv nor runuser to run the gateway as a user without privileges")
+
+
+@pytest.fixture
+def shared_folder() -> Iterator[Path]:
+    """A folder every user may enter (pytest's own are the test user's alone), removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="polymq-test-"))
+    folder.chmod(0o755)
+    yield folder
+    for path in (folder, *folder.rglob("*")):
+        path.chmod(stat.S_IRWXU)  # what the test closed, opened again to remove it
+    shutil.rmtree(folder)
+
+
+def _serve_without_privileges(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*_as_a_user_without_privileges(), sys.executable, "-m", "polymq", "serve", "--data-dir",
+                           str(data_dir), *FREE_PORTS], capture_output=True, text=True, timeout=30, cwd="/")
+
+
+def test_a_data_dir_in_a_folder_the_user_may_not_enter_names_the_path(shared_folder: Path) -> None:
+    closed = shared_folder / "closed"
+    closed.mkdir(mode=0)
+    result = _serve_without_privileges(closed / "data")
+    assert result.returncode == 1, result.stderr
+    _no_traceback(result)
+    [line] = _error_lines(result)
+    assert line.endswith(f"gateway  cannot use data dir {closed / 'data'}: {closed / 'data'}: permission denied; "
+                         "choose a writable folder with --data-dir")
+
+
+@pytest.mark.parametrize("left", ["meta.log", "t1"])
+def test_a_data_dir_holding_what_the_user_may_not_write_names_it_and_touches_nothing(
+        shared_folder: Path, left: str) -> None:
+    """A data dir an earlier gateway of another user (root, say) left: its files and folders."""
+    data_dir = shared_folder / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o777)
+    if left == "t1":
+        (data_dir / left).mkdir(mode=0o555)
+    else:
+        (data_dir / left).write_bytes(b"")
+        (data_dir / left).chmod(0o444)
+    result = _serve_without_privileges(data_dir)
+    assert result.returncode == 1, result.stderr
+    _no_traceback(result)
+    [line] = _error_lines(result)
+    assert line.endswith(f"gateway  cannot use data dir {data_dir}: {data_dir / left}: permission denied; "
+                         "choose a writable folder with --data-dir")
+    assert sorted(path.name for path in data_dir.iterdir()) == [left]  # no LOCK taken, nothing written
+
+
 def test_a_data_dir_under_a_file_is_refused_with_the_reason(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     result = _serve("--data-dir", str(tmp_path / "file" / "data"), *FREE_PORTS)
@@ -118,6 +184,26 @@ def test_tls_required_without_a_certificate_is_a_start_up_error(tmp_path: Path) 
     [line] = _error_lines(result)
     assert line.endswith("--tls-required needs a certificate: give --tls-cert (and --tls-key)")
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("given", ["flags", "variables", "config file"])
+def test_in_memory_and_a_data_dir_contradict_each_other_however_they_are_given(tmp_path: Path, given: str) -> None:
+    data_dir = tmp_path / "data"
+    args: tuple[str, ...] = ("--in-memory", "--data-dir", str(data_dir))
+    env: dict[str, str] = {}
+    if given == "variables":
+        args, env = (), {"POLYMQ_IN_MEMORY": "1", "POLYMQ_DATA_DIR": str(data_dir)}
+    elif given == "config file":
+        config = tmp_path / "polymq.toml"
+        config.write_text('[storage]\ndata_dir = "data"\nin_memory = true\n')
+        args = ("--config", str(config))
+    result = _serve(*args, *FREE_PORTS, env=env)
+    assert result.returncode == 1
+    _no_traceback(result)
+    [line] = _error_lines(result)
+    assert line.endswith("gateway  --in-memory and --data-dir contradict each other: --in-memory keeps nothing on "
+                         "disk; give one of them")
+    assert not data_dir.exists()
 
 
 def test_a_bad_flag_value_is_a_usage_error_naming_the_flag() -> None:

@@ -96,9 +96,11 @@ def main(nsq_bin: Path, pythonpath: Path | None, runfor: float, only: tuple[str,
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     with tempfile.TemporaryDirectory(prefix="polymq-cpu-") as data:
-        argv = [sys.executable, "-m", "polymq", "serve", "--data-dir", data, "--nsq-tcp-port", str(tcp),
+        serve_args = serve_args or ("--in-memory",)
+        storage = () if "--in-memory" in serve_args else ("--data-dir", data)
+        argv = [sys.executable, "-m", "polymq", "serve", *storage, "--nsq-tcp-port", str(tcp),
                 "--nsq-http-port", str(http), "--mqks-port", "-1", "--phpmq-port", "-1", "--phpmq-console-port",
-                "-1", "--no-pzq", "--no-emqp", "--admin-port", "-1", *(serve_args or ("--in-memory",))]
+                "-1", "--no-pzq", "--no-emqp", "--admin-port", "-1", *serve_args]
         # Started from the data dir: `python -m` puts the working directory first on sys.path.
         server = subprocess.Popen(argv, cwd=data, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

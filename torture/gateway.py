@@ -124,9 +124,11 @@ def read_announcements(stream: Iterable[str], lines: list[str], ready: threading
 
 
 def serve_command(data_dir: Path, extra_args: Sequence[str] = (), prefix: Sequence[str] = ()) -> list[str]:
-    """`python -m polymq serve` on 127.0.0.1, every port OS-chosen, storing in `data_dir`."""
+    """`python -m polymq serve` on 127.0.0.1, every port OS-chosen, storing in `data_dir` (unless
+    `extra_args` ask for --in-memory, which refuses a data dir)."""
+    storage = () if "--in-memory" in extra_args else ("--data-dir", str(data_dir))
     return [*prefix, sys.executable, "-m", "polymq", "serve", "--bind", "127.0.0.1", *ANY_PORT_ARGS,
-            "--data-dir", str(data_dir), *extra_args]
+            *storage, *extra_args]
 
 
 def start_gateway(data_dir: Path, extra_args: Sequence[str] = (), prefix: Sequence[str] = (),
