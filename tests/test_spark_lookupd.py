@@ -101,6 +101,13 @@ def stream_offsets(gateway: GatewayProcess, begin: int | None = None) -> dict[st
         return client.offsets(STREAM, begin, rows=1000) if begin is not None else client.offsets(STREAM)
 
 
+def test_a_lookupd_without_a_polymq_node_is_named_in_the_error(lookupd: Lookupd) -> None:
+    from pyspark_polymq.source import Options, PolymqSourceError
+
+    with pytest.raises(PolymqSourceError, match=f"no polymq gateway is registered with lookupd {lookupd.http_address}"):
+        Options.of({"lookupd": lookupd.http_address, "stream": STREAM}).every_node()
+
+
 def test_a_write_finds_nodes_before_any_holds_its_topic(spark: Any, tmp_path: Path, lookupd: Lookupd) -> None:
     with node(lookupd, tmp_path / "node0") as first, node(lookupd, tmp_path / "node1") as second:
         registered(lookupd, 2)
