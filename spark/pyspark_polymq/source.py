@@ -573,7 +573,8 @@ class StreamWriter(DataSourceStreamWriter):
 
     def __init__(self, options: Options, fields: tuple[str, ...]) -> None:
         self.options, self.fields = options, fields
-        # Looked up once as the query starts: a replayed micro-batch's tasks find the same nodes.
+        # Looked up once as the query starts: every try of a micro-batch's tasks finds the same list (a
+        # replay after a restart too, while the lookupds list the same nodes).
         self.nodes = options.every_node()
 
     def write(self, iterator: Iterator[Any]) -> Written:
