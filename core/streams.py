@@ -102,9 +102,16 @@ def _load_until(queue: Queue, begin: int, until: int, limit: int | None) -> None
 
 def end_after(queue: Queue, begin: int, rows: int | None) -> int:
     """The end of a range from `begin` holding at most `rows` copies (None: all there are)."""
+    return range_after(queue, begin, rows)[0]
+
+
+def range_after(queue: Queue, begin: int, rows: int | None) -> tuple[int, int]:
+    """The end of a range from `begin` holding at most `rows` copies, and how many it holds (None:
+    every copy there is, not counted: -1). Positions are not dense (a restart starts a new segment,
+    core/disk_storage.py), so only the count says whether a range holds anything."""
     latest = end(queue)
     if rows is None:
-        return latest
+        return latest, -1
     _drop_committed(queue)
     ready = queue.ready
     first = bisect.bisect_left(ready, begin, key=_position)
@@ -112,8 +119,8 @@ def end_after(queue: Queue, begin: int, rows: int | None) -> int:
         if not queue._refill(min(STREAM_REFILL, rows + 1 - (len(ready) - first))):
             break
     if len(ready) - first <= rows:
-        return latest
-    return ready[first + rows].pos
+        return latest, len(ready) - first
+    return ready[first + rows].pos, rows
 
 
 def read(queue: Queue, begin: int, until: int, limit: int | None = None) -> list[Message]:

@@ -164,7 +164,8 @@ class StreamHttpApi:
         rows = params.get(b"rows")
         if rows is not None:
             begin = self._int(params, b"from", answer["start"])
-            answer["end"] = streams.end_after(queue, max(begin, answer["committed"]), self._int(params, b"rows"))
+            answer["end"], answer["rows"] = streams.range_after(queue, max(begin, answer["committed"]),
+                                                                 self._int(params, b"rows"))
         return _json(answer)
 
     def _split(self, params: Params) -> Response:

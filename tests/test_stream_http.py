@@ -44,6 +44,8 @@ def test_a_stream_reads_what_was_published_again_until_committed_and_after_a_res
         assert rows[0].position < rows[1].position < offsets["end"]
         assert client.read("spark-orders", 0, offsets["end"]) == rows  # again: the same rows
         assert client.offsets("spark-orders", 0, rows=1)["end"] == rows[1].position
+        limited = client.offsets("spark-orders", rows[1].position, rows=5)  # what the range holds, counted
+        assert (limited["end"], limited["rows"]) == (offsets["end"], 1)
         assert client.split("spark-orders", 0, offsets["end"], 2) == [0, rows[1].position, offsets["end"]]
         committed = client.commit("spark-orders", rows[1].position)
         assert committed["finished"] == 1 and committed["committed"] == rows[1].position

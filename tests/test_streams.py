@@ -123,6 +123,30 @@ def test_positions_survive_a_restart_and_never_go_back(open_store: Callable[...,
     assert bodies(fresh) == [b"new"] and fresh[0].pos >= end
 
 
+def test_a_restart_moves_the_end_to_a_new_segment_and_the_count_says_the_range_is_empty(
+        open_store: Callable[..., Store]) -> None:
+    store = open_store()
+    stream = streams.open_stream(store.engine, "spark", ["t"])
+    store.engine.publish_many("t", [b"%d" % number for number in range(5)])
+    store.commit()
+    assert streams.range_after(stream, 0, 3) == (3, 3) and streams.range_after(stream, 3, 10) == (5, 2)
+    assert streams.range_after(stream, 5, 10) == (5, 0) and streams.range_after(stream, 0, None) == (5, -1)
+    store.close()
+
+    store = open_store()
+    stream = streams.stream(store.engine, "spark")
+    # Nothing published: each run of the store writes a log's copies to a new segment, and a
+    # position is `segment << 32 | index`, so the end is the new segment's first position.
+    new_segment = 1 << 32
+    assert streams.end(stream) == new_segment
+    assert streams.range_after(stream, 5, 10) == (new_segment, 0)  # nothing to read between
+    assert streams.range_after(stream, 0, 10) == (new_segment, 5)
+    store.engine.publish("t", b"new")
+    store.commit()
+    assert streams.range_after(stream, 5, 10) == (new_segment + 1, 1)
+    assert [(m.pos, m.body) for m in streams.read(stream, 5, new_segment + 1)] == [(new_segment, b"new")]
+
+
 def test_spilled_copies_are_read_back_in_order_and_commit_past_memory(open_store: Callable[..., Store]) -> None:
     store = open_store(mem_queue_size=3)
     stream = streams.open_stream(store.engine, "spark", ["t"])

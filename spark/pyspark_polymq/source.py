@@ -6,14 +6,16 @@ pickled by reference), so it imports pyspark only and talks to the gateway over 
 (clients/stream.py): nothing of the engine runs in Spark.
 
 Replay contract: an offset is `{"positions": {gateway: N, …}}`, a position per gateway (a
-checkpoint's older `{"position": N}` is the first gateway's). A micro-batch is a position range per
+checkpoint's older `{"position": N}` is the first gateway's), and `"starts": {gateway: N, …}` for
+gateways first read in that micro-batch (where their range begins). A micro-batch is a position range per
 gateway that each serves again, with the same rows, until Spark commits its end; only the commit
 (after Spark's own commit log) finishes the copies. Writes name each row by a group (writer, batch,
 partition) and its number in the partition, and a task always writes to the same gateway, so a
 replayed batch publishes only what the gateway did not have.
 
 A cluster is read and written as a whole: `gateway` may name several gateways, or `lookupd` the
-nsqlookupd HTTP addresses that list the nodes holding the topics (clients/lookupd.py).
+nsqlookupd HTTP addresses that list the nodes (clients/lookupd.py): a stream is read on every node
+they list, looked up again at each micro-batch, and rows are written to every node they list.
 """
 
 from __future__ import annotations
@@ -174,18 +176,32 @@ class Options:
     def client(self, gateway: str) -> StreamClient:
         return StreamClient(gateway, self.timeout, token=self.token)
 
+    def lookup(self, topics: Sequence[str]) -> list[str]:
+        """The polymq nodes the lookupds list for `topics` (every node with none), sorted; maybe none."""
+        try:
+            return lookupd.gateways(self.lookupds, topics, self.timeout)
+        except lookupd.DiscoveryError as error:
+            raise PolymqSourceError(str(error)) from None
+
     def nodes(self, topics: Sequence[str]) -> list[str]:
-        """The gateways to read or write: those named, or those the lookupds list for `topics`
+        """The gateways a batch read reads: those named, or those the lookupds list for `topics`
         (every node they know when no topic is given), sorted."""
         if not self.lookupds:
             return sorted(self.gateways)
-        try:
-            found = lookupd.gateways(self.lookupds, topics, self.timeout)
-        except lookupd.DiscoveryError as error:
-            raise PolymqSourceError(str(error)) from None
+        found = self.lookup(topics)
         if not found:
             raise PolymqSourceError(f"no polymq gateway listed by lookupd {', '.join(self.lookupds)} holds "
                                     f"{', '.join(topics) or 'anything'} yet")
+        return found
+
+    def every_node(self) -> list[str]:
+        """The gateways a stream is read from and rows are written to: those named, or every polymq
+        node the lookupds list (nsqlookupd's /nodes), whether it holds the topics yet or not, sorted."""
+        if not self.lookupds:
+            return sorted(self.gateways)
+        found = self.lookup(())
+        if not found:
+            raise PolymqSourceError(f"no polymq gateway is registered with lookupd {', '.join(self.lookupds)}")
         return found
 
     def stream_name(self) -> str:
@@ -296,33 +312,61 @@ Positions = dict[str, int]
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """One stream of the same name on every gateway, each read by its own positions."""
+    """One stream of the same name on every gateway, each read by its own positions.
+
+    With `lookupd` the nodes are looked up again at each micro-batch: the stream is opened on a node
+    the first time it is listed, and the first offset that reads it names where it starts there
+    (`starts`), so a replay of that micro-batch reads the same range. Positions are not dense (a
+    restarted gateway starts a new segment), so a node's position moves only when its range holds
+    rows: a restart with nothing new makes no micro-batch."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
         self.stream = options.stream_name()
-        self.nodes = options.nodes(options.topics)
         self.target: Positions | None = None  # Trigger.AvailableNow: nothing past this
-        self.opened: Positions = {
-            node: int(_call(options, node, lambda client: client.open(self.stream, options.topics))["start"])
-            for node in self.nodes}
+        self.opened: Positions = {}  # the stream's start on each node when this reader opened it there
+        self.listed = self._opened_on(options.every_node())
+        self.first = self.listed[0]  # an older checkpoint's single position is this gateway's
+
+    def _opened_on(self, nodes: list[str]) -> list[str]:
+        """`nodes`, the stream opened (made and bound to the topics) on those this reader has not seen."""
+        for node in nodes:
+            if node not in self.opened:
+                answer = _call(self.options, node, lambda client: client.open(self.stream, self.options.topics))
+                self.opened[node] = int(answer["start"])
+        return nodes
+
+    def _nodes_now(self) -> list[str]:
+        """The nodes a micro-batch reads: named ones as ever; with lookupd, those it lists now (a
+        node restarting is not listed, and keeps its position), or the last ones when no lookupd
+        answers; with Trigger.AvailableNow, those known when the query started."""
+        if self.target is not None:
+            return sorted(self.target)
+        if not self.options.lookupds:
+            return self.listed
+        try:
+            listed = self.options.lookup(())
+        except PolymqSourceError:
+            return self.listed  # the lookupds are away: the nodes found last are read meanwhile
+        self.listed = self._opened_on(listed)
+        return self.listed
 
     def _positions(self, offset: dict[str, Any]) -> Positions:
         if "position" in offset:  # a checkpoint of a single gateway's query
-            return {self.nodes[0]: int(offset["position"])}
+            return {self.first: int(offset["position"])}
         return {node: int(position) for node, position in offset["positions"].items()}
 
-    def _ends(self, begin: Positions | None = None, rows: int | None = None) -> Positions:
-        """Each gateway's end now (with `rows`, at most that many past `begin` on each)."""
-        ends: Positions = {}
-        for node in self.nodes:
-            if rows is None or begin is None:
-                answer = _call(self.options, node, lambda client: client.offsets(self.stream))
-            else:
-                low = begin.get(node, self.opened[node])
-                answer = _call(self.options, node, lambda client, low=low: client.offsets(self.stream, low, rows=rows))
-            ends[node] = int(answer["end"])
-        return ends
+    def _end_after(self, node: str, low: int, rows: int | None) -> tuple[int, bool]:
+        """Where a range of `node` from `low` ends (at most `rows` rows), and whether a micro-batch
+        must read it: it holds rows, or part of it was committed already (which `partitions` reports)."""
+        if rows is None:
+            answer = _call(self.options, node, lambda client: client.offsets(self.stream))
+            return int(answer["end"]), int(answer["end"]) > low
+        answer = _call(self.options, node, lambda client: client.offsets(self.stream, low, rows=rows))
+        # The count is of what lies above the committed end; a gateway that does not count (older
+        # than the count) is taken at its end.
+        holds_rows = int(answer.get("rows", 1)) > 0 or int(answer["committed"]) > low
+        return int(answer["end"]), holds_rows
 
     def initialOffset(self) -> dict[str, Any]:
         return {"positions": dict(self.opened)}
@@ -331,28 +375,43 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.options.max_rows)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = self._ends()
+        nodes = self._nodes_now()
+        self.target = {node: int(_call(self.options, node, lambda client: client.offsets(self.stream))["end"])
+                       for node in nodes}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = self._positions(start)
+        nodes = self._nodes_now()
         # A micro-batch's row budget is shared by the gateways.
-        rows = -(-limit.max_rows // len(self.nodes)) if isinstance(limit, ReadMaxRows) else None
-        ends = self._ends(begin, rows)
-        if self.target is not None:
-            ends = {node: min(end, self.target.get(node, end)) for node, end in ends.items()}
-        merged = dict(begin)  # a gateway of the checkpoint no longer in the list keeps its position
-        for node, end in ends.items():
-            merged[node] = max(begin.get(node, self.opened[node]), end)
-        return {"positions": merged}
+        rows = -(-limit.max_rows // len(nodes)) if isinstance(limit, ReadMaxRows) and nodes else None
+        merged = dict(begin)  # a gateway of the checkpoint not listed now keeps its position
+        starts: Positions = {}
+        for node in nodes:
+            low = begin.get(node, self.opened[node])
+            end, holds_rows = self._end_after(node, low, rows)
+            if self.target is not None and end > self.target[node]:
+                end, holds_rows = self.target[node], self.target[node] > low
+            if not holds_rows or end <= low:
+                continue
+            merged[node] = end
+            if node not in begin:
+                starts[node] = low  # a node new to the query: its rows from the stream's start there
+        if merged == begin:
+            return start  # nothing new: the offset Spark has, so it plans no micro-batch
+        return {"positions": merged, "starts": starts} if starts else {"positions": merged}
 
     def reportLatestOffset(self) -> dict[str, Any]:
-        return {"positions": self._ends()}
+        return {"positions": {node: int(_call(self.options, node, lambda client: client.offsets(self.stream))["end"])
+                              for node in self.listed}}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, until = self._positions(start), self._positions(end)
+        starts = {node: int(position) for node, position in end.get("starts", {}).items()}
         planned: list[PositionRange] = []
-        for node in self.nodes:
-            low, high = begin.get(node, self.opened[node]), until.get(node, self.opened[node])
+        for node, high in until.items():
+            low = begin.get(node, starts.get(node, high))
+            if low >= high:
+                continue
 
             def plan(client: StreamClient, node: str = node, low: int = low, high: int = high) -> list[PositionRange]:
                 committed = int(client.offsets(self.stream)["committed"])
@@ -372,8 +431,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _rows(self.options, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
+        # A node not listed now (restarting) is committed with a later micro-batch: a commit finishes
+        # everything below its end.
         for node, position in self._positions(end).items():
-            if node in self.nodes:
+            if node in self.listed:
                 _call(self.options, node, lambda client, position=position: client.commit(self.stream, position))
 
 
@@ -445,21 +506,21 @@ def _fields(schema: StructType) -> tuple[str, ...]:
     return names
 
 
-def _gateway_of_task(options: Options, partition: int) -> str:
+def _gateway_of_task(options: Options, nodes: Sequence[str], partition: int) -> str:
     """The gateway a task writes to: the same one for every try of the task (its replays are
     de-duplicated there); tasks take the gateways in turn, or all the first with spreadWrites false."""
-    nodes = options.nodes([options.topic] if options.topic else [])
     return nodes[partition % len(nodes)] if options.spread_writes else nodes[0]
 
 
-def _publish(options: Options, fields: tuple[str, ...], rows: Iterator[Any], group: str, partition: int) -> Written:
+def _publish(options: Options, nodes: Sequence[str], fields: tuple[str, ...], rows: Iterator[Any], group: str,
+             partition: int) -> Written:
     """Publish a task's rows in batches; row n of the task is number n of `group`."""
     if options.topic is None and "topic" not in fields:
         raise PolymqSourceError("option topic (or a topic column) is required: where the rows are published")
     at = {name: index for index, name in enumerate(fields)}
     body_at, topic_at, id_at, headers_at = at["body"], at.get("topic"), at.get("id"), at.get("headers")
     published = duplicates = 0
-    with options.client(_gateway_of_task(options, partition)) as client:
+    with options.client(_gateway_of_task(options, nodes, partition)) as client:
         batch: list[bytes] = []
         size = first = number = 0
 
@@ -496,12 +557,14 @@ def _publish(options: Options, fields: tuple[str, ...], rows: Iterator[Any], gro
 class BatchWriter(DataSourceWriter):
     def __init__(self, options: Options, write_id: str, fields: tuple[str, ...]) -> None:
         self.options, self.write_id, self.fields = options, write_id, fields
+        # Looked up once, on the driver: every try of a task finds the same list, so the same node.
+        self.nodes = options.every_node()
 
     def write(self, iterator: Iterator[Any]) -> Written:
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
         # A retried task publishes only what its failed try did not.
-        return _publish(self.options, self.fields, iterator, f"{self.write_id}/{partition}", partition)
+        return _publish(self.options, self.nodes, self.fields, iterator, f"{self.write_id}/{partition}", partition)
 
 
 class StreamWriter(DataSourceStreamWriter):
@@ -510,6 +573,9 @@ class StreamWriter(DataSourceStreamWriter):
 
     def __init__(self, options: Options, fields: tuple[str, ...]) -> None:
         self.options, self.fields = options, fields
+        # Looked up once as the query starts: every try of a micro-batch's tasks finds the same list (a
+        # replay after a restart too, while the lookupds list the same nodes).
+        self.nodes = options.every_node()
 
     def write(self, iterator: Iterator[Any]) -> Written:
         context = TaskContext.get()
@@ -521,7 +587,8 @@ class StreamWriter(DataSourceStreamWriter):
             raise PolymqSourceError(f"Spark did not say which query and micro-batch this is ({QUERY_ID_PROPERTY}, "
                                     f"{BATCH_ID_PROPERTY})")
         partition = context.partitionId()
-        return _publish(self.options, self.fields, iterator, f"spark-stream-{writer}/{batch_id}/{partition}", partition)
+        return _publish(self.options, self.nodes, self.fields, iterator,
+                        f"spark-stream-{writer}/{batch_id}/{partition}", partition)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass  # every row is published and stored by the time its task ends
