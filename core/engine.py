@@ -953,6 +953,8 @@ class Engine:
         # Whether a publish reaches a consumer with credit in the call that made it (an engine that shares
         # its queues with other nodes stores it first, and delivers it once a node fetches it).
         self.hands_over_at_once = True
+        # Why queues cannot be read by position or in a snapshot here (the stream API), or None: they can.
+        self.streams_refused: str | None = None
 
     # -- topics ------------------------------------------------------------------------------
 

@@ -32,6 +32,8 @@ class StreamError(Exception):
 def open_stream(engine: Engine, name: str, topics: Iterable[str], origin: str | None = None) -> Queue:
     """The stream `name`, made if missing (by `origin`), bound to `topics` as well (bindings are only
     added: a reader naming fewer topics leaves the others' copies coming)."""
+    if engine.streams_refused is not None:
+        raise StreamError(engine.streams_refused)
     queue = engine.queue(name)
     if queue is None:
         queue = engine.ensure_queue(name, options={STREAM_OPTION: True}, origin=origin)
@@ -43,6 +45,8 @@ def open_stream(engine: Engine, name: str, topics: Iterable[str], origin: str | 
 
 
 def stream(engine: Engine, name: str) -> Queue:
+    if engine.streams_refused is not None:
+        raise StreamError(engine.streams_refused)
     queue = engine.queue(name)
     if queue is None:
         raise StreamError(f"no stream {name}")

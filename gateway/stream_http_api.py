@@ -235,6 +235,8 @@ class StreamHttpApi:
 
     def _snapshot(self, params: Params) -> Response:
         name = self._name(params, b"queue")
+        if self.engine.streams_refused is not None:
+            raise streams.StreamError(self.engine.streams_refused)
         queue = self.engine.queue(name)
         if queue is None:
             raise streams.StreamError(f"no stream or queue {name}")

@@ -1,5 +1,6 @@
 """`polymq serve --jetstream …` at start-up: the line that names the backend, and one clear line when
-the cluster cannot be used (nothing listening, no JetStream, a contradiction with --in-memory)."""
+the cluster cannot be used (nothing listening, no JetStream, a contradiction with --in-memory), and what
+a node on JetStream refuses of the stream API."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from polymq.clients.stream import StreamClient, StreamClientError
+from polymq.codecs import stream_rows
+
 from support.gateway import running_gateway
 from support.nats_cluster import NatsCluster, NatsServer
+from support.nsq_wire import RawClient
 
 FREE_PORTS = ("--nsq-tcp-port", "0", "--nsq-http-port", "0", "--mqks-port", "0", "--phpmq-port", "0",
               "--phpmq-console-port", "0", "--admin-port", "0", "--no-pzq", "--no-emqp")
@@ -84,3 +91,23 @@ def test_the_cluster_pages_example_runs_as_printed_twice(nats_server: NatsServer
             assert result.returncode == 0, result.stderr
             assert result.stdout == (
                 "c1 ok \np1 ok \nc1 ok p1 event=greetings hello from node 1\nc1 ok --update shared-demo\nc2 ok \n")
+
+
+def test_a_node_on_jetstream_refuses_reads_by_position_and_snapshots_and_takes_row_publishes(
+        nats_server: NatsServer) -> None:
+    """A node holds only what it fetched for its consumers: the Spark source's reads are refused with one
+    message rather than answered with a part of the queue; its writes are publishes like any other."""
+    with running_gateway("--jetstream", nats_server.url) as gateway, StreamClient(gateway.http) as client, \
+            RawClient(gateway.nsq_tcp) as nsq:
+        for call in (lambda: client.open("spark-job", ["orders"]), lambda: client.offsets("spark-job"),
+                     lambda: client.snapshot("orders")):
+            with pytest.raises(StreamClientError) as refused:
+                call()
+            assert refused.value.status == 409 and refused.value.code == "STREAM_ERROR"
+            assert "a node on JetStream does not serve queues read by position or in a snapshot" in str(refused.value)
+        nsq.send(b"SUB orders spark-rows\n")
+        nsq.expect_response()
+        nsq.send(b"RDY 2\n")
+        client.publish([stream_rows.encode_publish_row(b"row one"), stream_rows.encode_publish_row(b"row two")],
+                       topic="orders")
+        assert sorted(nsq.read_message().body for _ in range(2)) == [b"row one", b"row two"]
