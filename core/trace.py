@@ -18,7 +18,7 @@ Everything here lives in memory: a restart starts with empty rings.
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +75,9 @@ class TopicRing:
     name: str
     size: int
     events: deque[Event]
-    messages: dict[int, Traced] = attrs.Factory(dict)
+    # Oldest first; an OrderedDict drops its oldest in O(1) (a dict's first key slows down as its
+    # deleted slots pile up in front).
+    messages: OrderedDict[int, Traced] = attrs.Factory(OrderedDict)
     recorded: int = 0  # events recorded, dropped ones included
     dropped: int = 0  # events pushed out of the full ring
 
@@ -93,16 +95,29 @@ class Traced:
     id: int
     topic: str  # the traced topic it was published to: its events go to that topic's ring
     origin: str | None  # the protocol it was published by
-    ids: dict[str, str]  # by protocol, the id that protocol shows its clients
+    # What the protocols' ids are made of (id, headers, origin; no body), until `ids` is first read.
+    shape: Message | None
+    tracer: Tracer
     size: int
     body_prefix: bytes
     ring: TopicRing
     # (kind, name) -> READY / IN_FLIGHT / DEFERRED / GONE; kind is "queue" or "topic" (a backlog)
     places: dict[tuple[str, str], str] = attrs.Factory(dict)
     timeouts: dict[str, int] = attrs.Factory(dict)  # by queue
+    _ids: dict[str, str] | None = None
+
+    @property
+    def ids(self) -> dict[str, str]:
+        """By protocol, the id that protocol shows its clients: made when first asked for (a search, the
+        trace topic), never on the traced path."""
+        if self._ids is None:
+            shape = self.shape
+            self._ids = {} if shape is None else self.tracer._shown(shape)
+            self.shape = None
+        return self._ids
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True, eq=False)
 class Event:
     seq: int  # order of events on this node
     time_ns: int  # wall clock
@@ -186,6 +201,15 @@ class Tracer:
 
     # -- recording --------------------------------------------------------------------------------
 
+    def _shown(self, message: Message) -> dict[str, str]:
+        ids: dict[str, str] = {}
+        for protocol, shown in self.shown_ids.items():
+            try:
+                ids[protocol] = shown(message)
+            except Exception:  # a renderer's bug must cost its id, not the search or the trace topic
+                ids[protocol] = ""
+        return ids
+
     def _record(self, traced: Traced, kind: str, **fields: Any) -> None:
         event = Event(next(self._seq), self.engine.clock.wall_ns(), kind, traced, **fields)
         traced.ring.add(event)
@@ -197,19 +221,14 @@ class Tracer:
         ring = self.rings.get(topic)
         if ring is None or topic not in self.topics:
             return None
-        ids: dict[str, str] = {}
-        for protocol, shown in self.shown_ids.items():
-            try:
-                ids[protocol] = shown(message)
-            except Exception:  # a renderer must never break a publish
-                ids[protocol] = ""
-        traced = Traced(message.id, topic, message.origin, ids, len(message.body),
-                        message.body[:self.body_prefix], ring)
-        ring.messages[message.id] = traced
+        shape = Message(message.id, b"", 0, message.headers, None, 0, message.topic, message.origin)
+        traced = Traced(message.id, topic, message.origin, shape, self, len(message.body),
+                        message.body[:self.body_prefix] if self.body_prefix else b"", ring)
+        messages = ring.messages
+        messages[message.id] = traced
         self.live[message.id] = traced
-        if len(ring.messages) > ring.size:
-            oldest = next(iter(ring.messages))
-            del ring.messages[oldest]
+        if len(messages) > ring.size:
+            oldest, _ = messages.popitem(last=False)
             self.live.pop(oldest, None)
         return traced
 
@@ -219,8 +238,7 @@ class Tracer:
             traced = self._start(message) if topic.name in self.topics else None
             if traced is None:
                 continue
-            shown = (publisher_id.decode("utf-8", "backslashreplace") if publisher_id is not None
-                     else traced.ids.get(message.origin or ""))
+            shown = publisher_id.decode("utf-8", "backslashreplace") if publisher_id is not None else None
             self._record(traced, PUBLISHED, topic=topic.name, client=client, publisher_id=shown)
 
     def dropped_unbound(self, topic_name: str, body: bytes, headers: Mapping[str, Any] | None, origin: str | None,
@@ -230,7 +248,7 @@ class Tracer:
             return
         traced = self._start(Message(message_id, body, 0, headers, None, 0, topic_name, origin))
         if traced is not None:
-            self._record(traced, PUBLISHED, topic=topic_name, client=client, publisher_id=traced.ids.get(origin or ""))
+            self._record(traced, PUBLISHED, topic=topic_name, client=client)
             self._record(traced, DROPPED, topic=topic_name, reason="no queue is bound to the topic")
 
     def kept(self, topic: Topic, messages: Iterable[Message]) -> None:
@@ -432,7 +450,9 @@ def event_json(event: Event, node: str) -> dict[str, Any]:
     if event.kind == PUBLISHED:
         found.setdefault("protocol", traced.origin)
         found["size"] = traced.size
-        found["publisher_id"] = event.publisher_id
+        # The id its publisher chose or was shown: given by the adapter, else its protocol's own.
+        found["publisher_id"] = (event.publisher_id if event.publisher_id is not None
+                                 else traced.ids.get(traced.origin or ""))
         if traced.body_prefix:
             found["body_prefix"] = traced.body_prefix.decode("utf-8", "backslashreplace")
     return found
