@@ -7,7 +7,10 @@ read by an NSQ consumer. A kill -9 while tracing loses no message."""
 from __future__ import annotations
 
 import json
+import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -24,6 +27,7 @@ from polymq.codecs import nsq_client, pzq
 
 from support.gateway import GatewayProcess, running_gateway
 
+ROOT = Path(__file__).resolve().parent.parent
 TRACED = ("orders", "invoices", "jobs", "tasks")
 # Every bounded wait: long enough for a loaded 2-core machine, never slept through.
 WAIT_S = 15.0
@@ -288,3 +292,29 @@ def test_a_kill_9_while_tracing_loses_no_message(tmp_path: Path) -> None:
             got.append(message.body)
         assert sorted(got) == sorted(published)
         assert _get(gateway, "/api/trace")["topics"] == []  # the trace itself was in memory
+
+
+def test_the_documented_commands_run_as_printed(tmp_path: Path) -> None:
+    """docs/operations.md's "Tracing a topic": its curl lines and its MQKS reader, on a gateway started as
+    it says (its ports put where the lines name the defaults), each answer as its comment says."""
+    section = (ROOT / "docs" / "operations.md").read_text().split("\n## Tracing a topic\n")[1].split("\n## ")[0]
+    curls = re.findall(r"^(curl .*?)(?:\s+# (.*))?$", section, re.MULTILINE)
+    [script] = re.findall(r"^\.venv/bin/python - <<'EOF'\n(.*?)^EOF$", section, re.MULTILINE | re.DOTALL)
+    assert len(curls) == 3 and "--trace orders" in section
+    with running_gateway("--in-memory", "--trace", "orders", data_dir=tmp_path) as gateway:
+        ports = {"4151": gateway.nsq_http.rsplit(":", 1)[1], "4181": gateway.http.rsplit(":", 1)[1],
+                 "25000": str(gateway.host_port("mqks")[1])}
+
+        def on_gateway(text: str) -> str:
+            return re.sub(r"\b(4151|4181|25000)\b", lambda match: ports[match.group(1)], text)
+
+        for command, expected in curls:
+            result = subprocess.run(["bash", "-c", on_gateway(command)], capture_output=True, text=True, timeout=30,
+                                    check=True)
+            if expected:
+                assert result.stdout == expected, command
+        recent = _get(gateway, "/api/trace/recent", topic="orders")["messages"]
+        assert [(message["protocol"], message["last_event"]) for message in recent] == [("nsq", "kept")]
+        result = subprocess.run([sys.executable, "-"], input=on_gateway(script), capture_output=True, text=True,
+                                timeout=60, check=True)
+        assert result.stdout.splitlines() == ["c1 ok ", "c2 ok ", "published orders p1"]
