@@ -54,6 +54,7 @@ class Request:
     query: bytes = b""  # raw query string, parsed like Go's url.ParseQuery
     content_length: int | None = None
     headers: tuple[tuple[bytes, bytes], ...] = ()  # as received: names in lower case (ASGI)
+    peer: str = ""  # the client's host:port, when the server knows it
 
     def header(self, name: bytes) -> bytes | None:
         """The first value of header `name` (lower case), or None."""
@@ -179,6 +180,7 @@ class HttpApp:
             query=scope.get("query_string", b""),
             content_length=_content_length(scope["headers"]),
             headers=tuple(scope["headers"]),
+            peer=_peer(scope.get("client")),
         )
         result = self.api.handle(request)
         finished = False
@@ -214,6 +216,14 @@ class HttpApp:
         self.api.engine.storage.sync(stored)
         await synced.wait()
         return not failed
+
+
+def _peer(client: Any) -> str:
+    """The ASGI scope's `client` (host, port) as host:port; "" when the server does not give it."""
+    if not client:
+        return ""
+    host, port = client[0], client[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:

@@ -11,7 +11,9 @@ A unit (a package of `polymq.adapters`, or any module registered under the entry
 - `check`, run before anything is bound (a certificate that does not load fails the start-up);
 - `start`, which takes the engine, the protocol's options and its bound endpoints and returns a
   service with `run` and `stop`;
-- its conformance and bench commands as "module:attribute", imported only when asked for.
+- its conformance and bench commands as "module:attribute", imported only when asked for;
+- `shown_id`: the id its clients are shown for a message (a traced message's events carry every
+  protocol's, so that a client's log line of any protocol finds it: core/trace.py).
 
 The gateway binds, starts, logs and stops every protocol the same way; a new protocol is a codec,
 a unit and its docs page.
@@ -31,6 +33,7 @@ import trio
 
 from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
 from polymq.core.engine import Engine
+from polymq.core.message import Message
 
 # A listener's port: 0 lets the OS choose a free one, -1 turns the listener off.
 PORT = click.IntRange(min=-1, max=65535)
@@ -176,6 +179,8 @@ class Protocol:
     check: Callable[[Any], Any] | None = None
     conformance: str | None = None  # "module:attribute" of a click command, loaded only when asked for
     bench: str | None = None  # likewise
+    # The id its clients see for a message (NSQ's 16 hex digits, an MQKS msg_id, …): for traces only.
+    shown_id: Callable[[Message], str] | None = None
     options_class: type = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:

@@ -318,6 +318,11 @@ def frame_message_header_of(timestamp_ns: int, attempts: int, message_id: int, b
                                        binascii.hexlify(message_id.to_bytes(ID_BYTES, "big")))
 
 
+def message_id_of(message_id: int) -> bytes:
+    """The 16 hex digits a client sees for a message id (the inverse of `message_id_number`)."""
+    return binascii.hexlify(message_id.to_bytes(ID_BYTES, "big"))
+
+
 def message_id_number(raw: bytes) -> int:
     """The number a 16-character lowercase hex id names (as `frame_message_header_of` writes ids);
     -1 for anything else, which names no message."""

@@ -29,6 +29,7 @@ from polymq.core.message import Message
 from polymq.core.schedules import KEPT_SCHEDULE, Schedules
 from polymq.core.storage import MemoryStorage, OwnerLog, Storage
 from polymq.core.timers import Timer, TimerService
+from polymq.core.trace import Client, Tracer
 
 
 class Outcome(enum.Enum):
@@ -115,7 +116,7 @@ class CreditPool:
 class Consumer:
     """A session attached to one queue."""
 
-    __slots__ = ("accept", "auto_ack", "closed", "credit", "deliver", "filtered", "finish_count", "in_flight",
+    __slots__ = ("accept", "auto_ack", "client", "closed", "credit", "deliver", "filtered", "finish_count", "in_flight",
                  "in_ring", "max_msg_timeout", "message_count", "mode", "msg_timeout", "on_close", "outstanding",
                  "pool", "priority", "queue", "requeue_count", "retry_first", "tag", "timeout_count", "timer")
 
@@ -135,8 +136,11 @@ class Consumer:
         pool: CreditPool | None = None,
         priority: int = 0,
         accept: Accept | None = None,
+        client: Client | None = None,
     ) -> None:
         self.queue = queue
+        # Who it is, as its adapter describes it: only read when a traced message reaches it.
+        self.client = client
         # Tokens shared with other consumers (their deliveries spend them too); replaces `credit`.
         self.pool = pool
         if pool is not None:
@@ -266,6 +270,8 @@ class Queue:
         self.deleted = False
         # Deleted by AUTO_DELETE_EMPTY_OPTION's countdown: empty and unused (not by an operator).
         self.forgotten_empty = False
+        # It may hold copies of traced messages (core/trace.py): checked where their events happen.
+        self.traced = False
         self.log: OwnerLog | None = None  # set by the engine for a durable queue
         self._deferred_timer: Timer | None = None
         self._delete_timer: Timer | None = None
@@ -366,6 +372,8 @@ class Queue:
             message = ready.popleft()
             if log is not None:
                 log.removed(message)
+            if self.traced:
+                self.engine._trace().dropped(self, message, "the queue was full (drop-oldest)")
             dropped += 1
         self.overflow_dropped_count += dropped
 
@@ -462,11 +470,15 @@ class Queue:
                 self.expired_count += 1
                 if log is not None:
                     log.removed(message)
+                if self.traced:
+                    engine._trace().expired(self, message)
                 continue
             if consumer.filtered and not consumer.accept(message):
                 # Refused: gone from the queue, never delivered, so not counted as a delivery.
                 if log is not None:
                     log.removed(message)
+                if self.traced:
+                    engine._trace().dropped(self, message, "refused by its consumer's filter")
                 continue
             message.attempts += 1
             consumer.message_count += 1
@@ -493,6 +505,8 @@ class Queue:
                         consumer.timer = engine.timers.schedule(message.deadline, self._timeouts, consumer)
                 consumer.in_flight[message.id] = message
                 self.in_flight[message.id] = message
+            if self.traced:
+                engine._trace().delivered(self, consumer, message)
             if consumer.available() <= 0:
                 ring.popleft()
                 consumer.in_ring = False
@@ -550,6 +564,8 @@ class Queue:
         self.finished_count += 1
         if self.log is not None:
             self.log.removed(message)
+        if self.traced:
+            self.engine._trace().finished(self, consumer, message)
         if refill:
             self._consumer_changed(consumer)
         return Outcome.OK
@@ -560,6 +576,8 @@ class Queue:
             return message
         consumer.requeue_count += 1
         self.requeue_count += 1
+        if self.traced:
+            self.engine._trace().requeued(self, consumer, message, delay)
         self._return(message, delay, front=consumer.retry_first)
         self._consumer_changed(consumer)
         if self.ready and self.ring and not self.paused:
@@ -587,6 +605,8 @@ class Queue:
             return Outcome.NOT_IN_FLIGHT
         if message.owner is not consumer:
             return Outcome.NOT_OWNED
+        if self.traced:
+            self.engine._trace().touched(self, consumer, message)
         if consumer.msg_timeout is None:
             return Outcome.OK
         now = self.engine.clock.now()
@@ -624,6 +644,8 @@ class Queue:
             self.finished_count += 1
             if self.log is not None:
                 self.log.removed(message)
+            if self.traced:
+                self.engine._trace().finished(self, owner, message)
         if owner is not None:
             del owner.in_flight[message_id]
             if finished:
@@ -639,10 +661,14 @@ class Queue:
         """Put a delivery back at the tail of the queue, whoever holds it, with a new TTL (None: none).
 
         It goes in as a new copy (same id, body and attempts), so its new place and TTL are stored."""
+        held = self.in_flight.get(message_id)
+        owner = held.owner if held is not None else None
         message = self._take_any(message_id)
         if message is None:
             return Outcome.NOT_IN_FLIGHT
         self.requeue_count += 1
+        if self.traced:
+            self.engine._trace().requeued(self, owner, message, 0.0)
         max_attempts = self.max_attempts
         if max_attempts and message.attempts >= max_attempts:
             self._dead_letter(message, "max attempts")
@@ -679,7 +705,10 @@ class Queue:
         self.dead_letter_count += 1
         engine = self.engine
         letter = self._letter(message, reason)
-        engine._publish_messages(engine.ensure_topic(letter.topic or "", ephemeral=self.ephemeral), [letter])
+        topic = engine.ensure_topic(letter.topic or "", ephemeral=self.ephemeral)
+        if self.traced:
+            engine._trace().dead_lettered(self, message, reason, topic)
+        engine._publish_messages(topic, [letter])
 
     def _letter(self, message: Message, reason: str) -> Message:
         """The dead letter of `message`: same id, body and headers, plus whence and why, for `dead_letter_topic`."""
@@ -708,6 +737,8 @@ class Queue:
             message.deadline = None
             consumer.timeout_count += 1
             self.timeout_count += 1
+            if self.traced:
+                self.engine._trace().timed_out(self, consumer, message)
         # In the order they were delivered: at the front, that is back to front.
         for message in reversed(expired) if consumer.retry_first else expired:
             self._return(message, front=consumer.retry_first)
@@ -752,6 +783,9 @@ class Queue:
             message.owner = None
             message.deadline = None
         if requeue and not self.deleted:
+            if self.traced:
+                for message in returned:
+                    self.engine._trace().returned(self, consumer, message)
             if to_tail:
                 for message in returned:
                     self._return(message)
@@ -792,6 +826,8 @@ class Queue:
 
     def empty(self) -> None:
         """Drop every message: ready, deferred and in flight (nsqd's channel empty)."""
+        if self.traced:
+            self.engine._trace().queue_gone(self, "the queue was emptied")
         if self.log is not None:
             self.log.emptied()  # first: the refills below must find nothing spilled
         self.ready.clear()
@@ -841,6 +877,8 @@ class Topic:
         self.log: OwnerLog | None = None  # set by the engine for a durable topic
         self.paused = False
         self.deleted = False
+        # Publishes here are traced, or traced messages reached it (core/trace.py).
+        self.traced = False
         self.message_count = 0
         self.message_bytes = 0
         self._pump_timer: Timer | None = None
@@ -908,6 +946,8 @@ class Topic:
         self._flush_backlog()
 
     def empty(self) -> None:
+        if self.traced:
+            self.engine._trace().topic_gone(self, "the topic was emptied")
         self.backlog.clear()
         if self.log is not None:
             self.log.emptied()
@@ -955,6 +995,14 @@ class Engine:
         self.hands_over_at_once = True
         # Why queues cannot be read by position or in a snapshot here (the stream API), or None: they can.
         self.streams_refused: str | None = None
+        # Set while a topic is traced (core/trace.py); the engine calls it only where a topic or queue is.
+        self.tracer: Tracer | None = None
+
+    def _trace(self) -> Tracer:
+        """The tracer, for a topic or queue whose `traced` says there is one."""
+        tracer = self.tracer
+        assert tracer is not None
+        return tracer
 
     # -- topics ------------------------------------------------------------------------------
 
@@ -980,6 +1028,8 @@ class Engine:
         if topic is None:
             return False
         topic.deleted = True
+        if topic.traced:
+            self._trace().topic_gone(topic, "the topic was deleted")
         for queue in list(topic.queues):
             if queue.owner_topic == name:
                 self.delete_queue(queue.name)
@@ -1054,6 +1104,8 @@ class Engine:
         if topic_name not in queue.topics:
             queue.topics.append(topic_name)
             topic.queues.append(queue)
+            if topic.traced:
+                queue.traced = True
             self._save_queue(queue)
             if len(topic.queues) == 1:
                 self._hand_over_backlog(topic, queue)
@@ -1086,6 +1138,8 @@ class Engine:
         topic_log.may_hold_deferred = True
         backlog = list(topic.backlog)
         topic.backlog.clear()
+        if queue.traced:
+            self._trace().queued(queue, backlog)
         queue.message_count += len(backlog) + topic_log.spilled
         now = self.clock.now()
         for message in backlog:
@@ -1133,6 +1187,8 @@ class Engine:
         if queue is None:
             return False
         queue.deleted = True
+        if queue.traced:
+            self._trace().queue_gone(queue, "the queue was deleted")
         for consumer in list(queue.consumers):
             queue._detach(consumer, requeue=False)
             if consumer.on_close is not None:
@@ -1180,6 +1236,7 @@ class Engine:
         pool: CreditPool | None = None,
         priority: int = 0,
         accept: Accept | None = None,
+        client: Client | None = None,
     ) -> Consumer:
         """A consumer of the queue. `accept`, when given, is asked about each copy about to be delivered
         to it (it must not call the engine): a copy it refuses is dropped from the queue, neither
@@ -1188,7 +1245,7 @@ class Engine:
         consumer = Consumer(queue, deliver, credit=credit, mode=mode, auto_ack=auto_ack,
                             msg_timeout=msg_timeout, max_msg_timeout=max_msg_timeout,
                             on_close=on_close, tag=tag, retry_first=retry_first,
-                            pool=pool, priority=priority, accept=accept)
+                            pool=pool, priority=priority, accept=accept, client=client)
         queue._attach(consumer)
         return consumer
 
@@ -1220,14 +1277,20 @@ class Engine:
         ttl: float | None = None,
         drop_if_unbound: bool = False,
         origin: str | None = None,
+        client: Client | None = None,
+        publisher_id: bytes | None = None,
     ) -> int:
         """Publish one message; returns its id. `drop_if_unbound` applies MQKS's rule; `origin` is
-        the protocol it came in by ("nsq", "mqks", …), kept with it."""
+        the protocol it came in by ("nsq", "mqks", …), kept with it. `client` (who published) and
+        `publisher_id` (the id the publisher chose, when its headers do not carry it) are only read
+        when the topic is traced."""
         message_id = self.ids.next()
         topic = self.topics.get(topic_name)
         if topic is None or not topic.queues:
             if drop_if_unbound:
                 self.dropped_count += 1
+                if self.tracer is not None:
+                    self.tracer.dropped_unbound(topic_name, body, headers, origin, client, message_id)
                 return message_id
             if topic is None:
                 topic = self.ensure_topic(topic_name, origin=origin)
@@ -1236,6 +1299,8 @@ class Engine:
                           None if ttl is None else now + ttl, 0, topic_name, origin)
         if delay > 0:
             message.due = now + delay
+        if topic.traced:
+            self._trace().published(topic, [message], client, publisher_id)
         self._publish_messages(topic, [message])
         return message_id
 
@@ -1248,6 +1313,7 @@ class Engine:
         each_headers: list[Mapping[str, Any]] | None = None,
         drop_if_unbound: bool = False,
         origin: str | None = None,
+        client: Client | None = None,
     ) -> int:
         """Publish a batch in order (NSQ MPUB, consecutive MQKS publishes); returns the first id.
 
@@ -1258,6 +1324,10 @@ class Engine:
             topic_or_none = self.topics.get(topic_name)
             if topic_or_none is None or not topic_or_none.queues:
                 self.dropped_count += len(bodies)
+                if self.tracer is not None:
+                    for index, body in enumerate(bodies):
+                        self.tracer.dropped_unbound(topic_name, body, each_headers[index] if each_headers else headers,
+                                                    origin, client, first + index)
                 return first
         topic = self.ensure_topic(topic_name, origin=origin)
         timestamp = self.clock.wall_ns()
@@ -1267,6 +1337,8 @@ class Engine:
         else:
             messages = [Message(first + index, body, timestamp, message_headers, None, 0, topic_name, origin)
                         for index, (body, message_headers) in enumerate(zip(bodies, each_headers, strict=True))]
+        if topic.traced:
+            self._trace().published(topic, messages, client)
         self._publish_messages(topic, messages)
         return first
 
@@ -1274,6 +1346,8 @@ class Engine:
         topic.message_count += len(messages)
         topic.message_bytes += sum(len(message.body) for message in messages)
         if topic._holds():
+            if topic.traced:
+                self._trace().kept(topic, messages)
             topic._keep(messages)
         else:
             self._distribute(topic, messages)
@@ -1288,6 +1362,8 @@ class Engine:
         for index, queue in enumerate(queues):
             # The last queue takes the original objects; the others get copies.
             copies = messages if index == len(queues) - 1 else [m.copy() for m in messages]
+            if queue.traced:
+                self._trace().queued(queue, messages)  # the originals: copies are made without their due time
             if len(copies) == 1:
                 message = copies[0]
                 due = messages[0].due

@@ -28,6 +28,7 @@ from polymq.core.ids import IdSource
 from polymq.core.message import Message
 from polymq.core.storage import OwnerLog, Snapshot, SyncCallback
 from polymq.core.timers import Timer, TimerService
+from polymq.core.trace import Client
 
 # Copies a node holds for credit are reported worked on this often unless the link says otherwise (half
 # of nsqd's 60 s msg_timeout, the ack wait's default).
@@ -576,22 +577,24 @@ class SharedEngine(Engine):
     # -- publishing: to the shared engine, never straight into the node's queues -----------------
 
     def publish(self, topic_name: str, body: bytes, *, delay: float = 0.0, headers: Mapping[str, Any] | None = None,
-                ttl: float | None = None, drop_if_unbound: bool = False, origin: str | None = None) -> int:
+                ttl: float | None = None, drop_if_unbound: bool = False, origin: str | None = None,
+                client: Client | None = None, publisher_id: bytes | None = None) -> int:
         """As the embedded engine's, but MQKS's rule (`drop_if_unbound`) asks about every node's queues: the
         link decides once it knows them."""
         self._drop_if_unbound = drop_if_unbound and not self._bound_here(topic_name)
         try:
-            return super().publish(topic_name, body, delay=delay, headers=headers, ttl=ttl, origin=origin)
+            return super().publish(topic_name, body, delay=delay, headers=headers, ttl=ttl, origin=origin,
+                                   client=client, publisher_id=publisher_id)
         finally:
             self._drop_if_unbound = False
 
     def publish_many(self, topic_name: str, bodies: list[bytes], *, headers: Mapping[str, Any] | None = None,
                      each_headers: list[Mapping[str, Any]] | None = None, drop_if_unbound: bool = False,
-                     origin: str | None = None) -> int:
+                     origin: str | None = None, client: Client | None = None) -> int:
         self._drop_if_unbound = drop_if_unbound and not self._bound_here(topic_name)
         try:
             return super().publish_many(topic_name, bodies, headers=headers, each_headers=each_headers,
-                                        origin=origin)
+                                        origin=origin, client=client)
         finally:
             self._drop_if_unbound = False
 

@@ -18,8 +18,10 @@ from polymq.adapters.http import JSON_TYPE, QueryError, Request, Response, go_js
 from polymq.adapters.protocol import Service
 from polymq.core.dead_letters import requeue_dead_letters
 from polymq.core.engine import MADE_BY_OPTION, Engine, Queue, Topic
+from polymq.core.trace import Tracer
 from polymq.gateway.admin_access import AdminAccess
 from polymq.gateway.admin_page import AdminPage
+from polymq.gateway.admin_trace import TraceApi
 from polymq.gateway.metrics import MAX_LABELLED
 from polymq.gateway.stream_http_api import Handler
 
@@ -48,10 +50,12 @@ def _deepest(items: Iterable[Any], depth: Callable[[Any], int]) -> tuple[list[An
 
 
 class AdminApi:
-    def __init__(self, engine: Engine, services: Callable[[], Mapping[str, Service]], access: AdminAccess) -> None:
+    def __init__(self, engine: Engine, services: Callable[[], Mapping[str, Service]], access: AdminAccess,
+                 tracer: Tracer | None = None) -> None:
         self.engine = engine
         self.services = services
         self.access = access
+        self.tracer = tracer
         self.page = AdminPage(resources.files("polymq.gateway").joinpath("admin_page.html").read_bytes())
 
     def routes(self) -> dict[str, dict[str, Handler]]:
@@ -65,6 +69,8 @@ class AdminApi:
             routes[f"/api/topic/{name}"] = {"POST": self._guarded(self._on("topic", action))}
         for name, action in queue_actions.items():
             routes[f"/api/queue/{name}"] = {"POST": self._guarded(self._on("queue", action))}
+        if self.tracer is not None:
+            routes.update(TraceApi(self.tracer).routes(self._guarded))
         return routes
 
     def _guarded(self, handler: Handler) -> Handler:
@@ -86,7 +92,7 @@ class AdminApi:
         queues, queues_omitted = _deepest(engine.queues.values(), lambda queue: queue.depth)
         dead_letters_of = {queue.dead_letter_topic: queue.name for queue in engine.queues.values()}
         return _answer(200, {
-            "topics": [self._topic(topic, dead_letters_of.get(topic.name)) for topic in topics],
+            "topics": [self._topic(topic, dead_letters_of.get(topic.name), self._traced(topic)) for topic in topics],
             "queues": [self._queue(queue) for queue in queues],
             "protocols": [self._protocol(name, service) for name, service in self.services().items()],
             "omitted": {"topics": topics_omitted, "queues": queues_omitted},
@@ -94,10 +100,18 @@ class AdminApi:
             "backend": {key: value for key, value in engine.backend().items() if not key.startswith("publish_ack")},
         })
 
+    def _traced(self, topic: Topic) -> bool | None:
+        """Whether the topic is traced; None where it cannot be (the trace topic)."""
+        tracer = self.tracer
+        if tracer is None or topic.name in tracer.refused:
+            return None
+        return topic.name in tracer.topics
+
     @staticmethod
-    def _topic(topic: Topic, dead_letters_of: str | None) -> dict[str, Any]:
+    def _topic(topic: Topic, dead_letters_of: str | None, traced: bool | None) -> dict[str, Any]:
         return {
             "name": topic.name,
+            "traced": traced,
             "made_by": topic.made_by,
             "paused": topic.paused,
             "ephemeral": topic.ephemeral,

@@ -35,8 +35,10 @@ from polymq.adapters.registry import protocols
 from polymq.core.dedup import DEFAULT_WINDOW_S as DEFAULT_DEDUP_WINDOW_S
 from polymq.core.disk_storage import MEM_QUEUE_SIZE, FsyncPolicy
 from polymq.core.engine import OVERFLOW_DROP_OLDEST, OVERFLOW_REJECT
+from polymq.core.trace import DEFAULT_RING_SIZE
 from polymq.gateway.admin_access import MIN_TOKEN_LENGTH
 from polymq.gateway.stream_http_api import DEFAULT_MAX_BATCH, DEFAULT_MAX_ROW, DEFAULT_SNAPSHOT_MEMORY
+from polymq.gateway.tracing import DEFAULT_TRACE_TOPIC
 
 # polymq binds loopback unless told otherwise (nsqd binds every interface).
 DEFAULT_BIND = "127.0.0.1"
@@ -46,6 +48,8 @@ DEFAULT_HTTP_PORT = 4181
 DEFAULT_JETSTREAM_REPLICAS = 3
 # nsqd's default --msg-timeout.
 DEFAULT_JETSTREAM_ACK_WAIT_S = 60.0
+# A trace keeps enough of a body to tell messages apart and search them, never the body itself.
+MAX_TRACE_BODY_PREFIX = 1024
 ENV_PREFIX = "POLYMQ_"
 
 
@@ -137,6 +141,21 @@ GATEWAY_SECTIONS: dict[str, tuple[Setting, ...]] = {
                 "This node's client certificate (PEM) for servers that ask for one; turns TLS on."),
         Setting("tls_key", "--jetstream-tls-key", click.Path(dir_okay=False, path_type=Path), None,
                 "The private key (PEM) of --jetstream-tls-cert."),
+    ),
+    "trace": (
+        Setting("topics", "--trace", click.STRING, (),
+                "Topics whose messages are traced from start-up: each one's life, across queues and protocols, on "
+                "the admin page and on the trace topic (again for each topic; the admin page switches it too).",
+                multiple=True),
+        Setting("topic", "--trace-topic", click.STRING, DEFAULT_TRACE_TOPIC,
+                "The topic every trace event is also published to, as one JSON message (read it with any "
+                "protocol's client); never traced itself."),
+        Setting("ring_size", "--trace-ring-size", click.IntRange(min=1), DEFAULT_RING_SIZE,
+                "Events kept in memory per traced topic (and messages, at most as many); the oldest are dropped "
+                "first and counted."),
+        Setting("body_prefix", "--trace-body-prefix", click.IntRange(min=0, max=MAX_TRACE_BODY_PREFIX), 0,
+                "Bytes of each traced message's body kept in its trace (searchable on the admin page); 0 keeps "
+                "none."),
     ),
     "log": (
         Setting("level", "--log-level", click.Choice(["debug", "info", "warning", "error"]), "info",
@@ -261,6 +280,10 @@ class Config:
     @property
     def jetstream(self) -> Any:
         return self.sections["jetstream"]
+
+    @property
+    def trace(self) -> Any:
+        return self.sections["trace"]
 
     @property
     def log(self) -> Any:

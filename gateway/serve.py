@@ -54,6 +54,7 @@ from polymq.gateway.config import (
 from polymq.gateway.http import serve_gateway_http
 from polymq.gateway.metrics import Metrics
 from polymq.gateway.run_file import RunFile
+from polymq.gateway.tracing import TraceCollector, make_tracer
 from polymq.jetstream.backend import JetStreamLink
 
 log = logging.getLogger("polymq")
@@ -259,6 +260,9 @@ def bind_protocol(protocol: Protocol, options: Any, config: Config) -> Bound:
 
 def prepare(config: Config) -> Prepared:
     """Binds every listener, then opens the store; on failure closes what it made and raises StartupError."""
+    if config.trace.topic in config.trace.topics:
+        raise StartupError(f"--trace {config.trace.topic!r} names the trace topic (--trace-topic): its own events "
+                           "are never traced")
     access = AdminAccess(None)
     if config.http.port >= 0:
         try:
@@ -361,6 +365,7 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
                  config.storage.data_dir.absolute(), config.storage.fsync, committer.driver.name, len(engine.topics),
                  len(engine.queues), _stored(engine), clock.now() - started)
     timer_task = TimerTask(engine)
+    tracer, trace_topic = make_tracer(engine, config.trace)
     http = prepared.http
     http_address = _address(http) if http is not None else None
     output_limit = OutputLimit(config.limits.max_client_output, config.limits.slow_client_grace_ms / 1000)
@@ -371,6 +376,7 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
         for bound in prepared.bound}
     services = list(by_protocol.values())
     metrics = Metrics(engine, lambda: by_protocol, committer)
+    metrics.registry.register(TraceCollector(tracer, trace_topic))
     in_flight = 0
     # Installed before any listener serves, so a signal at any moment after start-up is a clean stop.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -378,6 +384,7 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
             nursery.start_soon(timer_task.run)
             nursery.start_soon(metrics.measure_loop_lag)
             nursery.start_soon(collect_on_a_clock)
+            nursery.start_soon(trace_topic.run)
             if committer is not None:
                 nursery.start_soon(committer.run)
             for bound in prepared.bound:
@@ -394,7 +401,7 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
             if http is not None:
                 await nursery.start(serve_gateway_http, engine, http, config.http,
                                     config.storage.snapshot_memory_mb << 20, metrics,
-                                    AdminApi(engine, lambda: by_protocol, prepared.access))
+                                    AdminApi(engine, lambda: by_protocol, prepared.access, tracer))
             prepared.run_file.serving()  # gone before `ready` is logged, for whoever reads that line
             log.info("ready")
             task_status.started(engine)

@@ -98,11 +98,14 @@ def _engine() -> Engine:
 def test_the_state_lists_topics_queues_and_protocols_exactly() -> None:
     state = _json(_call(_api(_engine()), "GET", "/api/state"))
     assert state["topics"] == [
-        {"name": "jobs", "made_by": "emqp", "paused": False, "ephemeral": False, "depth": 0, "messages": 2,
+        {"name": "jobs", "traced": None, "made_by": "emqp",
+         "paused": False, "ephemeral": False, "depth": 0, "messages": 2,
          "queues": ["jobs"], "dead_letters_of": None},
-        {"name": "jobs.dead", "made_by": None, "paused": False, "ephemeral": False, "depth": 2, "messages": 2,
+        {"name": "jobs.dead", "traced": None, "made_by": None,
+         "paused": False, "ephemeral": False, "depth": 2, "messages": 2,
          "queues": [], "dead_letters_of": "jobs"},
-        {"name": "orders", "made_by": "phpmq", "paused": False, "ephemeral": False, "depth": 0, "messages": 2,
+        {"name": "orders", "traced": None, "made_by": "phpmq",
+         "paused": False, "ephemeral": False, "depth": 0, "messages": 2,
          "queues": ["orders", "orders/billing"], "dead_letters_of": None},
     ]
     jobs, orders, billing = state["queues"]

@@ -16,7 +16,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from polymq.codecs import phpmq
+from polymq.clients import nsq as nsq_blocking
+from polymq.codecs import nsq_client, phpmq
 
 from support.browser import chromium
 from support.gateway import GatewayProcess, running_gateway
@@ -28,6 +29,8 @@ TOKEN = "page-test-token-0123456789"
 WAIT_S = 60
 # A topic name that is HTML: the page must show it as text.
 HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1">'
+# What the page shows for an event without a client (an en dash).
+NO_CLIENT = "\u2013"
 RETRIED = (StaleElementReferenceException, NoSuchElementException)  # the page redraws its tables every poll
 
 
@@ -143,3 +146,76 @@ def test_the_status_line_names_the_jetstream_server_and_the_node(tmp_path: Path,
         status = wait.until(lambda driver: "JetStream" in _text(driver, "#status") and _text(driver, "#status"))
         assert status.endswith(f" — queues in JetStream at {nats_server.url} (node {node})"), status
         assert status.startswith("updated ")
+
+
+def test_a_traced_message_s_timeline_across_protocols_and_a_topic_traced_through_the_page(tmp_path: Path) -> None:
+    """Published over MQKS, read over NSQ and requeued, then finished: its timeline found by the NSQ id and
+    the PHPMQ one; a topic whose name is HTML traced with its button, shown as text."""
+    with running_gateway("--trace", "orders", data_dir=tmp_path / "data") as gateway, \
+            nsq_blocking.Connection(gateway.nsq_tcp) as reader, \
+            socket.create_connection(gateway.host_port("phpmq"), timeout=10) as php, \
+            socket.create_connection(gateway.host_port("mqks"), timeout=10) as mqks:
+        reader.send(nsq_client.identify({"client_id": "billing-worker"}))
+        reader.wait_for_ok("IDENTIFY")
+        reader.send(nsq_client.sub("orders", "billing"))
+        reader.wait_for_ok("SUB")
+        reader.send(nsq_client.rdy(1))
+        mqks.sendall(b"order-7 publish orders order 7\n")
+        php.sendall(phpmq.send(HOSTILE.encode(), b"x"))
+        first = nsq_client.decode_message(reader.next_frame(WAIT_S).data)  # type: ignore[union-attr]
+        reader.send(nsq_client.req(first.msg_id, 0))
+        again = nsq_client.decode_message(reader.next_frame(WAIT_S).data)  # type: ignore[union-attr]
+        reader.send(nsq_client.fin(again.msg_id))
+        with chromium() as browser:
+            browser.get(f"http://{gateway.http}/")
+            wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=RETRIED)
+            # Listed among the topic's recent traced messages, by its NSQ id; its timeline a click away.
+            _click(browser, '[data-trace-topic="orders"] tr[data-traced-message] button')
+            message = wait.until(lambda driver: driver.find_element(By.CSS_SELECTOR, "#trace-found .timeline"))
+            wait.until(lambda driver: len(driver.find_elements(By.CSS_SELECTOR, "#trace-found tr[data-event]")) == 6)
+            rows = [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")][1:6]
+                    for row in browser.find_elements(By.CSS_SELECTOR, "#trace-found tr[data-event]")]
+            peer = rows[0][3]
+            assert rows == [
+                ["published", "orders", "mqks", peer, ""],
+                ["queued", "orders/billing", "", NO_CLIENT, ""],
+                ["delivered", "orders/billing", "nsq", rows[2][3], "1"],
+                ["requeued", "orders/billing", "nsq", rows[2][3], "1"],
+                ["delivered", "orders/billing", "nsq", rows[2][3], "2"],
+                ["finished", "orders/billing", "nsq", rows[2][3], "2"],
+            ]
+            assert peer.startswith("(127.0.0.1:") and rows[2][3].startswith("billing-worker (127.0.0.1:")
+            assert message.find_element(By.CSS_SELECTOR, 'dd[data-id="nsq"]').text == first.msg_id.decode()
+            assert message.find_element(By.CSS_SELECTOR, ".ok").text == "Every copy came to an end."
+
+            # Found again by its PHPMQ id, typed into the search.
+            phpmq_id = message.find_element(By.CSS_SELECTOR, 'dd[data-id="phpmq"]').text
+            browser.execute_script("document.getElementById('trace-found').replaceChildren()")
+            browser.find_element(By.ID, "trace-query").clear()
+            browser.find_element(By.ID, "trace-query").send_keys(phpmq_id)
+            browser.find_element(By.CSS_SELECTOR, "#trace-search button").click()
+            wait.until(lambda driver: len(driver.find_elements(By.CSS_SELECTOR, "#trace-found tr[data-event]")) == 6)
+
+            # Trace the topic whose name is HTML with its button; its name shows as text, nothing of it runs.
+            def hostile(driver: WebDriver, selector: str) -> Any:
+                """The element of `selector` inside the block whose data attribute is the HTML name (no CSS
+                selector can quote it)."""
+                return driver.execute_script(
+                    "const [attribute, name, inner] = arguments;"
+                    "const block = [...document.querySelectorAll(`[${attribute}]`)].find("
+                    "  (node) => node.getAttribute(attribute) === name);"
+                    "return block ? block.querySelector(inner) : null;",
+                    selector.split(" ", 1)[0], HOSTILE, selector.split(" ", 1)[1])
+
+            wait.until(lambda driver: hostile(driver, 'data-topic button[data-action="trace"]')).click()
+            dialog = browser.find_element(By.ID, "confirm")
+            wait.until(lambda driver: dialog.is_displayed())
+            assert dialog.find_element(By.ID, "confirm-title").text == f"Trace topic {HOSTILE}?"
+            browser.find_element(By.ID, "confirm-ok").click()
+            wait.until(lambda driver: (cell := hostile(driver, "data-topic td:nth-child(3)")) and "traced" in cell.text)
+            php.sendall(phpmq.send(HOSTILE.encode(), b"y"))
+            heading = wait.until(lambda driver: hostile(driver, "data-trace-topic tr[data-traced-message]")
+                                 and hostile(driver, "data-trace-topic h3"))
+            assert HOSTILE in heading.text
+            assert browser.find_elements(By.CSS_SELECTOR, "main img") == []
+            assert browser.execute_script("return document.body.dataset.pwned") is None

@@ -37,10 +37,10 @@ PORT_FLAGS = ("--nsq-tcp-port", "--nsq-http-port", "--mqks-port", "--phpmq-port"
 LISTENING = re.compile(r" listening (\S+) (\S+):(\d+)$")
 
 
-def start_gateway() -> tuple[subprocess.Popen[str], dict[str, tuple[str, int]]]:
+def start_gateway(*extra: str) -> tuple[subprocess.Popen[str], dict[str, tuple[str, int]]]:
     # PHPMQ deliveries not acknowledged in 0.3 s come back, and a second return is a dead letter.
     args = [sys.executable, "-m", "polymq", "serve", "--in-memory", "--phpmq-ack-timeout", "300",
-            "--phpmq-max-attempts", "1"]
+            "--phpmq-max-attempts", "1", *extra]
     for flag in PORT_FLAGS:
         args += [flag, "0"]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -19,6 +19,7 @@ from polymq.adapters.emqp.broker import (
     HEARTBEAT_TIMEOUT_S,
     EMQPBroker,
     EMQPLimits,
+    shown_id,
 )
 from polymq.adapters.emqp.pubsub import EMQPPubSub
 from polymq.adapters.named_queue import forget_their_topics
@@ -123,4 +124,5 @@ PROTOCOL = Protocol(
     start=start,
     conformance="polymq.conformance.emqp:command",
     bench="polymq.bench.emqp:command",
+    shown_id=shown_id,
 )

@@ -50,6 +50,7 @@ from polymq.core.engine import (
 from polymq.core.message import Message
 from polymq.core.schedules import FOREVER, InvalidSchedule, Schedule
 from polymq.core.timers import Timer
+from polymq.core.trace import Client
 
 # Requests answered "dispatched" on shared queues whose worker is still to be counted (STATUS's
 # processed_messages_by_worker); past it the oldest are forgotten: another node's worker took them.
@@ -330,7 +331,8 @@ class EMQPBroker(ZmqService):
             worker.consumers.append(self.engine.attach(
                 queue.name, self._deliver, mode=CreditMode.TOKENS, pool=worker.pool,
                 priority=weight - emqp.DEFAULT_WEIGHT,  # the default weight ranks with other protocols' consumers
-                tag=worker, on_close=functools.partial(self._consumer_closed, worker)))
+                tag=worker, on_close=functools.partial(self._consumer_closed, worker),
+                client=identity_client(worker.identity)))
         log.info("worker %s joined %s", _text(message.identity),
                  ", ".join(f"{name} ({weight})" for weight, name in names))
         self.engine.settled(functools.partial(self._informed, message.identity, message.msgid))
@@ -494,8 +496,10 @@ class EMQPBroker(ZmqService):
         delivered: dict[int, bytes] = {}
         self._delivered_now = delivered
         try:
+            # Who published is looked up only while something is traced.
             message_id = engine.publish(name, request.payload, origin=ORIGIN, headers={
-                MSGID_HEADER: message.msgid.decode("latin-1"), HEADERS_HEADER: request.headers.decode("latin-1")})
+                MSGID_HEADER: message.msgid.decode("latin-1"), HEADERS_HEADER: request.headers.decode("latin-1")},
+                client=None if engine.tracer is None else identity_client(message.identity))
         finally:
             self._delivered_now = None
         worker = delivered.get(message_id)
@@ -678,6 +682,16 @@ def _not_stored(reply: Frames, error: OSError) -> Frames:
     if len(reply) != 6:  # a refusal already
         return reply
     return emqp.refusal(reply[0], reply[4], reply[5], f"not stored: {error}")
+
+
+def shown_id(message: Message) -> str:
+    """The msgid an eMQP worker sees for a message (the same at every attempt)."""
+    return _emqp_fields(message)[0].decode("latin-1")
+
+
+def identity_client(identity: bytes) -> Client:
+    """A client or worker as traces show it: its ZeroMQ identity (ZeroMQ hides its address)."""
+    return Client(ORIGIN, "", identity.decode("utf-8", "backslashreplace"))
 
 
 def _emqp_fields(message: Message) -> tuple[bytes, bytes]:

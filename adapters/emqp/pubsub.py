@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from polymq.adapters.emqp.broker import ORIGIN as EMQP_ORIGIN
+from polymq.adapters.emqp.broker import identity_client
 from polymq.adapters.zmq_pump import Frames
 from polymq.adapters.zmq_service import ZmqService
 from polymq.adapters.zmq_sockets import ZmqSockets
@@ -64,7 +65,9 @@ class EMQPPubSub(ZmqService):
                 self.rejected += 1
                 self.refusals.note("publish rejected", f"pub/sub: PUBLISH to {name} not queued: {refusal}")
                 continue
-            engine.publish(name, publish.payload, drop_if_unbound=True, origin=EMQP_ORIGIN)
+            # Who published is looked up only while something is traced.
+            engine.publish(name, publish.payload, drop_if_unbound=True, origin=EMQP_ORIGIN, publisher_id=message.msgid,
+                           client=None if engine.tracer is None else identity_client(message.identity))
 
 
 def _nothing_comes_in(batch: list[Frames]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import attrs
 import click
 
-from polymq.adapters.mqks.session import MQKSLimits, MQKSServer
+from polymq.adapters.mqks.session import MQKSLimits, MQKSServer, shown_id
 from polymq.adapters.protocol import PORT, Context, Endpoint, Protocol, Setting
 from polymq.adapters.session import TcpService
 from polymq.codecs.mqks import MAX_LINE_LENGTH as MQKS_MAX_LINE_LENGTH
@@ -52,4 +52,5 @@ PROTOCOL = Protocol(
     start=start,
     conformance="polymq.conformance.mqks:command",
     bench="polymq.bench.mqks:command",
+    shown_id=shown_id,
 )

@@ -39,6 +39,7 @@ from polymq.adapters.transport import Transport
 from polymq.codecs import mqks
 from polymq.core.engine import Consumer, Engine, Queue
 from polymq.core.message import PUBLISHER_ID_HEADER, Message
+from polymq.core.trace import Client
 
 log = logging.getLogger("polymq.mqks")
 
@@ -227,11 +228,10 @@ class MQKSServer(Listener):
                                                        consumer.manual_ack))
 
 
-def _msg_id_and_event(message: Message, queue: Queue) -> tuple[bytes, bytes]:
+def msg_id_of(message: Message) -> bytes:
+    """The msg_id an MQKS consumer sees for a message."""
     headers = message.headers
     msg_id = headers.get(MSG_ID_HEADER) if type(headers) is dict else None
-    # The topic is unknown only for a record an older version wrote: then the queue's binding.
-    event = message.topic or (queue.topics[0] if queue.topics else queue.name)
     # `str()`: headers come from any protocol, and a deliver callback must never raise. An MQKS
     # publisher's id is one its request line carried; another protocol's (a stream writer's) with a
     # space, a newline, another control character or a Unicode line break would break the line or
@@ -239,7 +239,18 @@ def _msg_id_and_event(message: Message, queue: Queue) -> tuple[bytes, bytes]:
     shown = b"%016x" % message.id if msg_id is None else str(msg_id).encode()
     if b" " in shown or not shown or (message.origin != ORIGIN and not mqks.carries_field(shown)):
         shown = b"%016x" % message.id
-    return shown, str(event).encode()
+    return shown
+
+
+def shown_id(message: Message) -> str:
+    """The msg_id an MQKS client sees for a message, as text (traces)."""
+    return msg_id_of(message).decode("utf-8", "backslashreplace")
+
+
+def _msg_id_and_event(message: Message, queue: Queue) -> tuple[bytes, bytes]:
+    # The topic is unknown only for a record an older version wrote: then the queue's binding.
+    event = message.topic or (queue.topics[0] if queue.topics else queue.name)
+    return msg_id_of(message), str(event).encode()
 
 
 # The one error an MQKS client is told (`{id} error {error id}`), as the metrics count it.
@@ -255,6 +266,7 @@ class MQKSSession(StreamSession):
         super().__init__(server.engine, transport)
         self.server = server
         self.codec = mqks.ServerConnection(server.limits.max_line_length)
+        self.client = Client(ORIGIN, self.peer)  # its publishes, as traces show them
         self.consumers: dict[str, MQKSConsumer] = {}
         # Auto-ack deliveries queued since the last write, per engine consumer: credit to give back
         # once they are written.
@@ -403,10 +415,11 @@ class MQKSSession(StreamSession):
         if len(requests) == 1:  # publishers that alternate events: no batch to build
             request = requests[0]
             engine.publish(event, request.data, drop_if_unbound=True, origin=ORIGIN,
-                           headers={MSG_ID_HEADER: request.request_id})
+                           headers={MSG_ID_HEADER: request.request_id}, client=self.client)
         else:
             engine.publish_many(event, [request.data for request in requests], drop_if_unbound=True, origin=ORIGIN,
-                                each_headers=[{MSG_ID_HEADER: request.request_id} for request in requests])
+                                each_headers=[{MSG_ID_HEADER: request.request_id} for request in requests],
+                                client=self.client)
         self.server.published += len(requests)
         self.traffic.messages_in += len(requests)
         self.server.queued += bound * len(requests)
@@ -465,6 +478,7 @@ class MQKSSession(StreamSession):
         consumer.engine_consumer = engine.attach(
             queue.name, self._deliverer(consumer, queue), credit=server.limits.consumer_window,
             auto_ack=not request.manual_ack, on_close=lambda _reason: server.unregister(consumer), tag=consumer,
+            client=Client(ORIGIN, self.peer, consumer_id),
         )
 
     def _rebind(self, request: mqks.Rebind) -> None:

@@ -15,7 +15,7 @@ import trio
 
 from polymq.adapters.nsq.http import serve_nsq_http
 from polymq.adapters.nsq.lookupd import LookupdRegistrar, NodeIdentity
-from polymq.adapters.nsq.tcp import NSQServer
+from polymq.adapters.nsq.tcp import NSQServer, shown_id
 from polymq.adapters.protocol import PORT, Context, Endpoint, Protocol, ServiceError, Setting
 from polymq.adapters.session import TcpService
 from polymq.codecs.nsq import ServerLimits
@@ -192,4 +192,5 @@ PROTOCOL = Protocol(
     start=NSQService,
     conformance="polymq.conformance.nsq:command",
     bench="polymq.bench.nsq:command",
+    shown_id=shown_id,
 )

@@ -40,6 +40,7 @@ from polymq.adapters.nsq.tcp import ensure_channel
 from polymq.adapters.protocol import Traffic
 from polymq.codecs.nsq import ProtocolError, ServerLimits, is_ephemeral, is_valid_name, parse_mpub_body
 from polymq.core.engine import Engine, Queue, Topic
+from polymq.core.trace import Client
 
 log = logging.getLogger("polymq.nsq_http")
 
@@ -93,6 +94,8 @@ MEMORY_KEYS = (
     "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes", "gc_total_runs",
 )
 
+# An HTTP publisher's name in traces: HTTP has no IDENTIFY.
+HTTP_CLIENT_NAME = "http"
 _GO_INT = re.compile(r"[+-]?[0-9]+")
 _INT64_MAX = (1 << 63) - 1
 
@@ -147,6 +150,11 @@ OK_EMPTY = Response(200)
 
 # ---------------------------------------------------------------------------------------------
 # Go compatibility helpers
+
+
+def _client(request: Request) -> Client:
+    """An HTTP publisher as traces show it (core/trace.py)."""
+    return Client(NSQ_ORIGIN, request.peer, HTTP_CLIENT_NAME)
 
 
 def _first(params: dict[bytes, list[bytes]], key: bytes) -> bytes | None:
@@ -491,7 +499,7 @@ class NsqHttpApi:
             if self.engine.storage.failure is not None or self.engine.publish_refusal(topic) is not None:
                 return STORAGE_FAILED  # nsqd answers any failed PutMessage so
             self._ensure_topic(topic)
-            self.engine.publish(topic, body, delay=delay_ms / 1000, origin=NSQ_ORIGIN)
+            self.engine.publish(topic, body, delay=delay_ms / 1000, origin=NSQ_ORIGIN, client=_client(request))
             self.traffic.messages_in += 1
             return PUBLISHED
 
@@ -534,7 +542,7 @@ class NsqHttpApi:
             # The topic is created only for a valid batch (nsqd creates it first).
             self._ensure_topic(topic)
             if bodies:
-                self.engine.publish_many(topic, bodies, origin=NSQ_ORIGIN)
+                self.engine.publish_many(topic, bodies, origin=NSQ_ORIGIN, client=_client(request))
                 self.traffic.messages_in += len(bodies)
             return PUBLISHED
 

@@ -43,8 +43,14 @@ from polymq.codecs.compression import (
 )
 from polymq.core.engine import DEAD_LETTER_SUFFIX, DEAD_LETTER_TOPIC_OPTION, Consumer, Engine, Message, Outcome, Queue
 from polymq.core.timers import Timer
+from polymq.core.trace import Client
 
 ORIGIN = "nsq"  # the protocol the engine keeps with what comes in here
+
+
+def shown_id(message: Message) -> str:
+    """The id an NSQ client sees for a message: the 16 hex digits of its engine id."""
+    return nsq.message_id_of(message.id).decode()
 
 log = logging.getLogger("polymq.nsq")
 
@@ -269,6 +275,7 @@ class NSQSession(StreamSession):
         # Negotiated settings (IDENTIFY); defaults are nsqd's.
         self.client_id = self.remote_address.rsplit(":", 1)[0]
         self.hostname = self.client_id
+        self.client = Client(ORIGIN, self.peer, self.client_id)  # as traces show it
         self.user_agent = ""
         self.heartbeat_interval = self.limits.heartbeat_interval_ms / 1000
         self.output_buffer_size = self.limits.output_buffer_size
@@ -470,6 +477,7 @@ class NSQSession(StreamSession):
     def _identify(self, command: nsq.Identify) -> Any:
         self.client_id = command.client_id or self.client_id
         self.hostname = command.hostname or self.hostname
+        self.client.name = self.client_id
         self.user_agent = command.user_agent
         self.heartbeat_interval = -1.0 if command.heartbeat_interval_ms == -1 else command.heartbeat_interval_ms / 1000
         self.output_buffer_size = command.output_buffer_size
@@ -608,6 +616,7 @@ class NSQSession(StreamSession):
             accept=sampler(self.sample_rate),
             on_close=self.close,
             tag=self,
+            client=self.client,
         )
         self._durable_channel = self.consumer.queue.durable
         self.codec.subscribed()
@@ -725,7 +734,7 @@ class NSQSession(StreamSession):
         if self._refused("PUB", command.topic, 1):
             return None
         self._ensure_topic(command.topic)
-        self.engine.publish(command.topic, command.body, origin=ORIGIN)
+        self.engine.publish(command.topic, command.body, origin=ORIGIN, client=self.client)
         self._published("PUB", command.topic, 1)
         return None
 
@@ -736,7 +745,7 @@ class NSQSession(StreamSession):
         if self._refused("MPUB", command.topic, len(command.bodies)):
             return None
         self._ensure_topic(command.topic)
-        self.engine.publish_many(command.topic, command.bodies, origin=ORIGIN)
+        self.engine.publish_many(command.topic, command.bodies, origin=ORIGIN, client=self.client)
         self._published("MPUB", command.topic, len(command.bodies))
         return None
 
@@ -747,7 +756,8 @@ class NSQSession(StreamSession):
         if self._refused("DPUB", command.topic, 1):
             return None
         self._ensure_topic(command.topic)
-        self.engine.publish(command.topic, command.body, delay=command.defer_ms / 1000, origin=ORIGIN)
+        self.engine.publish(command.topic, command.body, delay=command.defer_ms / 1000, origin=ORIGIN,
+                            client=self.client)
         self._published("DPUB", command.topic, 1)
         return None
 

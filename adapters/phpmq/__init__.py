@@ -9,7 +9,7 @@ import click
 
 from polymq.adapters.named_queue import forget_their_topics
 from polymq.adapters.phpmq.console import ConsoleServer
-from polymq.adapters.phpmq.session import FORGET_EMPTY_AFTER_S, PHPMQLimits, PHPMQServer
+from polymq.adapters.phpmq.session import FORGET_EMPTY_AFTER_S, PHPMQLimits, PHPMQServer, shown_id
 from polymq.adapters.protocol import PORT, Context, Endpoint, Protocol, Setting
 from polymq.adapters.session import TcpService
 from polymq.codecs.phpmq import MAX_CONTENT as PHPMQ_MAX_CONTENT
@@ -80,4 +80,5 @@ PROTOCOL = Protocol(
     start=start,
     conformance="polymq.conformance.phpmq:command",
     bench="polymq.bench.phpmq:command",
+    shown_id=shown_id,
 )

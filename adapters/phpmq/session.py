@@ -30,8 +30,14 @@ from polymq.adapters.session import Listener, StreamSession
 from polymq.adapters.transport import Transport
 from polymq.codecs import phpmq
 from polymq.core.engine import Consumer, Engine, Message, Queue
+from polymq.core.trace import Client
 
 ORIGIN = "phpmq"  # the protocol the engine keeps with what comes in here
+
+
+def shown_id(message: Message) -> str:
+    """The id a PHPMQ client sees for a message: 32 hex digits."""
+    return phpmq.format_message_id(message.id).decode()
 
 log = logging.getLogger("polymq.phpmq")
 
@@ -93,6 +99,7 @@ class PHPMQSession(StreamSession):
         self.server = server
         self.codec = phpmq.ServerConnection(server.limits.max_content)
         self.consumer: Consumer | None = None
+        self.client = Client(ORIGIN, self.peer)  # as traces show it
         self._handlers: dict[type, Callable[[Any], None]] = {
             phpmq.Send: self._send,
             phpmq.Consume: self._consume,
@@ -150,7 +157,7 @@ class PHPMQSession(StreamSession):
             self.stop(f"send refused: {refusal}")
             return
         self.server.queue(request.queue)
-        self.engine.publish(request.queue, request.content, ttl=request.ttl, origin=ORIGIN)
+        self.engine.publish(request.queue, request.content, ttl=request.ttl, origin=ORIGIN, client=self.client)
         self.traffic.messages_in += 1
 
     def _consume(self, request: phpmq.Consume) -> None:
@@ -162,7 +169,7 @@ class PHPMQSession(StreamSession):
         window = min(max(request.count, 0), self.server.limits.max_window)
         self.consumer = self.engine.attach(queue.name, self._deliverer(queue), credit=window,
                                            msg_timeout=self.server.limits.ack_timeout, on_close=self._queue_gone,
-                                           tag=self)
+                                           tag=self, client=self.client)
 
     def _queue_gone(self, reason: str) -> None:
         self.consumer = None

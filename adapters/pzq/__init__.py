@@ -16,6 +16,7 @@ from polymq.adapters.pzq.service import (
     MONITOR_MAX_MESSAGE,
     PZQLimits,
     PZQServer,
+    shown_id,
 )
 from polymq.adapters.zmq_sockets import SocketSpec
 
@@ -68,5 +69,6 @@ PROTOCOL = Protocol(
     ),
     start=start,
     conformance="polymq.conformance.pzq:command",
+    shown_id=shown_id,
     bench="polymq.bench.pzq:command",
 )

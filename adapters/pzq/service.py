@@ -38,8 +38,21 @@ from polymq.adapters.zmq_service import ZmqService
 from polymq.adapters.zmq_sockets import PEER_CONNECTED, PEER_GONE, ZmqSockets
 from polymq.codecs import pzq
 from polymq.core.engine import Consumer, Engine, Message, Outcome, Queue
+from polymq.core.trace import Client
 
 ORIGIN = "pzq"  # the protocol the engine keeps with what comes in here
+# Its consumers as traces show them: the DEALER hides which peer took a message.
+CONSUMERS = Client(ORIGIN, "", "pzq-send")
+
+
+def shown_id(message: Message) -> str:
+    """The key a PZQ consumer sees for a message (every delivery of it has the same)."""
+    return pzq.delivery_key(message.id).decode()
+
+
+def _producer(peer: bytes) -> Client:
+    """A producer as traces show it: its ROUTER identity, in hex (ZeroMQ hides its address)."""
+    return Client(ORIGIN, "", peer.hex())
 
 log = logging.getLogger("polymq.pzq")
 
@@ -93,7 +106,7 @@ class PZQServer(ZmqService):
         """The engine consumer that serves the send socket's consumers (the queue made if missing)."""
         self.consumer = self.engine.attach(self.queue.name, self._deliver, credit=self._credit(),
                                            msg_timeout=self.limits.ack_timeout, retry_first=True,
-                                           on_close=self._queue_gone, tag=self)
+                                           on_close=self._queue_gone, tag=self, client=CONSUMERS)
 
     def _queue_gone(self, reason: str) -> None:
         """The queue was deleted (another protocol's admin): a new one when consumers are there."""
@@ -133,7 +146,9 @@ class PZQServer(ZmqService):
                 self.traffic.error(REFUSED)
                 replies.append([peer, *pzq.producer_refusal(parsed.producer_id, refusal.encode())])
                 continue
-            engine.publish(topic, pzq.join_frames(parsed.bodies), origin=ORIGIN)
+            # Who published is looked up only while something is traced.
+            engine.publish(topic, pzq.join_frames(parsed.bodies), origin=ORIGIN, publisher_id=parsed.producer_id,
+                           client=None if engine.tracer is None else _producer(peer))
             replies.append([peer, *pzq.producer_ack(parsed.producer_id)])
         if replies:
             assert self.receive_pump is not None

@@ -1,0 +1,145 @@
+"""Tracing in the engine (core/trace.py), driven by a ManualClock: the exact events of a traced
+message's life, the flags that keep untraced topics free of it, the bounded ring, search and gaps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from polymq.core.clock import ManualClock
+from polymq.core.engine import MAX_ATTEMPTS_OPTION, Engine, Message
+from polymq.core.trace import Client, Event, Tracer, event_json, gaps
+
+SHOWN = {"hex": lambda message: f"{message.id:016x}", "own": lambda message: str((message.headers or {}).get("k", ""))}
+
+
+def _engine(**tracer: Any) -> tuple[Engine, Tracer, list[Event]]:
+    engine = Engine(clock=ManualClock())
+    trace = Tracer(engine, SHOWN, node="n1", **tracer)
+    seen: list[Event] = []
+    trace.listeners.append(seen.append)
+    return engine, trace, seen
+
+
+def _steps(events: list[Event]) -> list[tuple[Any, ...]]:
+    return [(event.kind, event.queue or event.topic, event.attempt) for event in events]
+
+
+def test_nothing_traced_leaves_the_engine_without_a_tracer() -> None:
+    engine, _, seen = _engine()
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    engine.publish("t", b"x")
+    assert engine.tracer is None
+    assert not engine.topics["t"].traced and not engine.queues["q"].traced
+    assert seen == []
+
+
+def test_a_life_with_a_requeue_a_timeout_and_a_dead_letter() -> None:
+    engine, trace, seen = _engine()
+    trace.trace("orders")
+    assert engine.tracer is trace
+    engine.ensure_queue("billing", options={MAX_ATTEMPTS_OPTION: 3})
+    engine.bind("billing", "orders")
+    got: list[Message] = []
+    worker = Client("nsq", "127.0.0.1:5000", "worker-1")
+    consumer = engine.attach("billing", got.append, credit=5, msg_timeout=10.0, client=worker)
+    publisher = Client("mqks", "127.0.0.1:6000", "")
+    message_id = engine.publish("orders", b"order 1", headers={"k": "req-1"}, origin="mqks", client=publisher)
+    assert consumer.requeue(message_id) .name == "OK"
+    engine.clock.advance(10.0)  # type: ignore[attr-defined]
+    engine.run_timers()
+    assert consumer.touch(message_id).name == "OK"
+    engine.clock.advance(10.0)  # type: ignore[attr-defined]
+    engine.run_timers()  # third attempt timed out: max attempts, so a dead letter
+    assert _steps(seen) == [
+        ("published", "orders", None), ("queued", "billing", None), ("delivered", "billing", 1),
+        ("requeued", "billing", 1), ("delivered", "billing", 2), ("timed_out", "billing", 2),
+        ("delivered", "billing", 3), ("touched", "billing", 3), ("timed_out", "billing", 3),
+        ("dead_lettered", "billing", 3), ("kept", "billing.dead", None),
+    ]
+    assert [event.seq for event in seen] == sorted(event.seq for event in seen)
+    assert seen[0].client is publisher and seen[2].client is worker
+    first = event_json(seen[0], "n1")
+    assert first == {"seq": seen[0].seq, "time_ns": seen[0].time_ns, "event": "published", "node": "n1",
+                     "traced_topic": "orders", "message_id": message_id,
+                     "ids": {"hex": f"{message_id:016x}", "own": "req-1"}, "topic": "orders", "protocol": "mqks",
+                     "client": "127.0.0.1:6000", "client_name": "", "size": 7, "publisher_id": None}
+    found = trace.find("req-1")
+    assert [traced.id for traced in found] == [message_id]
+    assert trace.find(f"{message_id:016x}") == found == trace.find(str(message_id))
+    assert Tracer.timeline(found[0]) == seen
+    assert gaps(seen) == ["sitting in dead-letter topic billing.dead: no queue reads it",
+                          "timed out 2 times in billing"]
+    # A queue bound to the dead letters later gets them, traced on.
+    engine.ensure_queue("billing.dead")
+    engine.bind("billing.dead", "billing.dead")
+    assert _steps(seen[11:]) == [("queued", "billing.dead", None)]
+    assert gaps(seen) == ["sitting in billing.dead, a queue of dead letters", "timed out 2 times in billing"]
+
+
+def test_auto_ack_finishes_at_delivery_and_an_untraced_topic_records_nothing() -> None:
+    engine, trace, seen = _engine()
+    trace.trace("a")
+    engine.ensure_queue("q")
+    engine.bind("q", "a")
+    engine.bind("q", "b")  # the queue is traced: a copy from the untraced topic is not
+    engine.attach("q", lambda message: None, credit=10, auto_ack=True)
+    engine.publish("b", b"not traced")
+    engine.publish("a", b"traced")
+    assert _steps(seen) == [("published", "a", None), ("queued", "q", None), ("delivered", "q", 1),
+                            ("finished", "q", 1)]
+    assert gaps(seen) == []
+
+
+def test_delivered_and_never_finished_is_a_gap_and_deleting_the_queue_ends_it() -> None:
+    engine, trace, seen = _engine()
+    trace.trace("t")
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    engine.attach("q", lambda message: None, credit=1, client=Client("phpmq", "127.0.0.1:7000"))
+    engine.publish("t", b"x")
+    assert gaps(seen) == ["delivered in q to phpmq client 127.0.0.1:7000 (attempt 1) and not finished"]
+    engine.delete_queue("q")
+    assert _steps(seen)[-1] == ("deleted", "q", None)
+    assert gaps(seen) == []
+
+
+def test_the_ring_is_bounded_and_counts_what_it_dropped() -> None:
+    engine, trace, _ = _engine(ring_size=4)
+    trace.trace("t")
+    for _ in range(3):
+        engine.publish("t", b"kept")  # no queue: published and kept, two events each
+    ring = trace.rings["t"]
+    assert (len(ring.events), ring.recorded, ring.dropped) == (4, 6, 2)
+    assert len(trace.recent("t")) == 2
+
+
+def test_stopping_keeps_the_ring_and_frees_the_flags() -> None:
+    engine, trace, seen = _engine()
+    trace.trace("t")
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    engine.publish("t", b"x")
+    trace.untrace("t")
+    assert engine.tracer is None
+    assert not engine.topics["t"].traced and not engine.queues["q"].traced
+    engine.publish("t", b"y")
+    assert len(seen) == 2 and len(trace.rings["t"].events) == 2
+
+
+def test_the_refused_topic_is_never_traced() -> None:
+    _, trace, _ = _engine()
+    trace.refused.add("polymq.trace")
+    with pytest.raises(ValueError):
+        trace.trace("polymq.trace")
+
+
+def test_a_body_prefix_is_kept_only_as_configured_and_found() -> None:
+    engine, trace, seen = _engine(body_prefix=4)
+    trace.trace("t")
+    engine.publish("t", b"invoice 42")
+    assert trace.find("invo")[0].body_prefix == b"invo"
+    assert event_json(seen[0], "")["body_prefix"] == "invo"
+    assert trace.find("other") == []
