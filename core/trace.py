@@ -173,7 +173,7 @@ class Tracer:
         if ring is not None:
             for message_id in ring.messages:
                 self.live.pop(message_id, None)
-            ring.messages = {}
+            ring.messages = OrderedDict()
         self._refresh()
 
     def _refresh(self) -> None:
