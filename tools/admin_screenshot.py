@@ -8,6 +8,7 @@ the screenshot and stops the gateway by its PID.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from selenium import webdriver
@@ -55,10 +57,35 @@ def start_gateway(*extra: str) -> tuple[subprocess.Popen[str], dict[str, tuple[s
     raise SystemExit("the gateway did not start")
 
 
+@contextlib.contextmanager
+def running_gateway(*extra: str) -> Iterator[dict[str, tuple[str, int]]]:
+    """`start_gateway`'s addresses while it runs; stopped by its PID afterwards."""
+    process, addresses = start_gateway(*extra)
+    try:
+        yield addresses
+    finally:
+        os.kill(process.pid, signal.SIGTERM)
+        process.wait(30)
+
+
+@contextlib.contextmanager
+def chromium(height: int) -> Iterator[webdriver.Chrome]:
+    """Debian's chromium, headless, WIDTH x `height` pixels; quit afterwards."""
+    options = Options()
+    options.binary_location = shutil.which("chromium") or "chromium"
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={WIDTH},{height}",
+                     "--hide-scrollbars"):
+        options.add_argument(argument)
+    browser = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "chromedriver"), options=options)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
 def main() -> None:
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "images" / "admin-page.png"
-    process, addresses = start_gateway()
-    try:
+    with running_gateway() as addresses:
         nsq_host, nsq_http = addresses["nsq-http"]
         with socket.create_connection(addresses["phpmq"]) as php, \
                 socket.create_connection(addresses["phpmq"]) as worker, \
@@ -73,14 +100,7 @@ def main() -> None:
             admin = "http://{}:{}".format(*addresses["http"])
             time.sleep(0.5)
             urllib.request.urlopen(f"{admin}/api/queue/pause?queue=payments/audit", data=b"", timeout=10).read()
-            options = Options()
-            options.binary_location = shutil.which("chromium") or "chromium"
-            for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={WIDTH},1000",
-                             "--hide-scrollbars"):
-                options.add_argument(argument)
-            browser = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "chromedriver"),
-                                       options=options)
-            try:
+            with chromium(1000) as browser:
                 browser.get(f"{admin}/")
                 started = time.monotonic()
                 resized = False
@@ -98,11 +118,6 @@ def main() -> None:
                     time.sleep(0.5)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 browser.save_screenshot(str(target))
-            finally:
-                browser.quit()
-    finally:
-        os.kill(process.pid, signal.SIGTERM)
-        process.wait(30)
     print(f"wrote {target}")
 
 

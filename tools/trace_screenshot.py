@@ -11,17 +11,11 @@ its PID.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
 import socket
 import sys
 import time
 from pathlib import Path
 
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -29,7 +23,7 @@ from polymq.clients import nsq
 from polymq.codecs import nsq_client, phpmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from admin_screenshot import ROOT, WIDTH, start_gateway
+from admin_screenshot import ROOT, chromium, running_gateway
 
 # The shortest msg_timeout an NSQ client may ask for (nsqd's rule): the first delivery times out.
 MSG_TIMEOUT_MS = 1000
@@ -44,46 +38,32 @@ def _message(reader: nsq.Connection) -> nsq_client.Message:
 
 def main() -> None:
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "images" / "trace-timeline.png"
-    process, addresses = start_gateway("--trace", "orders")
-    try:
-        with socket.create_connection(addresses["phpmq"]) as php, \
+    with running_gateway("--trace", "orders") as addresses, socket.create_connection(addresses["phpmq"]) as php, \
                 socket.create_connection(addresses["mqks"]) as mqks, nsq.Connection(addresses["nsq-tcp"]) as reader:
-            php.sendall(phpmq.consume(b"orders", 0))  # PHPMQ's queue `orders`: keeps its copy, reads none
-            reader.send(nsq_client.identify({"client_id": "billing-worker", "msg_timeout": MSG_TIMEOUT_MS}))
-            reader.wait_for_ok("IDENTIFY")
-            reader.send(nsq_client.sub("orders", "billing"))
-            reader.wait_for_ok("SUB")
-            reader.send(nsq_client.rdy(1))
-            time.sleep(0.5)  # PHPMQ's consume is handled: its queue is bound
-            mqks.sendall(b"order-1042 publish orders " + json.dumps({"order": 1042}).encode() + b"\n")
-            first = _message(reader)
-            second = _message(reader)  # the first timed out
-            reader.send(nsq_client.req(second.msg_id, 500))
-            third = _message(reader)
-            reader.send(nsq_client.fin(third.msg_id))
-            admin = "http://{}:{}".format(*addresses["http"])
-            options = Options()
-            options.binary_location = shutil.which("chromium") or "chromium"
-            for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={WIDTH},2000",
-                             "--hide-scrollbars"):
-                options.add_argument(argument)
-            browser = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "chromedriver"),
-                                       options=options)
-            try:
-                browser.get(f"{admin}/")
-                query = browser.find_element(By.ID, "trace-query")
-                query.send_keys(first.msg_id.decode())
-                browser.find_element(By.CSS_SELECTOR, "#trace-search button").click()
-                WebDriverWait(browser, WAIT_S).until(
-                    lambda driver: len(driver.find_elements(By.CSS_SELECTOR, "#trace-found tr[data-event]")) == 9)
-                time.sleep(2.5)  # one more poll: the recent list shows the finished copy
-                target.parent.mkdir(parents=True, exist_ok=True)
-                browser.find_element(By.ID, "tracing").screenshot(str(target))
-            finally:
-                browser.quit()
-    finally:
-        os.kill(process.pid, signal.SIGTERM)
-        process.wait(30)
+        php.sendall(phpmq.consume(b"orders", 0))  # PHPMQ's queue `orders`: keeps its copy, reads none
+        reader.send(nsq_client.identify({"client_id": "billing-worker", "msg_timeout": MSG_TIMEOUT_MS}))
+        reader.wait_for_ok("IDENTIFY")
+        reader.send(nsq_client.sub("orders", "billing"))
+        reader.wait_for_ok("SUB")
+        reader.send(nsq_client.rdy(1))
+        time.sleep(0.5)  # PHPMQ's consume is handled: its queue is bound
+        mqks.sendall(b"order-1042 publish orders " + json.dumps({"order": 1042}).encode() + b"\n")
+        first = _message(reader)
+        second = _message(reader)  # the first timed out
+        reader.send(nsq_client.req(second.msg_id, 500))
+        third = _message(reader)
+        reader.send(nsq_client.fin(third.msg_id))
+        admin = "http://{}:{}".format(*addresses["http"])
+        with chromium(2000) as browser:
+            browser.get(f"{admin}/")
+            query = browser.find_element(By.ID, "trace-query")
+            query.send_keys(first.msg_id.decode())
+            browser.find_element(By.CSS_SELECTOR, "#trace-search button").click()
+            WebDriverWait(browser, WAIT_S).until(
+                lambda driver: len(driver.find_elements(By.CSS_SELECTOR, "#trace-found tr[data-event]")) == 9)
+            time.sleep(2.5)  # one more poll: the recent list shows the finished copy
+            target.parent.mkdir(parents=True, exist_ok=True)
+            browser.find_element(By.ID, "tracing").screenshot(str(target))
     print(f"wrote {target}")
 
 
