@@ -407,6 +407,8 @@ class SharedQueue(Queue):
         assert isinstance(engine, SharedEngine)
         letter = self._letter(message, reason)
         topic = engine.ensure_topic(letter.topic or "", ephemeral=self.ephemeral)
+        if self.traced:
+            engine._trace().dead_lettered(self, message, reason, topic)
         link = self.link
 
         def stored(error: Exception | None) -> None:

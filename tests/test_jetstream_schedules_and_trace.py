@@ -1,6 +1,6 @@
 """Schedules on the shared engine: kept in JetStream for every node, fired by the lease holder only, taken
-over by another node when the holder dies. Nodes (engines) in one trio run, on a real three-server
-cluster; a message id's top bits name the node that published it."""
+over by another node when the holder dies; and a node's own trace of a message. Nodes (engines) in one
+trio run, on a real three-server cluster; a message id's top bits name the node that published it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import zmq
 from test_jetstream_backend import DEADLINE_S, Node, attached, name, node, until
 
 from polymq.codecs import emqp
+from polymq.core.engine import MAX_ATTEMPTS_OPTION
 from polymq.core.ids import ID_BITS, NODE_BITS
 from polymq.core.schedules import FOREVER
+from polymq.core.trace import Event, Tracer
 from polymq.jetstream.schedules import SharedScheduleKeeper
 
 from support.emqp_wire import Client, Worker, admin_json
@@ -137,3 +139,30 @@ def test_an_emqp_schedule_sent_to_one_gateway_feeds_a_worker_on_the_other_and_ou
         while admin_json(context, later.addresses["emqp-admin"], emqp.STATUS)["polymq"]["schedules"]:  # type: ignore[index]
             assert time.monotonic() < deadline, "the schedule still there after UNSCHEDULE"
             time.sleep(0.05)
+
+
+# -- tracing on a node of the shared engine ------------------------------------------------------------
+
+
+async def test_a_traced_message_on_a_node_shows_its_publish_deliveries_requeue_and_dead_letter(
+        nats_cluster: NatsCluster) -> None:
+    """Tracing is the node's own: what its clients published, and what its consumers did with the copies
+    it fetched, in order, the dead letter included."""
+    topic, queue = name("traced"), name("traced-worker")
+    async with node(nats_cluster) as a:
+        tracer = Tracer(a.engine, {}, node=str(a.engine.node))
+        seen: list[Event] = []
+        tracer.listeners.append(seen.append)
+        tracer.trace(topic)
+        consumer, got = a.consumer(queue, topic, options={MAX_ATTEMPTS_OPTION: 2})
+        await attached(a, queue)
+        message_id, _ = a.publish(topic, b"traced body")
+        await until(lambda: len(got) == 1, "the first delivery")
+        consumer.requeue(got[0].id)
+        await until(lambda: len(got) == 2, "the second delivery")
+        consumer.requeue(got[1].id)
+        await until(lambda: any(event.kind == "dead_lettered" for event in seen), "the dead letter")
+        steps = [(event.kind, event.queue or event.topic, event.attempt) for event in seen
+                 if event.message.id == message_id]
+        assert steps[:6] == [("published", topic, None), ("delivered", queue, 1), ("requeued", queue, 1),
+                             ("delivered", queue, 2), ("requeued", queue, 2), ("dead_lettered", queue, 2)]
