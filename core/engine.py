@@ -1140,6 +1140,7 @@ class Engine:
         topic.backlog.clear()
         if queue.traced:
             self._trace().queued(queue, backlog)
+            self._trace().backlog_taken(queue, topic.name)
         queue.message_count += len(backlog) + topic_log.spilled
         now = self.clock.now()
         for message in backlog:

@@ -271,6 +271,15 @@ class Tracer:
                 traced.places["queue", queue.name] = DEFERRED if delay is not None else READY
                 self._record(traced, QUEUED, queue=queue.name, delay_s=None if delay is None else round(delay, 3))
 
+    def backlog_taken(self, queue: Queue, topic: str) -> None:
+        """A topic's backlog went to its first queue, the part spilled to disk too (read back later, no
+        event then): every traced copy still kept in the topic is queued now."""
+        for traced in list(self.live.values()):
+            if traced.places.get(("topic", topic)) == READY:
+                traced.places["topic", topic] = GONE
+                traced.places["queue", queue.name] = READY
+                self._record(traced, QUEUED, queue=queue.name)
+
     def delivered(self, queue: Queue, consumer: Consumer, message: Message) -> None:
         traced = self.live.get(message.id)
         if traced is None:

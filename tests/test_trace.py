@@ -3,6 +3,7 @@ message's life, the flags that keep untraced topics free of it, the bounded ring
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from polymq.core.clock import ManualClock
 from polymq.core.engine import MAX_ATTEMPTS_OPTION, Engine, Message
 from polymq.core.trace import Client, Event, Tracer, event_json, gaps
+
+from support.sync_store import Store
 
 SHOWN = {"hex": lambda message: f"{message.id:016x}", "own": lambda message: str((message.headers or {}).get("k", ""))}
 
@@ -143,3 +146,32 @@ def test_a_body_prefix_is_kept_only_as_configured_and_found() -> None:
     assert trace.find("invo")[0].body_prefix == b"invo"
     assert event_json(seen[0], "")["body_prefix"] == "invo"
     assert trace.find("other") == []
+
+
+def test_a_backlog_spilled_to_disk_is_queued_for_the_first_queue_event_by_event(tmp_path: Path) -> None:
+    """A topic without a queue keeps what is published (nsqd's rule); past the memory bound it is on disk.
+    The first queue takes it all: each traced copy, on disk or not, gets its `queued` event then."""
+    store = Store(tmp_path, ManualClock(), mem_queue_size=2)
+    engine = store.engine
+    trace = Tracer(engine, SHOWN, node="n1")
+    seen: list[Event] = []
+    trace.listeners.append(seen.append)
+    trace.trace("orders")
+    ids = [engine.publish("orders", b"order %d" % number) for number in range(5)]
+    store.commit()
+    assert engine.topics["orders"].log is not None and engine.topics["orders"].log.spilled > 0
+    engine.ensure_queue("billing")
+    engine.bind("billing", "orders")
+    queued = [event.message.id for event in seen if event.kind == "queued"]
+    assert sorted(queued) == sorted(ids)
+    assert all(event.queue == "billing" for event in seen if event.kind == "queued")
+    got: list[Message] = []
+    consumer = engine.attach("billing", got.append, credit=10)
+    store.commit()
+    assert [message.id for message in got] == ids
+    for message in got:
+        consumer.finish(message.id)
+    for message_id in ids:
+        [found] = trace.find(str(message_id))
+        assert gaps(trace.timeline(found)) == [], trace.timeline(found)
+    store.close()
