@@ -52,11 +52,14 @@ def requeue_dead_letters(engine: Engine, queue: Queue) -> Requeued:
         taken += [(message, source.log) for message in _take_queued(source)]
         if source.log is not None:
             left += source.log.spilled
-    moved: set[int] = set()
+    moved: dict[int, Message] = {}
     for message, _ in taken:
-        if message.id not in moved:
-            moved.add(message.id)
-            queue._put(_returned(message), message.due)
+        moved.setdefault(message.id, message)
+    if engine.tracer is not None:  # before they go in: a consumer with credit takes one at once
+        holders = [("topic", topic.name), *(("queue", source.name) for source in topic.queues if source is not queue)]
+        engine.tracer.revived(queue, moved.values(), holders)
+    for message in moved.values():
+        queue._put(_returned(message), message.due)
     engine.storage.write_now()  # the new copies before the old ones' end (see the module's doc)
     for message, log in taken:
         if log is not None:

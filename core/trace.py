@@ -271,6 +271,19 @@ class Tracer:
                 traced.places["queue", queue.name] = DEFERRED if delay is not None else READY
                 self._record(traced, QUEUED, queue=queue.name, delay_s=None if delay is None else round(delay, 3))
 
+    def revived(self, queue: Queue, messages: Iterable[Message], holders: Iterable[tuple[str, str]]) -> None:
+        """Dead letters put back into their queue (the admin page's action): gone from every place that
+        held them (`holders`: the dead-letter topic and the queues bound to it), queued again."""
+        held_in = set(holders)
+        for message in messages:
+            traced = self.live.get(message.id)
+            if traced is None:
+                continue
+            for place in held_in & traced.places.keys():
+                traced.places[place] = GONE
+            traced.places["queue", queue.name] = READY
+            self._record(traced, QUEUED, queue=queue.name, reason="put back from its dead letters")
+
     def backlog_taken(self, queue: Queue, topic: str) -> None:
         """A topic's backlog went to its first queue, the part spilled to disk too (read back later, no
         event then): every traced copy still kept in the topic is queued now."""

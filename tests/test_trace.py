@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from polymq.core.clock import ManualClock
+from polymq.core.dead_letters import requeue_dead_letters
 from polymq.core.engine import MAX_ATTEMPTS_OPTION, Engine, Message
 from polymq.core.trace import Client, Event, Tracer, event_json, gaps
 
@@ -80,6 +81,12 @@ def test_a_life_with_a_requeue_a_timeout_and_a_dead_letter() -> None:
     engine.bind("billing.dead", "billing.dead")
     assert _steps(seen[11:]) == [("queued", "billing.dead", None)]
     assert gaps(seen) == ["sitting in billing.dead, a queue of dead letters", "timed out 2 times in billing"]
+    # The admin page's "requeue dead letters": back in billing, gone from where the letters were.
+    assert requeue_dead_letters(engine, engine.queues["billing"]).moved == 1
+    assert _steps(seen[12:]) == [("queued", "billing", None), ("delivered", "billing", 1)]
+    assert seen[12].reason == "put back from its dead letters"
+    consumer.finish(message_id)
+    assert gaps(seen) == ["timed out 2 times in billing"]
 
 
 def test_auto_ack_finishes_at_delivery_and_an_untraced_topic_records_nothing() -> None:
