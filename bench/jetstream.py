@@ -55,9 +55,16 @@ async def _direct(urls: list[str], messages: int) -> dict[str, float]:
         js = client.jetstream()
         with contextlib.suppress(Exception):
             await js.delete_stream("BENCH_DIRECT")
-        await js.add_stream(name="BENCH_DIRECT", subjects=["bench.direct"], num_replicas=min(3, len(urls)))
         body = b"x" * MESSAGE_SIZE
         deadline = time.monotonic() + STREAM_READY_S
+        while True:  # a cluster just started may have no peers to place it on yet
+            try:
+                await js.add_stream(name="BENCH_DIRECT", subjects=["bench.direct"], num_replicas=min(3, len(urls)))
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
         while True:  # a stream just made answers once its leader is elected
             try:
                 await js.publish("bench.direct", body)

@@ -72,6 +72,9 @@ ERR_STREAM_NOT_FOUND = 10059
 ERR_CONSUMER_NOT_FOUND = 10014
 ERR_STREAM_NAME_IN_USE = 10058
 ERR_NO_MESSAGE_FOUND = 10037
+# "no suitable peers for placement": a server of a cluster just started (or restarting) is not known to the
+# meta leader yet; asked again, as a request nobody answered.
+ERR_NO_SUITABLE_PEERS = 10005
 
 
 def token(name: str) -> str:
@@ -111,18 +114,24 @@ async def api(connection: NatsConnection, subject: str, body: Mapping[str, Any] 
               *, timeout: float = API_DEADLINE_S) -> dict[str, Any]:
     """One `$JS.API.` request; its answer, or `JetStreamError`. Asked again while nobody answers within
     `timeout` in all: a stream or consumer electing its leader leaves requests it should answer unanswered,
-    and a request whose server went away is asked again of the next one."""
+    a request whose server went away is asked again of the next one, and a cluster still forming may
+    have no peers to place a stream on yet."""
     payload = b"" if body is None else json.dumps(body).encode()
-    last: RequestTimeout | NoResponders | ConnectionLost = RequestTimeout("no try")
+    last: RequestTimeout | NoResponders | ConnectionLost | JetStreamError = RequestTimeout("no try")
     with trio.move_on_after(timeout):
         while True:
             try:
                 reply = await connection.request("$JS.API." + subject, payload, timeout=API_ATTEMPT_S)
+                return _answer(reply.payload)
             except (RequestTimeout, NoResponders, ConnectionLost) as error:
                 last = error
-                await trio.sleep(API_RETRY_S)
-                continue
-            return _answer(reply.payload)
+            except JetStreamError as error:
+                if error.err_code != ERR_NO_SUITABLE_PEERS:
+                    raise
+                last = error
+            await trio.sleep(API_RETRY_S)
+    if isinstance(last, JetStreamError):
+        raise last
     raise type(last)(f"JetStream did not answer $JS.API.{subject} within {timeout:.0f} s")
 
 
