@@ -30,7 +30,7 @@ import click
 
 from polymq.bench import mqks as mqks_bench
 from polymq.bench import nsq as nsq_bench
-from polymq.bench.versus_nsqd import BenchError, stop_server, wait_accepting
+from polymq.bench.versus_nsqd import START_TIMEOUT_S, BenchError, stop_server, wait_accepting
 from polymq.clients.nats_servers import NatsCluster, NatsServerError
 from polymq.clients.ports import free_ports
 
@@ -111,6 +111,7 @@ def _gateway(extra: list[str]) -> Iterator[tuple[int, int, int]]:
         try:
             wait_accepting(tcp, process)
             wait_accepting(mqks, process)
+            _wait_ready(log, process)  # it listens before its engine is open (on JetStream: streams made)
         except BenchError as error:  # the gateway's own last line says why it did not start
             lines = log.read_text(errors="replace").strip().splitlines()
             raise BenchError(f"{error}: {lines[-1] if lines else 'it printed nothing'}") from None
@@ -118,6 +119,17 @@ def _gateway(extra: list[str]) -> Iterator[tuple[int, int, int]]:
     finally:
         stop_server(process)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def _wait_ready(log: Path, process: subprocess.Popen[bytes]) -> None:
+    """Until the gateway logs `ready`; BenchError if it exits first or does not within START_TIMEOUT_S."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not any(line.endswith(" ready") for line in log.read_text(errors="replace").splitlines()):
+        if process.poll() is not None:
+            raise BenchError(f"the gateway exited at start with status {process.returncode}")
+        if time.monotonic() > deadline:
+            raise BenchError(f"the gateway was not ready after {START_TIMEOUT_S:.0f} s")
+        time.sleep(0.05)
 
 
 def _through_gateway(extra: list[str], messages: int) -> dict[str, float]:
