@@ -7,6 +7,7 @@ import zmq
 
 from support.gateway import GatewayProcess, running_gateway
 from support.nats_cluster import nats_cluster, nats_server  # noqa: F401  (real nats-server fixtures)
+from support.nsq_cluster import lookupd  # noqa: F401  (the suite's lookupd and nsqlookupd)
 
 
 @pytest.fixture(scope="session", autouse=True)

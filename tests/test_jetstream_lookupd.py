@@ -3,20 +3,10 @@ as a node on the embedded store does (the test lookupd in CI; nsq 1.3.0's nsqloo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from support.gateway import running_gateway
 from support.mqks_wire import MQKSWire
 from support.nats_cluster import NatsServer
-from support.nsq_cluster import Lookupd, http, running_lookupd, wait_until
-
-
-@pytest.fixture(params=["test lookupd", "nsqlookupd"])
-def lookupd(request: pytest.FixtureRequest) -> Iterator[Lookupd]:
-    with running_lookupd(request.param) as found:
-        yield found
+from support.nsq_cluster import Lookupd, http, wait_until
 
 
 def test_two_nodes_on_jetstream_register_what_their_clients_use(lookupd: Lookupd, nats_server: NatsServer) -> None:

@@ -8,10 +8,8 @@ checked is what consumers and nsqadmin read from the lookupd's HTTP API (/lookup
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
 
-import pytest
 import zmq
 
 from support.gateway import GatewayProcess, running_gateway
@@ -19,12 +17,6 @@ from support.mqks_wire import MQKSWire
 from support.nsq_cluster import Lookupd, http, http_json, running_lookupd, wait_until
 from support.phpmq_wire import PHPMQWire
 from support.pzq_wire import Producer
-
-
-@pytest.fixture(params=["test lookupd", "nsqlookupd"])
-def lookupd(request: pytest.FixtureRequest) -> Iterator[Lookupd]:
-    with running_lookupd(request.param) as found:
-        yield found
 
 
 def node(lookupd: Lookupd, *extra: str) -> AbstractContextManager[GatewayProcess]:

@@ -19,7 +19,7 @@ from polymq.clients.stream import StreamClient
 from polymq.codecs import stream_rows
 
 from support.gateway import GatewayProcess, running_gateway
-from support.nsq_cluster import Lookupd, running_lookupd, wait_until
+from support.nsq_cluster import Lookupd, wait_until
 from support.spark import spark_session
 
 pytestmark = pytest.mark.slow
@@ -31,12 +31,6 @@ def spark() -> Iterator[Any]:
     session = spark_session("local[2]")
     yield session
     session.stop()
-
-
-@pytest.fixture(params=["test lookupd", "nsqlookupd"])
-def lookupd(request: pytest.FixtureRequest) -> Iterator[Lookupd]:
-    with running_lookupd(request.param) as found:  # the real one when nsq's binaries are there, else a skip
-        yield found
 
 
 @contextlib.contextmanager

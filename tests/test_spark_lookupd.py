@@ -22,7 +22,7 @@ import pytest
 from polymq.clients.stream import StreamClient
 
 from support.gateway import GatewayProcess, running_gateway
-from support.nsq_cluster import Lookupd, http, http_json, running_lookupd, wait_until
+from support.nsq_cluster import Lookupd, http, http_json, wait_until
 from support.spark import spark_session
 
 pytestmark = pytest.mark.slow
@@ -42,12 +42,6 @@ def spark() -> Iterator[Any]:
     session = spark_session("local[2]")
     yield session
     session.stop()
-
-
-@pytest.fixture(params=["test lookupd", "nsqlookupd"])
-def lookupd(request: pytest.FixtureRequest) -> Iterator[Lookupd]:
-    with running_lookupd(request.param) as found:  # the real one when nsq's binaries are there, else a skip
-        yield found
 
 
 def node(lookupd: Lookupd, data_dir: Path, *extra: str) -> contextlib.AbstractContextManager[GatewayProcess]:

@@ -242,3 +242,11 @@ def running_lookupd(kind: str) -> Iterator[Lookupd]:
         yield lookupd
     finally:
         lookupd.stop()
+
+
+@pytest.fixture(params=["test lookupd", "nsqlookupd"])
+def lookupd(request: pytest.FixtureRequest) -> Iterator[Lookupd]:
+    """Each test twice: against the suite's own lookupd, and against nsq's nsqlookupd when its binaries
+    are there (a skip of that half otherwise)."""
+    with running_lookupd(request.param) as found:
+        yield found
