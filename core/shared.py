@@ -70,6 +70,14 @@ class Link(Protocol):
         """An acknowledgement by id of a copy this node does not hold: the node that holds it acks it."""
         ...
 
+    def same_copy(self, handle: Any, other: Any) -> bool:
+        """The two handles deliver one stored copy (given again), not two stored copies of one message."""
+        ...
+
+    def discard(self, handle: Any) -> None:
+        """A stored copy this node will not deliver (the message is here by another): done with."""
+        ...
+
     def requeue_to_tail(self, queue: SharedQueue, message: Message) -> None:
         """The message again at the tail of this queue only (its attempts and expiry as they are now); the
         delivery it came by ends once that copy is stored."""
@@ -299,6 +307,7 @@ class SharedQueue(Queue):
         # Deleted on this node only (unused here for its auto-delete time): other nodes may still use it.
         self.forgotten = False
         self.stale_count = 0  # copies the shared engine gave again while this node still held them
+        self.twin_count = 0  # second stored copies of a message this node held, discarded
         # Deliveries in flight at the last refresh: still held at the next, they are reported worked on.
         self._in_flight_seen: set[int] = set()
 
@@ -320,15 +329,24 @@ class SharedQueue(Queue):
     def receive(self, messages: list[tuple[Message, Any]]) -> None:
         """Copies the shared engine delivered to this node, with their handles; `attempts` is how many
         deliveries each has had before this one."""
-        ready = self.ready
+        ready, handles = self.ready, self.handles
         for message, handle in messages:
-            stale = self.in_flight.get(message.id)
-            if stale is not None:
+            held = handles.get(message.id)
+            if held is not None:
+                if not self.link.same_copy(held, handle):
+                    # Two stored copies of one message: a node put it back at the tail and ended before
+                    # it acknowledged the delivery the copy replaces. The one here is enough.
+                    self.link.discard(handle)
+                    self.twin_count += 1
+                    continue
+                if message.id not in self.in_flight:
+                    handles[message.id] = handle  # given again while it waits here: the newer handle is live
+                    continue
                 # Its timeout ran out in the shared engine first (this node was slow): the older
                 # delivery here can no longer be acknowledged; this one replaces it.
                 self._take_any(message.id)
                 self.stale_count += 1
-            self.handles[message.id] = handle
+            handles[message.id] = handle
             message.owner = None
             ready.append(message)
             if not message.attempts:

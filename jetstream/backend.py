@@ -686,6 +686,12 @@ class JetStreamLink:
         deadline = self.clock.now() + self.settings.publish_timeout_s
         self._publish_one(api.requeue_subject(topic, queue.name), message.body, headers, deadline, answered)
 
+    def same_copy(self, handle: Any, other: Any) -> bool:
+        return bool(api.parse_ack_subject(handle).stream_seq == api.parse_ack_subject(other).stream_seq)
+
+    def discard(self, handle: Any) -> None:
+        self.connection.publish(handle, api.ACK)
+
     def forward_ack(self, queue: SharedQueue, message_id: int) -> None:
         self.connection.publish(ACK_FORWARD_PREFIX + api.token(queue.name), b"%d" % message_id)
 

@@ -394,3 +394,31 @@ async def test_a_requeue_to_the_tail_comes_after_the_others_with_its_attempts_an
         assert again.expires_at is not None and again.expires_at > a.engine.clock.now() + 90
         consumer.finish(again.id)
         assert len(others) == 2  # the other queue of the topic got no copy of it
+
+
+async def test_two_stored_copies_of_one_message_are_delivered_once(nats_cluster: NatsCluster) -> None:
+    """A node that put a delivery back at the queue's tail and ended before it acknowledged that delivery
+    leaves two stored copies of one message; a node that fetches both delivers one and discards the other."""
+    topic, queue = name("twins"), name("twins")
+    async with node(nats_cluster) as a:
+        consumer, got = a.consumer(queue, topic, credit=0)
+        await attached(a, queue)
+        message_id, stored = a.publish(topic, b"one job")
+        await stored.wait()
+        shared = a.engine.queues[queue]
+        assert isinstance(shared, SharedQueue)
+        # The copy at the tail, as the node that held the delivery stored it; that delivery's ack never sent.
+        a.link.requeue_to_tail(shared, Message(message_id, b"one job", 0, attempts=1, topic=topic))
+        consumer.set_credit(10)
+        await until(lambda: shared.fetched_count == 2, "both copies fetched")
+        assert [m.body for m in got] == [b"one job"] and shared.twin_count == 1
+        consumer.finish(message_id)
+
+        async def left() -> tuple[int, int]:
+            info = await api.consumer_info(a.link.connection, topic, api.queue_consumer(queue))
+            return int(info["num_pending"]), int(info["num_ack_pending"])
+
+        with trio.fail_after(DEADLINE_S):
+            while await left() != (0, 0):
+                await trio.sleep(0.05)
+        assert len(got) == 1

@@ -106,6 +106,27 @@ def test_checker_explains_a_duplicate_by_another_gateways_end_or_a_server_kill_b
     assert report.server_kills == 2
 
 
+def test_checker_explains_a_duplicate_by_a_put_back_its_gateway_did_not_finish() -> None:
+    """PHPMQ's 005 on JetStream: the copy at the tail is stored before the delivery it replaces is
+    acknowledged; a gateway that ends between the two leaves both, read by whichever sessions."""
+    ledger = Ledger()
+    put_back_cut, _ = _sent(ledger, PZQ_FLOW.index, 1)
+    put_back_finished, _ = _sent(ledger, PZQ_FLOW.index, 2)
+    ledger.record_acked("pzq", [put_back_cut, put_back_finished], 0.001)
+    ledger.record_requeue(PZQ_SINK, put_back_cut, generation=1)
+    ledger.record_kill(1)
+    ledger.record_restart(1)
+    ledger.record_requeue(PZQ_SINK, put_back_finished, generation=2)
+    for key in (put_back_cut, put_back_finished):
+        ledger.record_finish(PZQ_SINK, key, 5, generation=2)
+        ledger.record_finish(PZQ_SINK, key, 5, generation=2)
+    report = ledger.check()
+    assert (report.protocols["pzq"].duplicated, report.protocols["pzq"].unexplained_duplicates) == (2, 1)
+    assert [problem.split(" in ")[0] for problem in report.problems] == [
+        f"unexplained duplicate: {put_back_finished.decode()}"]
+    assert report.protocols["pzq"].requeues == 2
+
+
 def test_checker_counts_a_refused_publish_only_where_refusals_are_allowed() -> None:
     ledger = Ledger()
     key, _ = _sent(ledger, PZQ_FLOW.index, 1)

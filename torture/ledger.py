@@ -6,7 +6,9 @@ random disconnect, a crash holding unacknowledged messages, or a gateway that we
 acknowledged twice is a duplicate; it is explained when the first acknowledgement's session ended
 hard, or its gateway process ended (SIGKILL or stop) before the second came (the acknowledgement may
 never have been read or stored), or a JetStream server was SIGKILLed between the two (an
-acknowledgement on its way to it is lost with it); otherwise it is a finding.
+acknowledgement on its way to it is lost with it), or a put-back of it was cut the same way (on
+JetStream the copy at the tail is stored before the delivery it replaces is acknowledged); otherwise
+it is a finding.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ class Finish:
     session: int
     generation: int
     order: int  # when, among the ledger's events (`Ledger.tick`)
+
+
+@attrs.frozen(slots=True)
+class Requeue:
+    generation: int  # of the gateway asked to put the copy back
+    order: int
 
 
 @attrs.define(slots=True)
@@ -90,6 +98,7 @@ class Ledger:
         self.receipts: Counter[str] = Counter()  # by sink
         self.copy_receipts: Counter[tuple[bytes, str]] = Counter()  # by copy: what a lost one went through
         self.requeues: Counter[str] = Counter()  # by sink
+        self.copy_requeues: dict[tuple[bytes, str], list[Requeue]] = defaultdict(list)
         self.crashes: Counter[str] = Counter()  # by protocol
         self.disconnects: Counter[str] = Counter()  # by protocol
         self.hard_ended: set[int] = set()  # consumer sessions
@@ -172,9 +181,10 @@ class Ledger:
             finishes.append(Finish(session, generation, next(self._events)))
             self.missing.discard((key, sink))
 
-    def record_requeue(self, sink: str) -> None:
+    def record_requeue(self, sink: str, key: bytes, generation: int) -> None:
         with self.lock:
             self.requeues[sink] += 1
+            self.copy_requeues[(key, sink)].append(Requeue(generation, next(self._events)))
 
     def record_session_end(self, protocol: str, session: int, *, crashed: bool = False,
                            disconnected: bool = False, broken: bool = False) -> None:
@@ -212,16 +222,27 @@ class Ledger:
 
     # -- readers -----------------------------------------------------------------------------
 
-    def _explained(self, first: Finish, second: Finish) -> bool:
+    def _explained(self, first: Finish, second: Finish, requeues: list[Requeue]) -> bool:
         """A copy acknowledged again: the first acknowledgement's connection ended hard, or its
         gateway process ended (SIGKILL, stop) before the second one's, or a JetStream server was
-        SIGKILLed between the two."""
+        SIGKILLed between the two; or the copy was put back at the tail (PHPMQ's 005) by a gateway
+        that ended, or while a server was SIGKILLed, before the second: on JetStream the copy at the
+        tail is stored before the delivery it replaces is acknowledged, and a crash between leaves both."""
         if first.session in self.hard_ended:
             return True
         ended = self.ended.get(first.generation)
         if ended is not None and ended < second.order:
             return True
-        return any(first.order < kill < second.order for kill in self.server_kills)
+        if any(first.order < kill < second.order for kill in self.server_kills):
+            return True
+        return any(self._cut(requeue.generation, requeue.order, second.order) for requeue in requeues)
+
+    def _cut(self, generation: int, begin: int, end: int) -> bool:
+        """The gateway of `generation` ended, or a JetStream server was SIGKILLed, between the two."""
+        ended = self.ended.get(generation)
+        if ended is not None and begin < ended < end:
+            return True
+        return any(begin < kill < end for kill in self.server_kills)
 
     def backlog(self, flow: int) -> int:
         """Copies of `flow` sent and not delivered yet (publishers pause above a limit)."""
@@ -253,9 +274,12 @@ class Ledger:
                 counts[protocol].delivered += 1
                 if len(finishes) > 1:
                     counts[protocol].duplicated += 1
-                    if not all(self._explained(first, second) for first, second in itertools.pairwise(finishes)):
+                    requeues = self.copy_requeues.get((key, sink), [])
+                    if not all(self._explained(first, second, requeues)
+                               for first, second in itertools.pairwise(finishes)):
                         counts[protocol].unexplained_duplicates += 1
-                        unexplained.append(f"unexplained duplicate: {key.decode()} in {sink} {finishes}")
+                        unexplained.append(f"unexplained duplicate: {key.decode()} in {sink} {finishes}"
+                                           f" put back {requeues}")
             problems += unexplained[:EXAMPLES]
             for sink, _ in self.unexpected:
                 counts[SINKS[sink].protocol].unexpected += 1

@@ -269,7 +269,7 @@ class ConsumerSession:
             self.crashed = True
             return CRASH
         if self.can_requeue and run.roll(self.rng, run.settings.requeue_p):
-            run.ledger.record_requeue(self.sink)
+            run.ledger.record_requeue(self.sink, key, self.generation)
             return REQUEUE
         run.ledger.record_finish(self.sink, key, self.id, self.generation)
         if run.roll(self.rng, run.settings.disconnect_p):
