@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
@@ -89,14 +89,32 @@ class NeedBody:
     """Read at most `read_max` bytes of the body (one more than allowed, as nsqd's LimitReader)."""
 
     read_max: int
-    complete: Callable[[bytes], Response]
+    complete: Callable[[bytes], Response | Later]
 
 
-def then(answer: Response | NeedBody, after: Callable[[Response], Response]) -> Response | NeedBody:
-    """`after` applied to the response: now, or once the body a `NeedBody` waits for is read."""
+@attrs.frozen(slots=True)
+class Later:
+    """An answer that waits on I/O elsewhere (a shared engine's): `run` is awaited for the response."""
+
+    run: Callable[[], Awaitable[Response]]
+
+
+def then(answer: Response | NeedBody | Later, after: Callable[[Response], Response]) -> Response | NeedBody | Later:
+    """`after` applied to the response: now, once the body a `NeedBody` waits for is read, or once a `Later` ran."""
     if isinstance(answer, NeedBody):
         complete = answer.complete
-        return NeedBody(answer.read_max, lambda body: after(complete(body)))
+        return NeedBody(answer.read_max, lambda body: _then(complete(body), after))
+    return _then(answer, after)
+
+
+def _then(answer: Response | Later, after: Callable[[Response], Response]) -> Response | Later:
+    if isinstance(answer, Later):
+        run = answer.run
+
+        async def ran() -> Response:
+            return after(await run())
+
+        return Later(ran)
     return after(answer)
 
 
@@ -144,7 +162,7 @@ class HttpApi(Protocol):
 
     engine: Engine
 
-    def handle(self, request: Request) -> Response | NeedBody: ...
+    def handle(self, request: Request) -> Response | NeedBody | Later: ...
 
 
 class HttpApp:
@@ -191,6 +209,8 @@ class HttpApp:
             response = result.complete(body)
         else:
             response = result
+        if isinstance(response, Later):
+            response = await response.run()
         length = request.content_length
         if not finished and (length is None or length - consumed <= DRAIN_LIMIT):
             await _drain(receive)

@@ -512,10 +512,10 @@ class SharedEngine(Engine):
         self.node = node
         self._drop_if_unbound = False  # the publish under way follows MQKS's rule (`publish`)
         self.hands_over_at_once = False
-        # A node holds only the copies it fetched for its consumers: a read by position or a snapshot
-        # here would see a part of the queue, and silently.
-        self.streams_refused = ("a node on JetStream does not serve queues read by position or in a snapshot "
-                                "(the Spark source's reads): read them through a gateway on the embedded store")
+        # A node holds only the copies it fetched for its consumers: a snapshot here would see a part of
+        # the queue, and silently. (Streams read by position are the shared engine's: `SharedStreams`.)
+        self.streams_refused = ("a node on JetStream does not serve snapshots of queues (the Spark source's batch "
+                                "reads): read the topic as a stream, or through a gateway on the embedded store")
         # How often copies held for credit are reported as still worked on (well inside the ack wait).
         self.hold_refresh_s = DEFAULT_HOLD_REFRESH_S
         self.ids = IdSource(self.clock.wall_ns(), node)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable
+from typing import Any, Protocol
 
 from polymq.core.engine import STREAM_COMMITTED_OPTION, STREAM_OPTION, Engine, Queue
 from polymq.core.message import Message
@@ -27,6 +28,31 @@ MESSAGE_OVERHEAD = 256
 
 class StreamError(Exception):
     """A stream operation that cannot be done: the message says why, for the reader to show."""
+
+
+class PositionsGone(StreamError):
+    """A read below the committed end: those positions are gone."""
+
+    def __init__(self, committed: int, message: str) -> None:
+        super().__init__(message)
+        self.committed = committed
+
+
+class SharedStreams(Protocol):
+    """Streams kept by a shared engine rather than in the node's queues: the same positions and rows on
+    every node (`polymq.jetstream.streams`). Each call awaits the shared engine."""
+
+    async def open(self, name: str, topics: Iterable[str]) -> dict[str, Any]: ...
+
+    async def positions(self, name: str) -> dict[str, Any]: ...
+
+    async def range_after(self, name: str, begin: int, rows: int | None) -> tuple[dict[str, Any], int, int]: ...
+
+    async def split(self, name: str, begin: int, until: int, parts: int) -> tuple[list[int], int]: ...
+
+    async def read(self, name: str, begin: int, until: int, limit: int) -> tuple[str, list[Message], list[int]]: ...
+
+    async def commit(self, name: str, until: int) -> tuple[dict[str, Any], int]: ...
 
 
 def open_stream(engine: Engine, name: str, topics: Iterable[str], origin: str | None = None) -> Queue:

@@ -13,9 +13,10 @@ from typing import Any
 
 import trio
 
-from polymq.adapters.http import JSON_TYPE, HttpApp, NeedBody, Request, Response, go_json, serve_http, then
+from polymq.adapters.http import JSON_TYPE, HttpApp, Later, NeedBody, Request, Response, go_json, serve_http, then
 from polymq.adapters.protocol import Traffic
 from polymq.core.engine import Engine
+from polymq.core.streams import SharedStreams
 from polymq.gateway.admin_access import AdminAccess
 from polymq.gateway.admin_api import AdminApi
 from polymq.gateway.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -41,7 +42,7 @@ class GatewayHttpApi:
         self.routes = routes
         self.traffic = traffic if traffic is not None else Traffic()
 
-    def handle(self, request: Request) -> Response | NeedBody:
+    def handle(self, request: Request) -> Response | NeedBody | Later:
         return then(self._route(request), self._counted)
 
     def _counted(self, response: Response) -> Response:
@@ -49,7 +50,7 @@ class GatewayHttpApi:
             self.traffic.error(str(response.status))
         return response
 
-    def _route(self, request: Request) -> Response | NeedBody:
+    def _route(self, request: Request) -> Response | NeedBody | Later:
         methods = self.routes.get(request.path)
         if methods is None:
             return _error(404, "NOT_FOUND", f"no endpoint {request.path[:200]!r}")
@@ -65,7 +66,7 @@ def _with_token(access: AdminAccess, handler: Handler, what: str) -> Handler:
     if access.token is None:
         return handler
 
-    def guarded(request: Request, path: str) -> Response | NeedBody:
+    def guarded(request: Request, path: str) -> Response | NeedBody | Later:
         return access.token_refused(request, what) or handler(request, path)
 
     return guarded
@@ -77,10 +78,10 @@ def _ping(request: Request, _: str) -> Response:
 
 
 async def serve_gateway_http(engine: Engine, sock: socket.socket, options: Any, snapshot_memory: int,
-                             metrics: Metrics, admin: AdminApi, *,
+                             metrics: Metrics, admin: AdminApi, *, shared_streams: SharedStreams | None = None,
                              task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     stream = StreamHttpApi(engine, max_row=options.max_row_size, max_batch=options.max_batch_size,
-                           snapshot_memory=snapshot_memory)
+                           snapshot_memory=snapshot_memory, shared=shared_streams)
 
     def scrape(request: Request, _: str) -> Response:
         return Response(200, metrics.exposition(), METRICS_TYPE)

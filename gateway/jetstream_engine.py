@@ -12,6 +12,7 @@ from polymq.core.clock import Clock
 from polymq.core.shared import SharedEngine
 from polymq.jetstream.backend import JetStreamLink, JetStreamSettings, open_shared_engine
 from polymq.jetstream.nats_connection import NatsError, NatsOptions
+from polymq.jetstream.streams import JetStreamStreams
 
 
 class JetStreamStartError(Exception):
@@ -55,3 +56,9 @@ def describe(link: JetStreamLink) -> str:
     """The start-up line's words: backend, servers, replicas."""
     return (f"JetStream at {link.connection.connected_url} (servers {', '.join(link.settings.nats.servers)}), "
             f"replicas per topic: {link.settings.replicas}, node {link.engine.node if link.engine else '?'}")
+
+
+def shared_streams(link: JetStreamLink) -> JetStreamStreams:
+    """The stream API's streams on this node: the cluster's (the same positions on every node)."""
+    assert link.engine is not None
+    return JetStreamStreams(link, link.engine)

@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -365,6 +366,7 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
                  config.storage.data_dir.absolute(), config.storage.fsync, committer.driver.name, len(engine.topics),
                  len(engine.queues), _stored(engine), clock.now() - started)
     timer_task = TimerTask(engine)
+    shared_streams = jetstream_engine.shared_streams(link) if link is not None else None
     tracer, trace_topic = make_tracer(engine, config.trace)
     http = prepared.http
     http_address = _address(http) if http is not None else None
@@ -399,8 +401,8 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
             for service in services:
                 await nursery.start(service.run)
             if http is not None:
-                await nursery.start(serve_gateway_http, engine, http, config.http,
-                                    config.storage.snapshot_memory_mb << 20, metrics,
+                await nursery.start(partial(serve_gateway_http, shared_streams=shared_streams), engine, http,
+                                    config.http, config.storage.snapshot_memory_mb << 20, metrics,
                                     AdminApi(engine, lambda: by_protocol, prepared.access, tracer))
             prepared.run_file.serving()  # gone before `ready` is logged, for whoever reads that line
             log.info("ready")

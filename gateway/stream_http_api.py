@@ -12,17 +12,18 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import attrs
 
-from polymq.adapters.http import JSON_TYPE, NeedBody, QueryError, Request, Response, go_json, parse_query
+from polymq.adapters.http import JSON_TYPE, Later, NeedBody, QueryError, Request, Response, go_json, parse_query
 from polymq.adapters.protocol import Traffic
 from polymq.codecs import stream_rows
 from polymq.core import streams
 from polymq.core.engine import Engine, Queue
 from polymq.core.message import PUBLISHER_ID_HEADER, Message
+from polymq.jetstream.nats_connection import NatsError
 
 # The origin the engine keeps with rows published here (a Spark job's, mostly): polymq's own HTTP.
 ORIGIN = "http"
@@ -47,7 +48,7 @@ DEFAULT_SNAPSHOT_MEMORY = 1024 * 1024 * 1024
 DEFAULT_MAX_ROW = 1024 * 1024
 DEFAULT_MAX_BATCH = 5 * 1024 * 1024
 
-Handler = Callable[[Request, str], Response | NeedBody]
+Handler = Callable[[Request, str], Response | NeedBody | Later]
 
 
 @attrs.define
@@ -78,8 +79,9 @@ class BadRequest(Exception):
 
 class StreamHttpApi:
     def __init__(self, engine: Engine, *, max_row: int = DEFAULT_MAX_ROW, max_batch: int = DEFAULT_MAX_BATCH,
-                 snapshot_memory: int = DEFAULT_SNAPSHOT_MEMORY) -> None:
+                 snapshot_memory: int = DEFAULT_SNAPSHOT_MEMORY, shared: streams.SharedStreams | None = None) -> None:
         self.engine = engine
+        self.shared = shared  # streams a shared engine keeps (JetStream): the same on every node
         self.max_row = max_row
         self.max_batch = max_batch
         self.snapshot_memory = snapshot_memory
@@ -88,12 +90,24 @@ class StreamHttpApi:
         self.traffic = Traffic()  # rows published and read, for the metrics (the listener counts errors)
 
     def routes(self) -> dict[str, dict[str, Handler]]:
+        if self.shared is not None:
+            positioned = {
+                "/stream/open": {"POST": self._guarded_later(self._shared_open)},
+                "/stream/offsets": {"GET": self._guarded_later(self._shared_offsets)},
+                "/stream/split": {"GET": self._guarded_later(self._shared_split)},
+                "/stream/read": {"GET": self._guarded_later(self._shared_read)},
+                "/stream/commit": {"POST": self._guarded_later(self._shared_commit)},
+            }
+        else:
+            positioned = {
+                "/stream/open": {"POST": self._guarded(self._open)},
+                "/stream/offsets": {"GET": self._guarded(self._offsets)},
+                "/stream/split": {"GET": self._guarded(self._split)},
+                "/stream/read": {"GET": self._guarded(self._read)},
+                "/stream/commit": {"POST": self._guarded(self._commit)},
+            }
         return {
-            "/stream/open": {"POST": self._guarded(self._open)},
-            "/stream/offsets": {"GET": self._guarded(self._offsets)},
-            "/stream/split": {"GET": self._guarded(self._split)},
-            "/stream/read": {"GET": self._guarded(self._read)},
-            "/stream/commit": {"POST": self._guarded(self._commit)},
+            **positioned,
             "/stream/publish": {"POST": self._guarded(self._publish)},
             "/stream/snapshot": {"POST": self._guarded(self._snapshot)},
             "/stream/snapshot/read": {"GET": self._guarded(self._snapshot_read)},
@@ -101,7 +115,7 @@ class StreamHttpApi:
         }
 
     @staticmethod
-    def _guarded(handler: Callable[[Params], Response | NeedBody]) -> Handler:
+    def _guarded(handler: Callable[[Params], Response | NeedBody | Later]) -> Handler:
         def handle(request: Request, _: str) -> Response | NeedBody:
             try:
                 params = parse_query(request.query)
@@ -113,6 +127,32 @@ class StreamHttpApi:
                 return bad.response
             except streams.StreamError as error:
                 return failure(404 if str(error).startswith("no stream") else 409, "STREAM_ERROR", str(error))
+
+        return handle
+
+    @staticmethod
+    def _guarded_later(handler: Callable[[Params], Awaitable[Response]]) -> Handler:
+        """`handler` run once the shared engine answers; its refusals in the stream API's shape."""
+
+        def handle(request: Request, _: str) -> Response | NeedBody | Later:
+            try:
+                params = parse_query(request.query)
+            except QueryError:
+                return failure(400, "INVALID_REQUEST", "the query string cannot be parsed")
+
+            async def run() -> Response:
+                try:
+                    return await handler(params)
+                except BadRequest as bad:
+                    return bad.response
+                except streams.PositionsGone as gone:
+                    return failure(410, "OFFSET_GONE", str(gone))
+                except streams.StreamError as error:
+                    return failure(404 if str(error).startswith("no stream") else 409, "STREAM_ERROR", str(error))
+                except NatsError as error:
+                    return failure(503, "SHARED_ENGINE_UNAVAILABLE", f"the JetStream cluster did not answer: {error}")
+
+            return Later(run)
 
         return handle
 
@@ -230,6 +270,47 @@ class StreamHttpApi:
             parts.append(row)
         self.traffic.messages_out += len(parts)
         return Response(200, b"".join(parts), stream_rows.CONTENT_TYPE)
+
+    # -- the same on a shared engine (JetStream): positions are the cluster's ----------------------
+
+    def _shared_streams(self) -> streams.SharedStreams:
+        assert self.shared is not None
+        return self.shared
+
+    async def _shared_open(self, params: Params) -> Response:
+        name = self._name(params, b"stream")
+        topics = [_valid_name(raw, "topic") for raw in params.get(b"topic", [])]
+        return _json_now(await self._shared_streams().open(name, topics))
+
+    async def _shared_offsets(self, params: Params) -> Response:
+        name = self._name(params, b"stream")
+        if params.get(b"rows") is None:
+            return _json_now(await self._shared_streams().positions(name))
+        begin, rows = self._int(params, b"from", 0), self._int(params, b"rows")
+        answer, end, count = await self._shared_streams().range_after(name, begin, rows)
+        return _json_now({**answer, "end": end, "rows": count})
+
+    async def _shared_split(self, params: Params) -> Response:
+        name = self._name(params, b"stream")
+        begin, until = self._int(params, b"from"), self._int(params, b"to")
+        parts = self._int(params, b"parts", 1, minimum=1)
+        if parts > MAX_PARTS:
+            raise BadRequest(failure(400, "INVALID_ARG_PARTS", f"parts must be at most {MAX_PARTS}"))
+        bounds, rows = await self._shared_streams().split(name, begin, until, parts)
+        return _json_now({"bounds": bounds, "rows": rows})
+
+    async def _shared_read(self, params: Params) -> Response:
+        name = self._name(params, b"stream")
+        begin, until = self._int(params, b"from"), self._int(params, b"to")
+        limit = min(self._int(params, b"limit", MAX_READ_ROWS, minimum=1), MAX_READ_ROWS)
+        columns = self._columns(params)
+        topic, messages, positions = await self._shared_streams().read(name, begin, until, limit)
+        return self._rows(messages, positions, topic, columns)
+
+    async def _shared_commit(self, params: Params) -> Response:
+        name = self._name(params, b"stream")
+        answer, finished = await self._shared_streams().commit(name, self._int(params, b"to"))
+        return _json_now({**answer, "finished": finished})
 
     # -- snapshots of any queue (batch reads) ---------------------------------------------------
 
@@ -391,6 +472,11 @@ class StreamHttpApi:
 def _json(value: dict[str, Any]) -> Response:
     # After the sync: the positions handed out, the stream made and the commit are on disk.
     return Response(200, go_json(value), JSON_TYPE, after_sync=True)
+
+
+def _json_now(value: dict[str, Any]) -> Response:
+    # A shared engine answered: what it was told is kept there already.
+    return Response(200, go_json(value), JSON_TYPE)
 
 
 def _valid_name(raw: bytes, what: str) -> str:

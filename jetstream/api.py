@@ -156,6 +156,7 @@ def stream_config(topic: str, settings: StreamSettings) -> dict[str, Any]:
         "duplicate_window": int(settings.duplicate_window_s * 1e9),
         "max_msg_size": settings.max_msg_size,
         "allow_msg_ttl": True,
+        "allow_direct": True,  # a stream read by position (jetstream/streams.py) is read with direct gets
         "metadata": {"polymq_topic": topic},
     }
 

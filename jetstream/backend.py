@@ -121,6 +121,7 @@ class TopicState:
     # The queues bound to it on any node (its stream's consumers, but the backlog's), as JetStream's
     # advisories tell; None until the stream is known.
     queues: set[str] | None = None
+    made: trio.Event = attrs.Factory(trio.Event)  # set once the stream is made, or making it failed
 
 
 class JetStreamLink:
@@ -196,13 +197,26 @@ class JetStreamLink:
         except NatsError as error:
             waiting, state.waiting = state.waiting, []
             self.topics.pop(name, None)  # asked again at the next publish or binding
+            state.made.set()
             for _, stored, _ in waiting:
                 stored(error)
             raise
         known = set(names) - {api.BACKLOG_CONSUMER}
         state.queues = known if state.queues is None else state.queues | known
         state.ready = True
+        state.made.set()
         self._release(name, state)
+
+    async def stream_made(self, topic: str) -> None:
+        """Wait until the topic's stream exists (made now if it is not), within the API deadline."""
+        with trio.move_on_after(api.API_DEADLINE_S):
+            while True:
+                state = self._topic_state(topic)
+                if state.ready:
+                    return
+                await state.made.wait()
+        raise RequestTimeout(f"the JetStream cluster made no stream for topic {topic} "
+                             f"within {api.API_DEADLINE_S:.0f} s")
 
     def _release(self, name: str, state: TopicState) -> None:
         """Send what waited for the topic's stream and this node's bindings."""
