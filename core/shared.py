@@ -136,6 +136,9 @@ class PublishBarrier:
         self._synced_up_to = 0  # the last publish the latest sync covers
         self.publish_count = 0
         self.publish_errors = 0
+        # Where records kept by key go when the shared engine keeps them (publish de-duplication): each
+        # is stored like a publish, so a sync after it covers it. None: the node keeps none.
+        self.keeper: Callable[[str, str, Mapping[str, Any], Stored], None] | None = None
 
     def issue(self) -> Stored:
         """Number one more publish; its answer goes to the callback returned."""
@@ -193,7 +196,8 @@ class PublishBarrier:
         pass
 
     def kept_saved(self, kind: str, key: str, record: Mapping[str, Any]) -> None:
-        pass
+        if self.keeper is not None:
+            self.keeper(kind, key, record, self.issue())
 
     def kept_deleted(self, kind: str, key: str) -> None:
         pass

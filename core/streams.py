@@ -54,6 +54,9 @@ class SharedStreams(Protocol):
 
     async def commit(self, name: str, until: int) -> tuple[dict[str, Any], int]: ...
 
+    async def load_dedup(self, group: str) -> None:
+        """What every node published under a de-duplication group, known here before a publish decides."""
+
 
 def open_stream(engine: Engine, name: str, topics: Iterable[str], origin: str | None = None) -> Queue:
     """The stream `name`, made if missing (by `origin`), bound to `topics` as well (bindings are only

@@ -61,4 +61,6 @@ def describe(link: JetStreamLink) -> str:
 def shared_streams(link: JetStreamLink) -> JetStreamStreams:
     """The stream API's streams on this node: the cluster's (the same positions on every node)."""
     assert link.engine is not None
-    return JetStreamStreams(link, link.engine)
+    streams = JetStreamStreams(link, link.engine)
+    link.engine.barrier.keeper = streams.keep  # publish de-duplication kept in the cluster, for every node
+    return streams

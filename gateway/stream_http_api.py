@@ -376,7 +376,7 @@ class StreamHttpApi:
         return _json(answer)
 
 
-    def _publish(self, params: Params) -> Response | NeedBody:
+    def _publish(self, params: Params) -> Response | NeedBody | Later:
         """Rows (codecs/stream_rows.py) to `topic` (or each row's own). With `dedup=GROUP`, row `n`
         of the batch is `first + n` of that group: what the group has had is not published again,
         and its record is stored once the rows are on disk."""
@@ -386,7 +386,22 @@ class StreamHttpApi:
         first = self._int(params, b"first", 0)
         max_row, max_batch = self.max_row, self.max_batch
 
-        def complete(body: bytes) -> Response:
+        def complete(body: bytes) -> Response | Later:
+            shared = self.shared
+            if group is None or shared is None:
+                return decide(body)
+            known_group = group
+
+            async def after_loading() -> Response:  # what other nodes published under the group counts too
+                try:
+                    await shared.load_dedup(known_group)
+                except NatsError as error:
+                    return failure(503, "SHARED_ENGINE_UNAVAILABLE", f"the JetStream cluster did not answer: {error}")
+                return decide(body)
+
+            return Later(after_loading)
+
+        def decide(body: bytes) -> Response:
             if len(body) > max_batch:
                 return failure(413, "BODY_TOO_BIG", f"a batch is at most {max_batch} bytes")
             batch = stream_rows.decode_publish_rows(body, max_row)

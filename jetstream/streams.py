@@ -26,13 +26,15 @@ from __future__ import annotations
 import base64
 import datetime
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
+from polymq.core.dedup import KEPT_DEDUP
 from polymq.core.message import Message
+from polymq.core.shared import Stored
 from polymq.core.streams import PositionsGone, StreamError
 from polymq.jetstream import api
 from polymq.jetstream.nats_connection import Msg, NatsError, RequestTimeout
@@ -43,6 +45,9 @@ if TYPE_CHECKING:
     from polymq.jetstream.backend import JetStreamLink
 
 BUCKET = "POLYMQ_STREAMS"
+# Publish de-duplication (rows written by a Spark job, `core/dedup.py`), a key per group, kept for the
+# node's de-duplication window: any node knows what a replayed group already published.
+DEDUP_BUCKET = "POLYMQ_DEDUP"
 CONSUMER_PREFIX = "polymq-stream__"
 # Messages one direct get asks for: a page of a reader's batch (nats-server answers each as a message).
 DIRECT_BATCH = 1000
@@ -70,7 +75,7 @@ class JetStreamStreams:
         self.connection = link.connection
         self.engine = engine
         self.topics: dict[str, str] = {}  # stream -> its topic, as kept in the bucket
-        self._bucket_made = False
+        self._buckets: set[str] = set()  # key-value buckets made (or found) by this node
         self._direct_ready: set[str] = set()  # topics whose stream answers direct gets
 
     # -- the calls ------------------------------------------------------------------------------
@@ -207,6 +212,39 @@ class JetStreamStreams:
                 await api.delete_consumer(self.connection, topic, consumer_name(name, start))
         return await self.positions(name), finished
 
+    # -- publish de-duplication, shared ---------------------------------------------------------------
+
+    async def load_dedup(self, group: str) -> None:
+        """What any node published under `group`, known to this node's de-duplication before it decides."""
+        await self._make_bucket(DEDUP_BUCKET, max_age_s=self.engine.dedup.window_s)
+        record = await self._kv_get(DEDUP_BUCKET, group)
+        if record is None:
+            return
+        known = self.engine.dedup.groups.get(group)
+        if known is None or known[1] < float(record.get("at", 0.0)):
+            self.engine.dedup.restore([record])
+
+    def keep(self, kind: str, key: str, record: Mapping[str, Any], stored: Stored) -> None:
+        """A record kept by key (the engine's store hook): a group's de-duplication goes to the bucket."""
+        if kind != KEPT_DEDUP:
+            stored(None)
+            return
+
+        def answered(reply: Msg | NatsError) -> None:
+            error: Exception | None = reply if isinstance(reply, NatsError) else None
+            if isinstance(reply, Msg):
+                try:
+                    api.parse_publish_ack(reply.payload)
+                except (api.JetStreamError, ValueError, KeyError) as failure:
+                    error = failure
+            stored(error)
+
+        try:
+            self.connection.request_nowait(kv_subject(DEDUP_BUCKET, api.token(key)), json.dumps(record).encode(),
+                                           answered, timeout=self.link.settings.publish_timeout_s)
+        except NatsError as error:
+            stored(error)
+
     # -- the stream's consumers ---------------------------------------------------------------------
 
     async def _starts(self, name: str, topic: str) -> list[int]:
@@ -243,16 +281,9 @@ class JetStreamStreams:
         topic = self.topics.get(name)
         if topic is not None:
             return topic
-        await self._make_bucket()
-        try:
-            answer = await api.api(self.connection, f"STREAM.MSG.GET.{kv_stream(BUCKET)}",
-                                   {"last_by_subj": kv_subject(BUCKET, api.token(name))})
-        except api.JetStreamError as error:
-            if error.err_code == api.ERR_NO_MESSAGE_FOUND:
-                return None
-            raise
-        record = json.loads(base64.b64decode((answer.get("message") or {}).get("data") or b"{}"))
-        topic = record.get("topic")
+        await self._make_bucket(BUCKET)
+        record = await self._kv_get(BUCKET, name)
+        topic = record.get("topic") if record is not None else None
         if not isinstance(topic, str):
             return None
         self.topics[name] = topic
@@ -265,16 +296,33 @@ class JetStreamStreams:
         api.parse_publish_ack(reply.payload)
         self.topics[name] = topic
 
-    async def _make_bucket(self) -> None:
-        if self._bucket_made:
-            return
+    async def _kv_get(self, bucket: str, key: str) -> dict[str, Any] | None:
+        """The JSON record of `key` in `bucket`, as the stream's leader has it; None when there is none."""
         try:
-            await api.api(self.connection, f"STREAM.CREATE.{kv_stream(BUCKET)}",
-                          bucket_config(BUCKET, self.link.settings.replicas))
+            answer = await api.api(self.connection, f"STREAM.MSG.GET.{kv_stream(bucket)}",
+                                   {"last_by_subj": kv_subject(bucket, api.token(key))})
+        except api.JetStreamError as error:
+            if error.err_code == api.ERR_NO_MESSAGE_FOUND:
+                return None
+            raise
+        try:
+            record = json.loads(base64.b64decode((answer.get("message") or {}).get("data") or b""))
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
+
+    async def _make_bucket(self, bucket: str, *, max_age_s: float = 0.0) -> None:
+        if bucket in self._buckets:
+            return
+        config = bucket_config(bucket, self.link.settings.replicas)
+        if max_age_s:
+            config["max_age"] = int(max_age_s * 1e9)
+        try:
+            await api.api(self.connection, f"STREAM.CREATE.{kv_stream(bucket)}", config)
         except api.JetStreamError as error:
             if error.err_code != api.ERR_STREAM_NAME_IN_USE:
                 raise
-        self._bucket_made = True
+        self._buckets.add(bucket)
 
     # -- reading the topic's stream -------------------------------------------------------------------
 

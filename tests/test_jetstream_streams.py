@@ -108,3 +108,17 @@ def test_a_stream_takes_the_topics_backlog_and_reads_one_topic(
     with pytest.raises(StreamClientError) as missing:
         on_a.offsets("no-such-job")
     assert missing.value.status == 404
+
+
+def test_a_replayed_group_of_rows_is_published_once_whichever_node_takes_the_replay(
+        two_nodes: tuple[StreamClient, StreamClient, str, str]) -> None:
+    """A Spark task's rows are numbered in a group; the group's record is kept in the cluster, so a replay
+    through another node (the first one restarted, or gone) publishes only what is missing."""
+    on_a, on_b, _, _ = two_nodes
+    opened = on_a.open("job-5", ["written"])
+    rows = [stream_rows.encode_publish_row(b"w%d" % number) for number in range(4)]
+    first = on_a.publish(rows[:3], "written", "writer/7/0", 0)
+    again = on_b.publish(rows, "written", "writer/7/0", 0)
+    assert (first["published"], first["duplicates"]) == (3, 0)
+    assert (again["published"], again["duplicates"]) == (1, 3)
+    assert _bodies(on_a.read("job-5", opened["start"], on_b.offsets("job-5")["end"])) == [b"w0", b"w1", b"w2", b"w3"]

@@ -15,7 +15,8 @@ replayed batch publishes only what the gateway did not have.
 
 A cluster is read and written as a whole: `gateway` may name several gateways, or `lookupd` the
 nsqlookupd HTTP addresses that list the nodes (clients/lookupd.py): a stream is read on every node
-they list, looked up again at each micro-batch, and rows are written to every node they list.
+they list, looked up again at each micro-batch, and rows are written to every node they list. Nodes
+sharing a JetStream cluster hold one stream between them, read once (`StreamReader`).
 """
 
 from __future__ import annotations
@@ -314,6 +315,10 @@ Positions = dict[str, int]
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """One stream of the same name on every gateway, each read by its own positions.
 
+    Gateways sharing one JetStream cluster answer `open` with the same `shared` key: their stream is one,
+    with the same positions on each, so it is read once, under that key, through whichever of them
+    answers. An offset's positions are by gateway, or by that key.
+
     With `lookupd` the nodes are looked up again at each micro-batch: the stream is opened on a node
     the first time it is listed, and the first offset that reads it names where it starts there
     (`starts`), so a replay of that micro-batch reads the same range. Positions are not dense (a
@@ -324,25 +329,61 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.stream = options.stream_name()
         self.target: Positions | None = None  # Trigger.AvailableNow: nothing past this
-        self.opened: Positions = {}  # the stream's start on each node when this reader opened it there
+        self.opened: Positions = {}  # the stream's start on each gateway (or cluster) when this reader opened it
+        self.key_of: dict[str, str] = {}  # a gateway -> the key its positions go by: itself, or its cluster's
+        self.via: dict[str, list[str]] = {}  # a key -> the gateways that serve it, those listed last first
         self.listed = self._opened_on(options.every_node())
         self.first = self.listed[0]  # an older checkpoint's single position is this gateway's
 
     def _opened_on(self, nodes: list[str]) -> list[str]:
-        """`nodes`, the stream opened (made and bound to the topics) on those this reader has not seen."""
+        """The keys of `nodes`, the stream opened (made and bound to the topics) on those this reader has
+        not seen."""
+        unreachable: StreamClientError | None = None
         for node in nodes:
-            if node not in self.opened:
-                answer = _call(self.options, node, lambda client: client.open(self.stream, self.options.topics))
-                self.opened[node] = int(answer["start"])
-        return nodes
+            if node not in self.key_of:
+                with self.options.client(node) as client:
+                    try:
+                        answer = client.open(self.stream, self.options.topics)
+                    except StreamClientError as error:
+                        if error.status is not None:
+                            raise PolymqSourceError(str(error)) from None
+                        unreachable = error  # down now: read from when it answers, as a node lookupd lists later
+                        continue
+                key = self.key_of[node] = str(answer.get("shared") or node)
+                self.opened.setdefault(key, int(answer["start"]))
+        keys = list(dict.fromkeys(self.key_of[node] for node in nodes if node in self.key_of))
+        if not keys:
+            raise PolymqSourceError(str(unreachable))
+        for key in keys:
+            serving = [node for node, known in self.key_of.items() if known == key]
+            self.via[key] = sorted(serving, key=lambda node: node not in nodes)  # those listed now first
+        return keys
+
+    def _call(self, key: str, action: Any) -> Any:
+        """Run `action(client, gateway)` on a gateway that serves `key`: the first that answers (the
+        gateways of one cluster stand in for each other); a gateway's refusal is a source error."""
+        unreachable: StreamClientError | None = None
+        for gateway in self.via.get(key) or [key]:
+            with self.options.client(gateway) as client:
+                try:
+                    return action(client, gateway)
+                except StreamClientError as error:
+                    if error.status is not None:
+                        raise PolymqSourceError(str(error)) from None
+                    unreachable = error
+        raise PolymqSourceError(str(unreachable))
+
+    def _end(self, key: str) -> int:
+        return int(self._call(key, lambda client, _: client.offsets(self.stream))["end"])
 
     def _nodes_now(self) -> list[str]:
-        """The nodes a micro-batch reads: named ones as ever; with lookupd, those it lists now (a
-        node restarting is not listed, and keeps its position), or the last ones when no lookupd
-        answers; with Trigger.AvailableNow, those known when the query started."""
+        """The keys a micro-batch reads: named gateways' as ever; with lookupd, those of the nodes it
+        lists now (a node restarting is not listed, and keeps its position), or the last ones when no
+        lookupd answers; with Trigger.AvailableNow, those known when the query started."""
         if self.target is not None:
             return sorted(self.target)
         if not self.options.lookupds:
+            self.listed = self._opened_on(self.options.every_node())  # a named gateway down at the start: now?
             return self.listed
         try:
             listed = self.options.lookup(())
@@ -356,13 +397,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {self.first: int(offset["position"])}
         return {node: int(position) for node, position in offset["positions"].items()}
 
-    def _end_after(self, node: str, low: int, rows: int | None) -> tuple[int, bool]:
-        """Where a range of `node` from `low` ends (at most `rows` rows), and whether a micro-batch
+    def _end_after(self, key: str, low: int, rows: int | None) -> tuple[int, bool]:
+        """Where a range of `key` from `low` ends (at most `rows` rows), and whether a micro-batch
         must read it: it holds rows, or part of it was committed already (which `partitions` reports)."""
         if rows is None:
-            answer = _call(self.options, node, lambda client: client.offsets(self.stream))
-            return int(answer["end"]), int(answer["end"]) > low
-        answer = _call(self.options, node, lambda client: client.offsets(self.stream, low, rows=rows))
+            end = self._end(key)
+            return end, end > low
+        answer = self._call(key, lambda client, _: client.offsets(self.stream, low, rows=rows))
         # The count is of what lies above the committed end; a gateway that does not count (older
         # than the count) is taken at its end.
         holds_rows = int(answer.get("rows", 1)) > 0 or int(answer["committed"]) > low
@@ -375,9 +416,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.options.max_rows)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        nodes = self._nodes_now()
-        self.target = {node: int(_call(self.options, node, lambda client: client.offsets(self.stream))["end"])
-                       for node in nodes}
+        self.target = {key: self._end(key) for key in self._nodes_now()}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = self._positions(start)
@@ -401,8 +440,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"positions": merged, "starts": starts} if starts else {"positions": merged}
 
     def reportLatestOffset(self) -> dict[str, Any]:
-        return {"positions": {node: int(_call(self.options, node, lambda client: client.offsets(self.stream))["end"])
-                              for node in self.listed}}
+        return {"positions": {key: self._end(key) for key in self.listed}}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, until = self._positions(start), self._positions(end)
@@ -413,7 +451,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if low >= high:
                 continue
 
-            def plan(client: StreamClient, node: str = node, low: int = low, high: int = high) -> list[PositionRange]:
+            def plan(client: StreamClient, gateway: str, node: str = node, low: int = low,
+                     high: int = high) -> list[PositionRange]:
                 committed = int(client.offsets(self.stream)["committed"])
                 if low < committed:
                     if self.options.fail_on_data_loss:
@@ -421,9 +460,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                             f"stream {self.stream} at {node}: positions {low} to {committed} were committed and "
                             f"are gone (set failOnDataLoss to false to read on from {committed})")
                     low = committed
-                return _ranges(client, node, self.stream, low, high, self.options.partitions)
+                return _ranges(client, gateway, self.stream, low, high, self.options.partitions)
 
-            planned += _call(self.options, node, plan)
+            planned += self._call(node, plan)
         return planned
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
@@ -435,7 +474,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # everything below its end.
         for node, position in self._positions(end).items():
             if node in self.listed:
-                _call(self.options, node, lambda client, position=position: client.commit(self.stream, position))
+                self._call(node, lambda client, _, position=position: client.commit(self.stream, position))
 
 
 @dataclass
