@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from polymq.adapters.http import (
     JSON_TYPE,
+    Later,
     NeedBody,
     QueryError,
     Request,
@@ -360,7 +361,7 @@ class NsqHttpApi:
         found = {method for methods in self._routes.values() for method in methods}
         return found | set(self._config_route)
 
-    def handle(self, request: Request) -> Response | NeedBody:
+    def handle(self, request: Request) -> Response | NeedBody | Later:
         return then(self._route(request), self._counted)
 
     def _counted(self, response: Response) -> Response:
