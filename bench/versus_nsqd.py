@@ -111,7 +111,7 @@ def wait_accepting(port: int, process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def _running(server: Server, nsq_bin: Path, polymq_cmd: Sequence[str]) -> Iterator[tuple[int, int]]:
+def running_server(server: Server, nsq_bin: Path, polymq_cmd: Sequence[str]) -> Iterator[tuple[int, int]]:
     tcp, http = free_ports(2)
     data = Path(tempfile.mkdtemp(prefix="polymq-versus-"))
     if server.kind == "nsqd":
@@ -142,10 +142,13 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def _tool(nsq_bin: Path, name: str, tcp: int, *args: str, runfor: float) -> float:
+def bench_tool(nsq_bin: Path, name: str, tcp: int, *args: str, runfor: float,
+               env: dict[str, str] | None = None) -> float:
+    """Run one of nsq's bench tools (with `env` added to ours: GOMAXPROCS sets its connections); its ops/s."""
     argv = [str(nsq_bin / name), f"--nsqd-tcp-address=127.0.0.1:{tcp}", f"--runfor={runfor}s",
             f"--size={MESSAGE_SIZE}", *args]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=runfor + 120, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=runfor + 120, check=False,
+                          env={**os.environ, **(env or {})})
     found = _OPS.findall(done.stdout + done.stderr)
     if done.returncode != 0 or not found:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -167,17 +170,17 @@ def _depth(http: int, topic: str) -> int:
 def measure(server: Server, nsq_bin: Path, polymq_cmd: Sequence[str], runfor: float, backlog: int) -> Result:
     result = Result(server)
     try:
-        with _running(server, nsq_bin, polymq_cmd) as (tcp, http):
-            result.rates["PUB"] = _tool(nsq_bin, "bench_writer", tcp, "--batch-size=1", f"--topic={PUB_TOPIC}",
+        with running_server(server, nsq_bin, polymq_cmd) as (tcp, http):
+            result.rates["PUB"] = bench_tool(nsq_bin, "bench_writer", tcp, "--batch-size=1", f"--topic={PUB_TOPIC}",
                                         runfor=runfor)
-            result.rates["MPUB"] = _tool(nsq_bin, "bench_writer", tcp, f"--batch-size={MPUB_BATCH}",
+            result.rates["MPUB"] = bench_tool(nsq_bin, "bench_writer", tcp, f"--batch-size={MPUB_BATCH}",
                                          f"--topic={SUB_TOPIC}", runfor=runfor)
             for _ in range(MAX_FILL_RUNS):
                 if _depth(http, SUB_TOPIC) >= backlog:
                     break
-                _tool(nsq_bin, "bench_writer", tcp, f"--batch-size={MPUB_BATCH}", f"--topic={SUB_TOPIC}",
+                bench_tool(nsq_bin, "bench_writer", tcp, f"--batch-size={MPUB_BATCH}", f"--topic={SUB_TOPIC}",
                       runfor=FILL_RUN_S)
-            result.rates["consume"] = _tool(nsq_bin, "bench_reader", tcp, f"--topic={SUB_TOPIC}",
+            result.rates["consume"] = bench_tool(nsq_bin, "bench_reader", tcp, f"--topic={SUB_TOPIC}",
                                             f"--channel={CHANNEL}", f"--rdy={READER_RDY}", runfor=runfor)
             result.drained = _depth(http, SUB_TOPIC) == 0
     except (BenchError, OSError, subprocess.SubprocessError) as error:
@@ -219,7 +222,7 @@ def render(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
-def _default_polymq() -> list[str]:
+def default_polymq() -> list[str]:
     return [sys.executable, "-m", "polymq"]
 
 
@@ -247,7 +250,7 @@ def command(nsq_bin: Path, runfor: float, backlog: int, only: tuple[str, ...]) -
         if only and server.label not in only:
             continue
         click.echo(f"measuring {server.label} ...", err=True)
-        results.append(measure(server, nsq_bin, _default_polymq(), runfor, backlog))
+        results.append(measure(server, nsq_bin, default_polymq(), runfor, backlog))
     click.echo(render(results))
     if any(result.error for result in results):
         sys.exit(1)
