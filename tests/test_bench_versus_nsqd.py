@@ -1,7 +1,12 @@
-"""`polymq bench versus-nsqd`'s table (the measuring needs nsq's Go tools; the rendering does not):
+"""`polymq bench versus-nsqd`'s table, and `durable-pub`'s refusal without nsq's tools (the measuring needs
+nsq's Go tools; the rendering does not):
 each polymq mode's ratio to the nsqd mode it is compared with, and the default beside nsqd's durable mode."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 from polymq.bench import versus_nsqd
 from polymq.bench.versus_nsqd import Result
@@ -23,3 +28,10 @@ def test_the_table_and_the_durable_line() -> None:
                and "400,000 (1.33x)" in line and "300,000 (0.75x)" in line for line in lines), table
     assert lines[-1] == ("polymq's default against nsqd's durable mode (nsqd 1.3.0, --mem-queue-size=0 "
                          "--sync-every=1): PUB 2.5x, MPUB 200.0x, consume 300.0x")
+
+
+def test_durable_pub_without_nsqs_tools_says_where_it_looked_in_one_line(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "polymq", "bench", "durable-pub", "--nsq-bin", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert f"{tmp_path} has no nsqd, bench_writer: put nsq 1.3.0's nsqd and bench_writer there" in run.stderr
