@@ -168,7 +168,8 @@ class JetStreamStreams:
         if begin < starts[0]:
             raise PositionsGone(starts[0], f"positions below {starts[0]} of stream {name} were committed "
                                            f"(asked from {begin})")
-        await self._stream_info(topic)  # answers direct gets
+        if topic not in self._direct_ready:
+            await self._stream_info(topic)  # answers direct gets from now on
         messages: list[Message] = []
         positions: list[int] = []
         seq = begin
