@@ -90,24 +90,15 @@ class StreamHttpApi:
         self.traffic = Traffic()  # rows published and read, for the metrics (the listener counts errors)
 
     def routes(self) -> dict[str, dict[str, Handler]]:
-        if self.shared is not None:
-            positioned = {
-                "/stream/open": {"POST": self._guarded_later(self._shared_open)},
-                "/stream/offsets": {"GET": self._guarded_later(self._shared_offsets)},
-                "/stream/split": {"GET": self._guarded_later(self._shared_split)},
-                "/stream/read": {"GET": self._guarded_later(self._shared_read)},
-                "/stream/commit": {"POST": self._guarded_later(self._shared_commit)},
-            }
-        else:
-            positioned = {
-                "/stream/open": {"POST": self._guarded(self._open)},
-                "/stream/offsets": {"GET": self._guarded(self._offsets)},
-                "/stream/split": {"GET": self._guarded(self._split)},
-                "/stream/read": {"GET": self._guarded(self._read)},
-                "/stream/commit": {"POST": self._guarded(self._commit)},
-            }
+        # Streams read by position: the node's own queues, or a shared engine's (its answers come later).
+        positioned = (("/stream/open", "POST", self._open, self._shared_open),
+                      ("/stream/offsets", "GET", self._offsets, self._shared_offsets),
+                      ("/stream/split", "GET", self._split, self._shared_split),
+                      ("/stream/read", "GET", self._read, self._shared_read),
+                      ("/stream/commit", "POST", self._commit, self._shared_commit))
         return {
-            **positioned,
+            **{path: {method: self._guarded(own) if self.shared is None else self._guarded_later(shared)}
+               for path, method, own, shared in positioned},
             "/stream/publish": {"POST": self._guarded(self._publish)},
             "/stream/snapshot": {"POST": self._guarded(self._snapshot)},
             "/stream/snapshot/read": {"GET": self._guarded(self._snapshot_read)},
@@ -116,7 +107,7 @@ class StreamHttpApi:
 
     @staticmethod
     def _guarded(handler: Callable[[Params], Response | NeedBody | Later]) -> Handler:
-        def handle(request: Request, _: str) -> Response | NeedBody:
+        def handle(request: Request, _: str) -> Response | NeedBody | Later:
             try:
                 params = parse_query(request.query)
             except QueryError:
