@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 from pathlib import Path
 
 import attrs
+
+log = logging.getLogger("polymq.storage")
 
 
 @attrs.define(slots=True)
@@ -86,8 +89,12 @@ class SyncJob:
             with contextlib.suppress(OSError):
                 os.close(fd)
         for path in self.unlinks:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as error:  # left behind, nothing more: its records were finished with
+                log.warning("could not remove %s: %s", path, error.strerror)
         for directory in self.removed_dirs:
             shutil.rmtree(directory, ignore_errors=True)
         return self

@@ -110,7 +110,12 @@ class SyncThread:
                     stop = True
                     break
                 job.merge(later)
-            self._done.put(job.run())
+            try:
+                self._done.put(job.run())
+            except Exception as error:  # a bug here must not leave every later acknowledgement waiting
+                log.exception("a sync job failed")
+                job.error = OSError(errno.EIO, f"the sync job failed: {error!r}")
+                self._done.put(job)
             os.write(self._done_w, b"\0")
             if stop:
                 return

@@ -214,6 +214,30 @@ async def test_the_sync_thread_reports_every_job_and_merges_a_queue(tmp_path: Pa
         os.close(fd)
 
 
+async def test_a_removal_that_fails_leaves_the_sync_thread_running(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A file the store removes that cannot be removed (here a folder in its place: EISDIR, which even
+    root gets) is logged and left; the jobs after it are still synced and reported."""
+    path, blocked = tmp_path / "f", tmp_path / "not-a-file"
+    blocked.mkdir()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    thread = SyncThread(merge=False)
+    try:
+        thread.submit(SyncJob(fds=[fd], paths=[path], unlinks=[blocked], gen=1))
+        thread.submit(SyncJob(fds=[fd], paths=[path], gen=2))
+        ended: list[SyncJob] = []
+        with trio.fail_after(10):
+            while len(ended) < 2:
+                await thread.wait()
+                ended += thread.finished()
+        assert [(job.gen, job.error) for job in ended] == [(1, None), (2, None)]
+        assert blocked.is_dir()
+        assert any(f"could not remove {blocked}" in record.getMessage() for record in caplog.records)
+    finally:
+        thread.stop()
+        os.close(fd)
+
+
 async def _reports(syncs: AioSyncs, count: int) -> list[SyncJob]:
     """Run the driver's watcher until `count` jobs were reported; they come back in report order."""
     reported: list[SyncJob] = []
