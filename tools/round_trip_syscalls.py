@@ -2,8 +2,9 @@
 
 Starts a gateway (`--in-memory` unless other options are given after `--`), warms one connection
 up, then attaches `strace -c -f` to the gateway's PID while one client makes N round trips: an NSQ
-`PUB` answered `OK`, and an MQKS `publish --confirm` answered `ok` (to an event a queue is bound
-to). Prints each protocol's calls per round trip by name, and the rate of the traced run (strace
+`PUB` answered `OK`, an MQKS `publish --confirm` answered `ok` (to an event a queue is bound
+to), and a PHPMQ ack answered by the next delivery of a backlog (a consumer with a window of one).
+Prints each protocol's calls per round trip by name, and the rate of the traced run (strace
 slows it: the counts are the figure, not the rate).
 
     .venv/bin/python tools/round_trip_syscalls.py --round-trips 20000
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import click
 
+from polymq.clients import phpmq
 from polymq.codecs import mqks_client
 from polymq.torture.gateway import start_gateway
 
@@ -88,6 +90,28 @@ def mqks_round_trips(address: str, count: int) -> float:
         return count / (time.perf_counter() - started)
 
 
+def phpmq_fill(address: str, count: int) -> None:
+    """`count` messages waiting in the queue the PHPMQ round trips read (untraced)."""
+    with phpmq.Connection(address, 10) as conn:
+        for _ in range(count):
+            conn.publish("round_trips", BODY)
+        conn.barrier()
+
+
+def phpmq_round_trips(address: str, count: int) -> float:
+    """A consumer with a window of one: each ack (004) is answered by the next delivery (003) of the
+    queue's backlog, the path of a delivery whose consumer is waiting."""
+    with phpmq.Connection(address, 10) as conn:
+        conn.consume("round_trips", 1)
+        started = time.perf_counter()
+        [delivery] = conn.deliveries(1)
+        for _ in range(count - 1):
+            conn.ack("round_trips", delivery.message_id)
+            [delivery] = conn.deliveries(1)
+        conn.ack("round_trips", delivery.message_id)
+        return count / (time.perf_counter() - started)
+
+
 def traced(pid: int, run: callable) -> tuple[dict[str, int], float]:  # type: ignore[valid-type]
     with tempfile.NamedTemporaryFile(suffix=".strace") as output:
         tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", output.name],
@@ -116,8 +140,10 @@ def main(round_trips: int, gateway_args: tuple[str, ...]) -> None:
         args = gateway_args or ("--in-memory",)
         gateway = start_gateway(Path(folder) / "data", ("--no-pzq", "--no-emqp", *args))
         try:
-            for name, run in (("nsq", nsq_round_trips), ("mqks", mqks_round_trips)):
-                address = gateway.addresses["nsq-tcp" if name == "nsq" else "mqks"]
+            for name, run in (("nsq", nsq_round_trips), ("mqks", mqks_round_trips), ("phpmq", phpmq_round_trips)):
+                address = gateway.addresses[{"nsq": "nsq-tcp"}.get(name, name)]
+                if name == "phpmq":
+                    phpmq_fill(address, WARM_UP + round_trips)
                 run(address, WARM_UP)
                 calls, rate = traced(gateway.process.pid, lambda: run(address, round_trips))  # noqa: B023
                 relevant = {call: count for call, count in calls.items() if count >= round_trips // 2}
