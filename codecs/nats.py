@@ -194,14 +194,15 @@ def parse_headers(block: bytes) -> tuple[int | None, str, dict[str, str]]:
     connection; a block without its version line, a bad status or a line without a colon is."""
     if not block.endswith(b"\r\n\r\n"):
         raise ProtocolError(f"header block not ended by an empty line: {block[-40:]!r}")
-    lines = block[:-4].split(_CRLF)
-    status, description = _status_line(lines[0])
+    first, _, rest = block[:-4].partition(_CRLF)
+    status, description = _status_line(first)
     headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or not name:
-            raise ProtocolError(f"bad header line {line[:80]!r}")
-        headers[_text(name)] = _text(value.strip(b" \t"))
+    if rest:
+        for line in _text(rest).split("\r\n"):  # one decode for the block: its separators are ASCII
+            name, colon, value = line.partition(":")
+            if not colon or not name:
+                raise ProtocolError(f"bad header line {line[:80].encode(_ENCODING, _ERRORS)!r}")
+            headers[name] = value.strip(" \t")
     return status, description, headers
 
 

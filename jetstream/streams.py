@@ -393,8 +393,10 @@ class JetStreamStreams:
         return got
 
     def _message(self, topic: str, msg: Msg, position: int) -> Message:
-        return self.link.message_of(topic, msg, attempts=0, fallback_id=position,
-                                    fallback_timestamp=_stored_at((msg.headers or {}).get("Nats-Time-Stamp", "")))
+        headers = msg.headers or {}
+        # JetStream's own time stamp only for a message some other NATS client stored (no polymq header).
+        stored_at = 0 if api.HEADER_POLYMQ_TIMESTAMP in headers else _stored_at(headers.get("Nats-Time-Stamp", ""))
+        return self.link.message_of(topic, msg, attempts=0, fallback_id=position, fallback_timestamp=stored_at)
 
 
 def consumer_name(stream: str, start: int) -> str:
