@@ -8,7 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 import trio
+from pyspark_polymq import source
 
+from polymq.clients.ports import free_ports
 from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import stream_rows
 from polymq.jetstream import api
@@ -122,3 +124,20 @@ def test_a_replayed_group_of_rows_is_published_once_whichever_node_takes_the_rep
     assert (first["published"], first["duplicates"]) == (3, 0)
     assert (again["published"], again["duplicates"]) == (1, 3)
     assert _bodies(on_a.read("job-5", opened["start"], on_b.offsets("job-5")["end"])) == [b"w0", b"w1", b"w2", b"w3"]
+
+
+def test_a_read_task_whose_node_is_gone_reads_on_through_another_node_of_the_cluster(
+        two_nodes: tuple[StreamClient, StreamClient, str, str]) -> None:
+    """A Spark task's range names the node it was planned on and the others of its cluster: with the
+    first unreachable, the next serves the same positions (the Spark source's `_rows`, without Spark)."""
+    on_a, on_b, _, nsq_b = two_nodes
+    start = on_a.open("job-6", ["handover"])["start"]
+    publish(nsq_b, "handover", [b"h%d" % number for number in range(5)])
+    end = on_a.offsets("job-6")["end"]
+    [gone] = free_ports(1)  # nothing listens there
+    options = source.Options.of({"stream": "job-6", "gateway": on_a.address})
+    batches = list(source._rows(options, source.PositionRange(f"127.0.0.1:{gone}", start, end, (on_b.address,))))
+    assert [body for batch in batches for body in batch.column("body").to_pylist()] == [
+        b"h0", b"h1", b"h2", b"h3", b"h4"]
+    with pytest.raises(source.PolymqSourceError, match="Connection refused"):
+        list(source._rows(options, source.PositionRange(f"127.0.0.1:{gone}", start, end)))

@@ -83,9 +83,10 @@ class PositionRange(InputPartition):
     gateway: str
     start: int
     end: int
+    others: tuple[str, ...]  # gateways of the same cluster that serve the same positions, in turn
 
-    def __init__(self, gateway: str, start: int, end: int) -> None:  # InputPartition's own takes a value
-        self.gateway, self.start, self.end = gateway, start, end
+    def __init__(self, gateway: str, start: int, end: int, others: tuple[str, ...] = ()) -> None:
+        self.gateway, self.start, self.end, self.others = gateway, start, end, others  # InputPartition's takes a value
 
 
 class DefaultSource(DataSource):
@@ -222,27 +223,40 @@ def _fetch(options: Options, client: StreamClient, partition: PositionRange | Sn
 
 
 def _rows(options: Options, partition: PositionRange | SnapshotRange) -> Iterator[Any]:
-    """The partition's rows as Arrow record batches, one per read request, each column one buffer
-    of the gateway's answer; the next answer is fetched while Spark takes this one."""
-    with options.client(partition.gateway) as client, ThreadPoolExecutor(1) as ahead:
-        pending: Future[bytes] | None = ahead.submit(_fetch, options, client, partition, partition.start)
-        while pending is not None:
-            try:
-                raw = pending.result()
-            except StreamClientError as error:
+    """The partition's rows as Arrow record batches, one per read request. A gateway that cannot be
+    reached hands over to the next of its cluster (`others`, the same positions), from the next row."""
+    gateways = [partition.gateway, *getattr(partition, "others", ())]
+    begin = partition.start
+    for number, gateway in enumerate(gateways):
+        try:
+            for buffers in _batches(options, gateway, partition, begin):
+                begin = buffers.last_position + 1
+                yield _record_batch(buffers, gateway)
+            return
+        except StreamClientError as error:
+            if error.status is not None or number == len(gateways) - 1:
                 raise PolymqSourceError(str(error)) from None
+
+
+def _batches(options: Options, gateway: str, partition: PositionRange | SnapshotRange,
+             begin: int) -> Iterator[stream_rows.ColumnBuffers]:
+    """The rows of `partition` from `begin` read from `gateway`, each column one buffer of its answer;
+    the next answer is fetched while Spark takes this one."""
+    with options.client(gateway) as client, ThreadPoolExecutor(1) as ahead:
+        pending: Future[bytes] | None = ahead.submit(_fetch, options, client, partition, begin)
+        while pending is not None:
+            raw = pending.result()
             pending = None
             try:
                 buffers = stream_rows.decode_read_column_buffers(raw)
             except ValueError as error:
-                raise PolymqSourceError(f"polymq gateway at {partition.gateway}: a broken read answer: {error}") \
-                    from None
+                raise PolymqSourceError(f"polymq gateway at {gateway}: a broken read answer: {error}") from None
             if not buffers.rows:
                 return
             following = buffers.last_position + 1
             if following < partition.end:
                 pending = ahead.submit(_fetch, options, client, partition, following)
-            yield _record_batch(buffers, partition.gateway)
+            yield buffers
 
 
 def _record_batch(columns: stream_rows.ColumnBuffers, gateway: str) -> Any:
@@ -293,11 +307,11 @@ def _headers(raw: bytes) -> list[tuple[str, str]] | None:
 
 
 def _ranges(client: StreamClient, gateway: str, stream: str, start: int, end: int,
-            parts: int) -> list[PositionRange]:
+            parts: int, others: tuple[str, ...] = ()) -> list[PositionRange]:
     if start >= end:
         return []
     bounds = client.split(stream, start, end, parts)
-    return [PositionRange(gateway, low, high) for low, high in itertools.pairwise(bounds) if low < high]
+    return [PositionRange(gateway, low, high, others) for low, high in itertools.pairwise(bounds) if low < high]
 
 
 def _call(options: Options, gateway: str, action: Any) -> Any:
@@ -460,7 +474,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                             f"stream {self.stream} at {node}: positions {low} to {committed} were committed and "
                             f"are gone (set failOnDataLoss to false to read on from {committed})")
                     low = committed
-                return _ranges(client, gateway, self.stream, low, high, self.options.partitions)
+                others = tuple(other for other in self.via.get(node, ()) if other != gateway)
+                return _ranges(client, gateway, self.stream, low, high, self.options.partitions, others)
 
             planned += self._call(node, plan)
         return planned
