@@ -17,7 +17,14 @@ from typing import Any
 import attrs
 import trio
 
-from polymq.jetstream.nats_connection import ConnectionLost, NatsConnection, NatsError, NoResponders, RequestTimeout
+from polymq.jetstream.nats_connection import (
+    ConnectionLost,
+    Msg,
+    NatsConnection,
+    NatsError,
+    NoResponders,
+    RequestTimeout,
+)
 
 # Subjects and names polymq uses in the cluster; every node of one deployment shares them.
 SUBJECT_PREFIX = "polymq.t."
@@ -330,6 +337,17 @@ def parse_publish_ack(payload: bytes) -> tuple[str, int, bool]:
     """(stream, sequence, duplicate) of a publish ack, or its error raised."""
     data = _answer(payload)
     return str(data["stream"]), int(data["seq"]), bool(data.get("duplicate", False))
+
+
+def publish_failure(reply: Msg | NatsError) -> Exception | None:
+    """Why a publish to a stream was not stored (the request failed, or JetStream refused it); None if it was."""
+    if isinstance(reply, NatsError):
+        return reply
+    try:
+        parse_publish_ack(reply.payload)
+    except (JetStreamError, ValueError, KeyError) as failure:
+        return failure
+    return None
 
 
 PublishAck = Callable[[Exception | None], None]

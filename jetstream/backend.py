@@ -686,16 +686,8 @@ class JetStreamLink:
         handle = queue.handles.pop(message.id, None)
 
         def answered(reply: Msg | NatsError) -> None:
-            error: Exception | None = None
-            if isinstance(reply, NatsError):
-                error = reply
-            else:
-                try:
-                    api.parse_publish_ack(reply.payload)
-                except (api.JetStreamError, ValueError, KeyError) as failure:
-                    error = failure
             if handle is not None:
-                self.connection.publish(handle, api.ACK if error is None else api.NAK)
+                self.connection.publish(handle, api.ACK if api.publish_failure(reply) is None else api.NAK)
 
         deadline = self.clock.now() + self.settings.publish_timeout_s
         self._publish_one(api.requeue_subject(topic, queue.name), message.body, headers, deadline, answered)

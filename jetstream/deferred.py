@@ -73,15 +73,7 @@ class DeferredMover:
                    api.HEADER_MSG_ID: f"deferred-{message.id}"}
 
         def answered(reply: Msg | NatsError) -> None:
-            if isinstance(reply, NatsError):
-                stored(reply)
-                return
-            try:
-                api.parse_publish_ack(reply.payload)
-            except (api.JetStreamError, ValueError, KeyError) as error:
-                stored(error)
-                return
-            stored(None)
+            stored(api.publish_failure(reply))
 
         try:
             self.connection.request_nowait(SUBJECT_PREFIX + api.token(topic), message.body, answered, headers=headers,

@@ -16,16 +16,15 @@ that dies between a firing's publish and its save has that firing made again by 
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from polymq.core.schedules import Schedule, Schedules
-from polymq.jetstream import api
+from polymq.jetstream import api, kv
 from polymq.jetstream.nats_connection import Msg, NatsError
 
 if TYPE_CHECKING:
@@ -40,29 +39,8 @@ LEASE_KEY = "schedules"
 # another node tries to take it: a dead holder's schedules wait at most about their sum.
 LEASE_TTL_S = 6
 LEASE_RENEW_S = 2.0
-# NATS's KV headers and the JetStream header of an optimistic write.
-HEADER_KV_OPERATION = "KV-Operation"
-KV_DELETE = "DEL"
+# The JetStream header of an optimistic write.
 HEADER_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
-
-
-def kv_stream(bucket: str) -> str:
-    return f"KV_{bucket}"
-
-
-def kv_subject(bucket: str, key: str) -> str:
-    return f"$KV.{bucket}.{key}"
-
-
-def bucket_config(bucket: str, replicas: int, *, ttl: bool = False) -> dict[str, Any]:
-    """A KV bucket's stream as NATS's KV clients make it: the last value per key, deletes as markers."""
-    config: dict[str, Any] = {
-        "name": kv_stream(bucket), "subjects": [kv_subject(bucket, ">")], "retention": "limits",
-        "max_msgs_per_subject": 1, "storage": "file", "num_replicas": replicas, "discard": "new",
-        "allow_rollup_hdrs": True, "deny_delete": True, "allow_direct": True}
-    if ttl:
-        config["allow_msg_ttl"] = True
-    return config
 
 
 class SharedScheduleKeeper:
@@ -87,64 +65,33 @@ class SharedScheduleKeeper:
         self._write(schedule.key, json.dumps(record).encode(), None)
 
     def deleted(self, key: str) -> None:
-        self._write(key, b"", {HEADER_KV_OPERATION: KV_DELETE})
+        self._write(key, b"", {kv.HEADER_KV_OPERATION: kv.KV_DELETE})
 
     def _write(self, key: str, payload: bytes, headers: Mapping[str, str] | None) -> None:
-        subject = kv_subject(BUCKET, api.token(key))
-
-        def answered(reply: Msg | NatsError) -> None:
-            error: Exception | None = reply if isinstance(reply, NatsError) else None
-            if error is None:
-                assert isinstance(reply, Msg)
-                try:
-                    api.parse_publish_ack(reply.payload)
-                except (api.JetStreamError, ValueError, KeyError) as failure:
-                    error = failure
+        def done(error: Exception | None) -> None:
             if error is not None:
                 log.warning("schedule %r not kept in JetStream: %r", key, str(error))
 
-        try:
-            self.connection.request_nowait(subject, payload, answered, headers=headers,
-                                           timeout=self.link.settings.publish_timeout_s)
-        except NatsError as error:
-            log.warning("schedule %r not kept in JetStream: %r", key, str(error))
+        kv.put_nowait(self.connection, BUCKET, key, payload, done, timeout=self.link.settings.publish_timeout_s,
+                      headers=headers)
 
     # -- start and follow ---------------------------------------------------------------------------
 
     async def prepare(self, replicas: int) -> None:
         """Make both buckets unless they exist, follow the schedules' changes, then load what is kept."""
         for bucket, ttl in ((BUCKET, False), (LEASES, True)):
-            try:
-                await api.api(self.connection, f"STREAM.CREATE.{kv_stream(bucket)}",
-                              bucket_config(bucket, replicas, ttl=ttl))
-            except api.JetStreamError as error:
-                if error.err_code != api.ERR_STREAM_NAME_IN_USE:
-                    raise
-        self.connection.subscribe(kv_subject(BUCKET, ">"), self._on_change)
-        info = await api.api(self.connection, f"STREAM.INFO.{kv_stream(BUCKET)}",
-                             {"subjects_filter": kv_subject(BUCKET, ">")})
+            await kv.ensure_bucket(self.connection, kv.bucket_config(bucket, replicas, ttl=ttl))
+        self.connection.subscribe(kv.kv_subject(BUCKET, ">"), self._on_change)
+        info = await api.api(self.connection, f"STREAM.INFO.{kv.kv_stream(BUCKET)}",
+                             {"subjects_filter": kv.kv_subject(BUCKET, ">")})
         subjects = (info.get("state") or {}).get("subjects") or {}
         for subject in subjects:
-            try:
-                answer = await api.api(self.connection, f"STREAM.MSG.GET.{kv_stream(BUCKET)}",
-                                       {"last_by_subj": subject})
-            except api.JetStreamError as error:
-                if error.err_code == api.ERR_NO_MESSAGE_FOUND:
-                    continue  # removed meanwhile
-                raise
-            self._known(answer.get("message") or {})
-
-    def _known(self, stored: Mapping[str, Any]) -> None:
-        """A stored KV message (STREAM.MSG.GET's form: base64 data and headers)."""
-        headers = base64.b64decode(stored.get("hdrs") or b"")
-        if HEADER_KV_OPERATION.encode() in headers:
-            return  # a delete marker
-        data = base64.b64decode(stored.get("data") or b"")
-        if data:
-            self._apply(data)
+            data = await kv.get(self.connection, BUCKET, subject)  # None: removed meanwhile
+            if data:
+                self._apply(data)
 
     def _on_change(self, msg: Msg) -> None:
-        operation = (msg.headers or {}).get(HEADER_KV_OPERATION)
+        operation = (msg.headers or {}).get(kv.HEADER_KV_OPERATION)
         if operation is not None:
             key = self._key_of(msg.subject)
             if key is not None:
@@ -162,7 +109,7 @@ class SharedScheduleKeeper:
             log.warning("a schedule kept in JetStream cannot be read: %r", str(error))
 
     def _key_of(self, subject: str) -> str | None:
-        token = subject.removeprefix(kv_subject(BUCKET, ""))
+        token = subject.removeprefix(kv.kv_subject(BUCKET, ""))
         for key in self.schedules.by_key:
             if api.token(key) == token:
                 return key
@@ -172,7 +119,7 @@ class SharedScheduleKeeper:
 
     async def run(self) -> None:
         """Take or renew the lease every LEASE_RENEW_S, for as long as the node runs."""
-        subject = kv_subject(LEASES, LEASE_KEY)
+        subject = kv.kv_subject(LEASES, LEASE_KEY)
         while True:
             expected = self._lease_sequence if self.holding else 0
             headers = {HEADER_EXPECTED_LAST_SUBJECT_SEQ: str(expected), api.HEADER_TTL: f"{LEASE_TTL_S}s"}

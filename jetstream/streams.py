@@ -23,7 +23,6 @@ store after a restart: only counts say whether a range holds rows.
 
 from __future__ import annotations
 
-import base64
 import datetime
 import json
 from collections.abc import Iterable, Mapping
@@ -36,9 +35,8 @@ from polymq.core.dedup import KEPT_DEDUP
 from polymq.core.message import Message
 from polymq.core.shared import Stored
 from polymq.core.streams import PositionsGone, StreamError
-from polymq.jetstream import api
+from polymq.jetstream import api, kv
 from polymq.jetstream.nats_connection import Msg, NatsError, RequestTimeout
-from polymq.jetstream.schedules import bucket_config, kv_stream, kv_subject
 
 if TYPE_CHECKING:
     from polymq.core.shared import SharedEngine
@@ -230,21 +228,8 @@ class JetStreamStreams:
         if kind != KEPT_DEDUP:
             stored(None)
             return
-
-        def answered(reply: Msg | NatsError) -> None:
-            error: Exception | None = reply if isinstance(reply, NatsError) else None
-            if isinstance(reply, Msg):
-                try:
-                    api.parse_publish_ack(reply.payload)
-                except (api.JetStreamError, ValueError, KeyError) as failure:
-                    error = failure
-            stored(error)
-
-        try:
-            self.connection.request_nowait(kv_subject(DEDUP_BUCKET, api.token(key)), json.dumps(record).encode(),
-                                           answered, timeout=self.link.settings.publish_timeout_s)
-        except NatsError as error:
-            stored(error)
+        kv.put_nowait(self.connection, DEDUP_BUCKET, key, json.dumps(record).encode(), stored,
+                      timeout=self.link.settings.publish_timeout_s)
 
     # -- the stream's consumers ---------------------------------------------------------------------
 
@@ -291,39 +276,26 @@ class JetStreamStreams:
         return topic
 
     async def _keep_topic(self, name: str, topic: str) -> None:
-        reply = await self.connection.request(kv_subject(BUCKET, api.token(name)),
+        reply = await self.connection.request(kv.kv_subject(BUCKET, api.token(name)),
                                               json.dumps({"stream": name, "topic": topic}).encode(),
                                               timeout=api.API_DEADLINE_S)
         api.parse_publish_ack(reply.payload)
         self.topics[name] = topic
 
     async def _kv_get(self, bucket: str, key: str) -> dict[str, Any] | None:
-        """The JSON record of `key` in `bucket`, as the stream's leader has it; None when there is none."""
+        """The JSON record of `key` in `bucket`; None when there is none."""
+        data = await kv.get(self.connection, bucket, kv.kv_subject(bucket, api.token(key)))
         try:
-            answer = await api.api(self.connection, f"STREAM.MSG.GET.{kv_stream(bucket)}",
-                                   {"last_by_subj": kv_subject(bucket, api.token(key))})
-        except api.JetStreamError as error:
-            if error.err_code == api.ERR_NO_MESSAGE_FOUND:
-                return None
-            raise
-        try:
-            record = json.loads(base64.b64decode((answer.get("message") or {}).get("data") or b""))
+            record = json.loads(data) if data else None
         except ValueError:
             return None
         return record if isinstance(record, dict) else None
 
     async def _make_bucket(self, bucket: str, *, max_age_s: float = 0.0) -> None:
-        if bucket in self._buckets:
-            return
-        config = bucket_config(bucket, self.link.settings.replicas)
-        if max_age_s:
-            config["max_age"] = int(max_age_s * 1e9)
-        try:
-            await api.api(self.connection, f"STREAM.CREATE.{kv_stream(bucket)}", config)
-        except api.JetStreamError as error:
-            if error.err_code != api.ERR_STREAM_NAME_IN_USE:
-                raise
-        self._buckets.add(bucket)
+        if bucket not in self._buckets:
+            await kv.ensure_bucket(self.connection,
+                                   kv.bucket_config(bucket, self.link.settings.replicas, max_age_s=max_age_s))
+            self._buckets.add(bucket)
 
     # -- reading the topic's stream -------------------------------------------------------------------
 
