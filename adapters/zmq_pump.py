@@ -27,6 +27,8 @@ import trio
 import zmq
 import zmq.backend
 
+from polymq.adapters import zmq_frames
+
 Frames = list[bytes]
 
 # Plain ints: pyzmq's enum constants cost an enum operation at every use on the hot path.
@@ -67,6 +69,11 @@ class ZmqPump:
         self.sock = sock
         self.fd: int = _int_option(sock, zmq.FD)
         self._send_frame = _frame_sender(sock)
+        # The frame loops in C where they can run (adapters/zmq_frames.py), else the ones below.
+        loops = zmq_frames.native_loops(sock)
+        self._native_receive: zmq_frames.Receive | None = loops[0] if loops is not None else None
+        self._native_send: zmq_frames.Send | None = loops[1] if loops is not None else None
+        self._handle: int = sock.underlying if loops is not None else 0
         self.on_messages = on_messages
         self.outgoing: deque[Sequence[bytes]] = deque()
         # Called before queued deliveries leave (`send_delivery`): the store writes their records.
@@ -142,6 +149,14 @@ class ZmqPump:
         per frame); False if the socket cannot take it now. A later frame says Again only when the
         peer a DEALER chose went away in the middle of the message: libzmq dropped it, and there is
         nobody to tell (a PZQ delivery comes back at its ACK timeout)."""
+        native_send = self._native_send
+        if native_send is not None:
+            outcome = native_send(self.sock, self._handle, frames)
+            if outcome == zmq_frames.SENT:
+                self.sent += 1
+            elif outcome == zmq_frames.UNROUTABLE:
+                self.unroutable += 1
+            return outcome != zmq_frames.NOT_TAKEN
         send = self._send_frame
         try:
             send(frames[0], _NOBLOCK | _SNDMORE if len(frames) > 1 else _NOBLOCK)
@@ -169,7 +184,14 @@ class ZmqPump:
 
     def _receive(self) -> bool:
         sock = self.sock
-        batch: list[Frames] = []
+        native_receive = self._native_receive
+        if native_receive is not None:
+            batch = native_receive(sock, self._handle, RECEIVE_BATCH)
+            if batch:
+                self.received += len(batch)
+                self.on_messages(batch)
+            return bool(batch)
+        batch = []
         # EVENTS first, then every message waiting until Again (not EVENTS per message: each pyzmq
         # call costs a getpid), then EVENTS again; EVENTS saying POLLIN with nothing to take is no reason
         # to spin.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import polymq
-from polymq.adapters import session
+from polymq.adapters import session, zmq_frames
 from polymq.core import engine
 
 # One compiled module of each folder of HOT_MODULES: where each was loaded from.
@@ -34,8 +34,10 @@ def test_the_expected_modules_are_in_use() -> None:
         assert polymq.COMPILED, "the compiled modules are not in use (did `python tools/mypyc_build.py` fail?)"
         assert engine.__file__ is not None and engine.__file__.endswith(".so")
         assert session.__file__ is not None and session.__file__.endswith(".so")
+        assert zmq_frames.in_use(), "the ZeroMQ frame loops in C are not in use"
     if os.environ.get("POLYMQ_PURE_PYTHON"):
         assert not polymq.COMPILED
+        assert not zmq_frames.in_use()
         assert engine.__file__ is not None and engine.__file__.endswith(".py")
         assert session.__file__ is not None and session.__file__.endswith(".py")
 
@@ -63,8 +65,12 @@ def test_the_compiled_folders_are_those_of_the_hot_modules() -> None:
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
     assert build.compiled_folders() == polymq._COMPILED_FOLDERS
+    # The hand-written C modules live in folders of their own: a `.so` without a `.py` beside it in
+    # a compiled folder would make every compiled module stale.
+    c_folders = {Path(source).parent.as_posix() for source in build.C_MODULES.values()}
+    assert not c_folders & set(polymq._COMPILED_FOLDERS)
     assert {path.parent.relative_to(build.PACKAGE).as_posix() for path in build.compiled_files()
-            if not path.name.startswith("compiled__mypyc")} <= set(polymq._COMPILED_FOLDERS)
+            if not path.name.startswith("compiled__mypyc")} <= set(polymq._COMPILED_FOLDERS) | c_folders
 
 
 def test_a_source_newer_than_its_compiled_module_is_stale(tmp_path: Path) -> None:

@@ -49,6 +49,9 @@ HOT_MODULES = (
     "adapters/zmq_pump.py",
     "adapters/emqp/broker.py",
 )
+# Hand-written C beside them: the ZeroMQ pump's frame loops (adapters/zmq_frames.py), built with
+# gcc and Python's headers alone (libzmq is the copy pyzmq loads, found at run time).
+C_MODULES = {"polymq.adapters.native.zmq_frames": "adapters/native/zmq_frames.c"}
 GROUP = "polymq.compiled"
 PACKAGE = Path(polymq.__file__).resolve().parent
 
@@ -59,7 +62,9 @@ def compiled_folders() -> tuple[str, ...]:
 
 
 def compiled_files() -> list[Path]:
-    return [*PACKAGE.glob("compiled__mypyc*.so"), *(p for f in compiled_folders() for p in (PACKAGE / f).glob("*.so"))]
+    c_folders = dict.fromkeys(str(Path(source).parent) for source in C_MODULES.values())
+    return [*PACKAGE.glob("compiled__mypyc*.so"),
+            *(p for f in (*compiled_folders(), *c_folders) for p in (PACKAGE / f).glob("*.so"))]
 
 
 def clean() -> None:
@@ -69,7 +74,7 @@ def clean() -> None:
 
 def build() -> None:
     from mypyc.build import mypycify  # only needed here: mypy is a build dependency
-    from setuptools import setup
+    from setuptools import Extension, setup
 
     clean()
     previous = Path.cwd()
@@ -78,6 +83,9 @@ def build() -> None:
         os.chdir(stage)
         try:
             modules = mypycify([f"polymq/{module}" for module in HOT_MODULES], group_name=GROUP, opt_level="3")
+            modules += [Extension(name, [f"polymq/{source}"], libraries=["dl"],
+                                  extra_compile_args=["-O2", "-Wall", "-Werror"])
+                        for name, source in C_MODULES.items()]
             setup(name="polymq-compiled", ext_modules=modules,
                   script_args=["build_ext", "--inplace", "--build-temp", "temp", "--build-lib", "lib", "--quiet"])
         finally:
@@ -100,7 +108,7 @@ def main(remove: bool) -> None:
         click.echo(f"polymq: compiling the hot modules failed ({error}); the pure-Python modules stay in use",
                    err=True)
         sys.exit(1)
-    click.echo(f"compiled: {', '.join(HOT_MODULES)}")
+    click.echo(f"compiled: {', '.join((*HOT_MODULES, *C_MODULES.values()))}")
 
 
 if __name__ == "__main__":
