@@ -9,12 +9,14 @@ is not the bottleneck.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.sharedctypes
 import os
 import queue
 import selectors
+import signal
 import sys
 import time
 import traceback
@@ -267,10 +269,29 @@ RESULT = "result"
 ERROR = "error"
 
 
+# prctl(2)'s option asking for a signal when the parent goes (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """End this worker with the bench that started it, however the bench ends (SIGTERM and SIGKILL
+    included, which skip its exit handlers). An orphan would go on driving the server's ports; a
+    ZeroMQ worker reconnecting to a port nobody listens on any more can even end up connected to
+    itself there and keep the port from the next server. Linux only: elsewhere the bench's normal
+    exit still ends its daemon workers."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(1)  # the bench went before the request took effect
+
+
 def worker_entry(main: Callable[[Any, SharedState, int], Any], plan: Any, shared: SharedState, index: int) -> None:
     """Process target: run `main(plan, shared, index)`, which reports READY itself once
     connected; send back its result, one line for a server that is not there or went away, or the
     traceback of anything else it raised (a defect of the bench)."""
+    die_with_parent()
     try:
         result = main(plan, shared, index)
     except WorkerFailed as failed:
