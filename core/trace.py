@@ -88,53 +88,11 @@ class TopicRing:
         self.recorded += 1
 
 
-@attrs.define(slots=True, eq=False)
-class Traced:
-    """One traced message: what every one of its events carries, and where its copies are."""
-
-    id: int
-    topic: str  # the traced topic it was published to: its events go to that topic's ring
-    origin: str | None  # the protocol it was published by
-    # What the protocols' ids are made of (id, headers, origin; no body), until `ids` is first read.
-    shape: Message | None
-    tracer: Tracer
-    size: int
-    body_prefix: bytes
-    ring: TopicRing
-    # (kind, name) -> READY / IN_FLIGHT / DEFERRED / GONE; kind is "queue" or "topic" (a backlog)
-    places: dict[tuple[str, str], str] = attrs.Factory(dict)
-    timeouts: dict[str, int] = attrs.Factory(dict)  # by queue
-    _ids: dict[str, str] | None = None
-
-    @property
-    def ids(self) -> dict[str, str]:
-        """By protocol, the id that protocol shows its clients: made when first asked for (a search, the
-        trace topic), never on the traced path."""
-        if self._ids is None:
-            shape = self.shape
-            self._ids = {} if shape is None else self.tracer._shown(shape)
-            self.shape = None
-        return self._ids
-
-
-@attrs.define(slots=True, eq=False)
-class Event:
-    seq: int  # order of events on this node
-    time_ns: int  # wall clock
-    kind: str
-    message: Traced
-    queue: str | None = None  # the queue it happened in (None: a topic's)
-    topic: str | None = None  # the topic it happened in, when not a queue (published, kept, dead letters' topic)
-    client: Client | None = None
-    attempt: int | None = None
-    delay_s: float | None = None
-    reason: str | None = None
-    publisher_id: str | None = None  # published: the id its publisher was shown (or chose)
-
-
 ShownId = Callable[[Message], str]
 
 
+# Defined before `Traced`, whose `tracer` field names it: compiled, a class's field annotations
+# are built when the class is, and a native class defined later is not there yet.
 class Tracer:
     def __init__(self, engine: Engine, shown_ids: Mapping[str, ShownId], *, ring_size: int = DEFAULT_RING_SIZE,
                  body_prefix: int = 0, node: str = "") -> None:
@@ -390,6 +348,50 @@ class Tracer:
         if ring is None:
             return []
         return list(_messages(ring))[-limit:][::-1]
+
+
+@attrs.define(slots=True, eq=False)
+class Traced:
+    """One traced message: what every one of its events carries, and where its copies are."""
+
+    id: int
+    topic: str  # the traced topic it was published to: its events go to that topic's ring
+    origin: str | None  # the protocol it was published by
+    # What the protocols' ids are made of (id, headers, origin; no body), until `ids` is first read.
+    shape: Message | None
+    tracer: Tracer
+    size: int
+    body_prefix: bytes
+    ring: TopicRing
+    # (kind, name) -> READY / IN_FLIGHT / DEFERRED / GONE; kind is "queue" or "topic" (a backlog)
+    places: dict[tuple[str, str], str] = attrs.Factory(dict)
+    timeouts: dict[str, int] = attrs.Factory(dict)  # by queue
+    _ids: dict[str, str] | None = None
+
+    @property
+    def ids(self) -> dict[str, str]:
+        """By protocol, the id that protocol shows its clients: made when first asked for (a search, the
+        trace topic), never on the traced path."""
+        if self._ids is None:
+            shape = self.shape
+            self._ids = {} if shape is None else self.tracer._shown(shape)
+            self.shape = None
+        return self._ids
+
+
+@attrs.define(slots=True, eq=False)
+class Event:
+    seq: int  # order of events on this node
+    time_ns: int  # wall clock
+    kind: str
+    message: Traced
+    queue: str | None = None  # the queue it happened in (None: a topic's)
+    topic: str | None = None  # the topic it happened in, when not a queue (published, kept, dead letters' topic)
+    client: Client | None = None
+    attempt: int | None = None
+    delay_s: float | None = None
+    reason: str | None = None
+    publisher_id: str | None = None  # published: the id its publisher was shown (or chose)
 
 
 def _messages(ring: TopicRing) -> list[Traced]:
