@@ -82,6 +82,11 @@ ERR_NO_MESSAGE_FOUND = 10037
 # "no suitable peers for placement": a server of a cluster just started (or restarting) is not known to the
 # meta leader yet; asked again, as a request nobody answered.
 ERR_NO_SUITABLE_PEERS = 10005
+# "JetStream system temporarily unavailable": the cluster has no meta leader for the moment (a server
+# was just killed or restarted); asked again too.
+ERR_JETSTREAM_UNAVAILABLE = 10008
+# The refusals that last only while a cluster forms or elects its leaders.
+PASSING_REFUSALS = frozenset((ERR_NO_SUITABLE_PEERS, ERR_JETSTREAM_UNAVAILABLE))
 
 
 def token(name: str) -> str:
@@ -121,8 +126,9 @@ async def api(connection: NatsConnection, subject: str, body: Mapping[str, Any] 
               *, timeout: float = API_DEADLINE_S) -> dict[str, Any]:
     """One `$JS.API.` request; its answer, or `JetStreamError`. Asked again while nobody answers within
     `timeout` in all: a stream or consumer electing its leader leaves requests it should answer unanswered,
-    a request whose server went away is asked again of the next one, and a cluster still forming may
-    have no peers to place a stream on yet."""
+    a request whose server went away is asked again of the next one, a cluster still forming may
+    have no peers to place a stream on yet, and one that lost a server may have no meta leader for a
+    moment."""
     payload = b"" if body is None else json.dumps(body).encode()
     last: RequestTimeout | NoResponders | ConnectionLost | JetStreamError = RequestTimeout("no try")
     with trio.move_on_after(timeout):
@@ -133,7 +139,7 @@ async def api(connection: NatsConnection, subject: str, body: Mapping[str, Any] 
             except (RequestTimeout, NoResponders, ConnectionLost) as error:
                 last = error
             except JetStreamError as error:
-                if error.err_code != ERR_NO_SUITABLE_PEERS:
+                if error.err_code not in PASSING_REFUSALS:
                     raise
                 last = error
             await trio.sleep(API_RETRY_S)

@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from polymq.clients.ports import free_ports
+from polymq.jetstream import api
 from polymq.jetstream.nats_connection import (
     RECONNECT_BUF_SIZE,
     ConnectionLost,
@@ -405,3 +406,46 @@ async def test_a_permissions_violation_is_logged_and_the_link_stays(tmp_path: Pa
             await connection.flush()
             assert hooks.calls == []
     assert "server error 'Permissions Violation for Publish to \"forbidden.x\"'" in caplog.text
+
+
+@pytest.mark.parametrize("err_code", [api.ERR_JETSTREAM_UNAVAILABLE, api.ERR_NO_SUITABLE_PEERS])
+async def test_a_passing_refusal_of_the_jetstream_api_is_asked_again(tmp_path: Path, err_code: int) -> None:
+    """A cluster that just lost a server has no meta leader for a moment ("JetStream system temporarily
+    unavailable"): a gateway starting then asks again instead of giving up. The server here has no
+    JetStream; a subscriber answers its API subject, refusing the first request."""
+    with NatsCluster(tmp_path / "nats", size=1, jetstream=False) as cluster:
+        async with connected(cluster.urls) as connection:
+            asked: list[Msg] = []
+
+            def answer(msg: Msg) -> None:
+                asked.append(msg)
+                body: dict[str, Any] = {"type": "io.nats.jetstream.api.v1.account_info_response", "streams": 0}
+                if len(asked) == 1:
+                    body = {"error": {"code": 503, "err_code": err_code, "description": "passing"}}
+                assert msg.reply is not None
+                connection.publish(msg.reply, json.dumps(body).encode())
+
+            connection.subscribe("$JS.API.INFO", answer)
+            await connection.flush()
+            with trio.fail_after(DEADLINE_S):
+                info = await api.api(connection, "INFO")
+            assert (info["streams"], len(asked)) == (0, 2)
+
+
+async def test_any_other_refusal_of_the_jetstream_api_is_raised_at_once(tmp_path: Path) -> None:
+    with NatsCluster(tmp_path / "nats", size=1, jetstream=False) as cluster:
+        async with connected(cluster.urls) as connection:
+            asked: list[Msg] = []
+
+            def refuse(msg: Msg) -> None:
+                asked.append(msg)
+                assert msg.reply is not None
+                connection.publish(msg.reply, json.dumps(
+                    {"error": {"code": 404, "err_code": api.ERR_STREAM_NOT_FOUND, "description": "stream not found"}})
+                    .encode())
+
+            connection.subscribe("$JS.API.STREAM.INFO.X", refuse)
+            await connection.flush()
+            with trio.fail_after(DEADLINE_S), pytest.raises(api.JetStreamError) as refused:
+                await api.api(connection, "STREAM.INFO.X")
+            assert (refused.value.err_code, len(asked)) == (api.ERR_STREAM_NOT_FOUND, 1)
