@@ -139,23 +139,29 @@ class Worker:
     pool: CreditPool
     last_seen: float
     consumers: list[Consumer] = attrs.Factory(list)
-    # The deliveries it holds, oldest first → (msgid, whether its REPLY will name it).
-    jobs: dict[Message, tuple[bytes, bool]] = attrs.Factory(dict)
+    # The deliveries it holds, oldest first → their msgid.
+    jobs: dict[Message, bytes] = attrs.Factory(dict)
+    # Those of them sent without reply-requested, oldest first: what a READY ends, found without
+    # walking the jobs that wait for their REPLY.
+    without_reply: dict[Message, None] = attrs.Factory(dict)
     by_msgid: dict[bytes, Message] = attrs.Factory(dict)
     readies: int = 0  # READYs it sent
     ended: int = 0  # jobs it finished (by a REPLY or a READY) or that left it (their queue deleted)
 
     def take(self, message: Message) -> None:
-        job = self.jobs.pop(message, None)
-        if job is not None and self.by_msgid.get(job[0]) is message:
-            del self.by_msgid[job[0]]
+        msgid = self.jobs.pop(message, None)
+        self.without_reply.pop(message, None)
+        if msgid is not None and self.by_msgid.get(msgid) is message:
+            del self.by_msgid[msgid]
 
     def finished_by_ready(self) -> Message | None:
         """The job a READY ends: the oldest that expects no REPLY, else the oldest."""
-        for message, (_, replies) in self.jobs.items():
-            if not replies:
-                return message
-        return next(iter(self.jobs), None)
+        return next(iter(self.without_reply), None) or next(iter(self.jobs), None)
+
+    def clear(self) -> None:
+        self.jobs.clear()
+        self.without_reply.clear()
+        self.by_msgid.clear()
 
 
 @attrs.define
@@ -393,8 +399,7 @@ class EMQPBroker(ZmqService):
             return
         returned = len(worker.jobs)
         self.counters.redelivered += returned
-        worker.jobs.clear()
-        worker.by_msgid.clear()
+        worker.clear()
         for consumer in worker.consumers:
             consumer.detach()  # its jobs go back ahead of newer requests
         log.info("worker %s gone (%s): %d jobs back to their queues", _text(identity), why, returned)
@@ -405,7 +410,9 @@ class EMQPBroker(ZmqService):
         worker: Worker = consumer.tag
         name = consumer.queue.name
         msgid, headers = _emqp_fields(message)
-        worker.jobs[message] = (msgid, _REPLY_REQUESTED in headers.split(b","))
+        worker.jobs[message] = msgid
+        if _REPLY_REQUESTED not in headers.split(b","):
+            worker.without_reply[message] = None
         worker.by_msgid[msgid] = message
         self.handed_out_by_queue[name] += 1
         if self._delivered_now is not None:
