@@ -27,7 +27,7 @@ import trio
 import zmq
 import zmq.backend
 
-from polymq.adapters import zmq_frames
+from polymq.native import zmq_loops
 
 Frames = list[bytes]
 
@@ -69,10 +69,10 @@ class ZmqPump:
         self.sock = sock
         self.fd: int = _int_option(sock, zmq.FD)
         self._send_frame = _frame_sender(sock)
-        # The frame loops in C where they can run (adapters/zmq_frames.py), else the ones below.
-        loops = zmq_frames.native_loops(sock)
-        self._native_receive: zmq_frames.Receive | None = loops[0] if loops is not None else None
-        self._native_send: zmq_frames.Send | None = loops[1] if loops is not None else None
+        # The frame loops in C where they can run (native/zmq_loops.py), else the ones below.
+        loops = zmq_loops.native_loops(sock)
+        self._native_receive: zmq_loops.Receive | None = loops[0] if loops is not None else None
+        self._native_send: zmq_loops.Send | None = loops[1] if loops is not None else None
         self._handle: int = sock.underlying if loops is not None else 0
         self.on_messages = on_messages
         self.outgoing: deque[Sequence[bytes]] = deque()
@@ -152,11 +152,11 @@ class ZmqPump:
         native_send = self._native_send
         if native_send is not None:
             outcome = native_send(self.sock, self._handle, frames)
-            if outcome == zmq_frames.SENT:
+            if outcome == zmq_loops.SENT:
                 self.sent += 1
-            elif outcome == zmq_frames.UNROUTABLE:
+            elif outcome == zmq_loops.UNROUTABLE:
                 self.unroutable += 1
-            return outcome != zmq_frames.NOT_TAKEN
+            return outcome != zmq_loops.NOT_TAKEN
         send = self._send_frame
         try:
             send(frames[0], _NOBLOCK | _SNDMORE if len(frames) > 1 else _NOBLOCK)

@@ -1,22 +1,29 @@
 """Blocking ZeroMQ plumbing of the clients: a connected socket, multipart messages at the cost of
 their frames only, one receive within a deadline.
 
-pyzmq's send_multipart/recv_multipart pay an enum operation per frame (flags, RCVMORE); a load
-generator on the gateway's machine takes its CPU from the broker it measures, so these use plain
-int flags and `Frame.more`, as the gateway's pump does.
+A load generator on the gateway's machine takes its CPU from the broker it measures, so a message
+costs a call, not a call per frame: the frame loops in C (`native/zmq_loops.py`) where they are
+built, as the gateway's pump uses them, else Python loops with plain int flags and `Frame.more`
+(pyzmq's send_multipart/recv_multipart pay an enum operation per frame).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import zmq
 
+from polymq.native import zmq_loops
+
 NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)
+# The most messages one `waiting` call takes off a socket: a flood still leaves room for the
+# caller's own sends between reads.
+WAITING_LIMIT = 1000
 
 
 def endpoint(address: str) -> str:
@@ -53,7 +60,15 @@ def own_socket(kind: int, address: str, **options: Any) -> Iterator[zmq.Socket]:
 
 
 def send(sock: zmq.Socket, frames: Sequence[bytes]) -> None:
-    """Send a multipart message (blocking, as send_multipart)."""
+    """Send a multipart message (blocking, as send_multipart: zmq.Again once SNDTIMEO passed)."""
+    loops = zmq_loops.native_loops(sock)
+    if loops is not None:
+        outcome = loops[1](sock, sock.underlying, frames)
+        if outcome == zmq_loops.SENT:
+            return
+        if outcome == zmq_loops.UNROUTABLE:
+            raise zmq.ZMQError(errno.EHOSTUNREACH)  # what pyzmq's send says
+        # not taken without waiting: the blocking loop below waits for room
     last = len(frames) - 1
     for index, frame in enumerate(frames):
         sock.send(frame, _SNDMORE if index < last else 0)
@@ -69,13 +84,18 @@ def receive(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
     return frames
 
 
-def waiting(sock: zmq.Socket) -> Iterator[list[bytes]]:
-    """The messages waiting on the socket, one at a time, until it has none (no wait)."""
-    while True:
+def waiting(sock: zmq.Socket) -> list[list[bytes]]:
+    """The messages waiting on the socket, at most `WAITING_LIMIT`, without waiting."""
+    loops = zmq_loops.native_loops(sock)
+    if loops is not None:
+        return loops[0](sock, sock.underlying, WAITING_LIMIT)
+    messages: list[list[bytes]] = []
+    while len(messages) < WAITING_LIMIT:
         try:
-            yield receive(sock, NOBLOCK)
+            messages.append(receive(sock, NOBLOCK))
         except zmq.Again:
-            return
+            break
+    return messages
 
 
 def receive_before(sock: zmq.Socket, deadline: float) -> list[bytes] | None:

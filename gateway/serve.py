@@ -31,7 +31,6 @@ import trio
 import zmq
 
 import polymq
-from polymq.adapters import zmq_frames
 from polymq.adapters.protocol import Context, Endpoint, GatewayInfo, OutputLimit, Protocol, Service, ServiceError
 from polymq.adapters.registry import protocols
 from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
@@ -58,6 +57,7 @@ from polymq.gateway.metrics import Metrics
 from polymq.gateway.run_file import RunFile
 from polymq.gateway.tracing import TraceCollector, make_tracer
 from polymq.jetstream.backend import JetStreamLink
+from polymq.native import zmq_loops
 
 log = logging.getLogger("polymq")
 
@@ -335,7 +335,7 @@ async def run_gateway(
     config = prepared.config
     clock = SystemClock()
     log.info("polymq %s, hot modules %s", polymq.__version__,
-             ("compiled (mypyc, ZeroMQ frames in C)" if zmq_frames.in_use() else "compiled (mypyc)")
+             ("compiled (mypyc, ZeroMQ frames in C)" if zmq_loops.in_use() else "compiled (mypyc)")
              if polymq.COMPILED else "pure Python")
     if not jetstream_engine.server_urls(config.jetstream):
         await _serve(prepared, Engine(clock=clock, storage=prepared.storage), clock, None, task_status)

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 import polymq
-from polymq.adapters import session, zmq_frames
+from polymq.adapters import session
 from polymq.core import engine
+from polymq.native import zmq_loops
 
 # One compiled module of each folder of HOT_MODULES: where each was loaded from.
 WHERE = ("import polymq, polymq.core.engine as e, polymq.codecs.nsq as n, polymq.adapters.session as s, "
@@ -34,10 +35,10 @@ def test_the_expected_modules_are_in_use() -> None:
         assert polymq.COMPILED, "the compiled modules are not in use (did `python tools/mypyc_build.py` fail?)"
         assert engine.__file__ is not None and engine.__file__.endswith(".so")
         assert session.__file__ is not None and session.__file__.endswith(".so")
-        assert zmq_frames.in_use(), "the ZeroMQ frame loops in C are not in use"
+        assert zmq_loops.in_use(), "the ZeroMQ frame loops in C are not in use"
     if os.environ.get("POLYMQ_PURE_PYTHON"):
         assert not polymq.COMPILED
-        assert not zmq_frames.in_use()
+        assert not zmq_loops.in_use()
         assert engine.__file__ is not None and engine.__file__.endswith(".py")
         assert session.__file__ is not None and session.__file__.endswith(".py")
 

@@ -49,9 +49,9 @@ HOT_MODULES = (
     "adapters/zmq_pump.py",
     "adapters/emqp/broker.py",
 )
-# Hand-written C beside them: the ZeroMQ pump's frame loops (adapters/zmq_frames.py), built with
+# Hand-written C beside them: ZeroMQ's frame loops (native/zmq_loops.py), built with
 # gcc and Python's headers alone (libzmq is the copy pyzmq loads, found at run time).
-C_MODULES = {"polymq.adapters.native.zmq_frames": "adapters/native/zmq_frames.c"}
+C_MODULES = {"polymq.native.zmq_frames": "native/zmq_frames.c"}
 GROUP = "polymq.compiled"
 PACKAGE = Path(polymq.__file__).resolve().parent
 

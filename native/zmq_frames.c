@@ -1,4 +1,5 @@
-/* The ZeroMQ pump's two loops over frames, in C (adapters/zmq_frames.py says when they are used).
+/* ZeroMQ's two loops over frames, in C, for the gateway's pump and the clients (native/zmq_loops.py
+   says when they are used).
 
 pyzmq hands Python a Frame object per received frame and takes one Python call per frame sent,
 each with its own checks; an eMQP request is six or seven frames. Here one call receives every

@@ -1,10 +1,12 @@
-"""The ZeroMQ pump's frame loops in C (`adapters/native/zmq_frames.c`), when they can be used.
+"""ZeroMQ's frame loops in C (`native/zmq_frames.c`), when they can be used: the gateway's pump
+and the clients' sockets (`clients/zmq_socket.py`) receive every waiting message in one call and
+send a multipart message in one.
 
 `make install` builds the C module with the compiled hot modules (tools/mypyc_build.py); it takes
-libzmq's functions from the copy pyzmq loaded, found in the process's memory maps. The pump's
-pure-Python loops stay the reference: they run when the module is not built, when its source is
-newer than the build, under `POLYMQ_PURE_PYTHON=1` (polymq/__init__.py), off Linux, or for a socket
-that is not a plain `zmq.Socket` (a test's stand-in).
+libzmq's functions from the copy pyzmq loaded, found in the process's memory maps. The pure-Python
+loops stay the reference: they run when the module is not built, when its source is newer than the
+build, under `POLYMQ_PURE_PYTHON=1` (polymq/__init__.py), off Linux, or for a socket that is not a
+plain `zmq.Socket` (a test's stand-in).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ Receive = Callable[[Any, int, int], list[list[bytes]]]
 Send = Callable[[Any, int, Sequence[bytes]], int]
 SENT, NOT_TAKEN, UNROUTABLE = 0, 1, 2
 
-_SOURCE = Path(__file__).resolve().parent / "native" / "zmq_frames.c"
+_SOURCE = Path(__file__).resolve().parent / "zmq_frames.c"
 _MAPS = Path("/proc/self/maps")
 
 
@@ -49,7 +51,7 @@ def _load() -> tuple[Receive, Send] | None:
     if not polymq.COMPILED:
         return None  # the pure-Python sources were asked for (or nothing was built)
     try:
-        from polymq.adapters.native import zmq_frames  # type: ignore[attr-defined]
+        from polymq.native import zmq_frames  # type: ignore[attr-defined]
     except ImportError:
         return None  # not built
     built = Path(zmq_frames.__file__)
@@ -70,12 +72,12 @@ _FUNCTIONS = _load()
 
 
 def native_loops(sock: object) -> tuple[Receive, Send] | None:
-    """The C loops for this socket, or None where the pump's own loops must run."""
+    """The C loops for this socket, or None where the pure-Python ones must run."""
     if _FUNCTIONS is None or type(sock) is not zmq.Socket:
         return None
     return _FUNCTIONS
 
 
 def in_use() -> bool:
-    """Whether the C loops are loaded (a plain socket's pump uses them)."""
+    """Whether the C loops are loaded (a plain socket uses them)."""
     return _FUNCTIONS is not None

@@ -1,4 +1,4 @@
-"""The ZeroMQ pump's frame loops in C (adapters/native/zmq_frames.c) against the pure-Python ones
+"""ZeroMQ's frame loops in C (native/zmq_frames.c) against the pure-Python ones
 they replace: the same messages off a real socket, the same outcomes of a send, and a closed
 socket refused instead of touched. The pump's behaviour tests (test_zmq_pump.py) run on the C
 loops in the compiled run and on the pure ones under POLYMQ_PURE_PYTHON=1."""
@@ -14,12 +14,12 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polymq.adapters import zmq_frames
 from polymq.adapters.zmq_pump import ZmqPump
+from polymq.native import zmq_loops
 
 DEADLINE_S = 5.0
 
-if not zmq_frames.in_use():
+if not zmq_loops.in_use():
     if os.environ.get("POLYMQ_EXPECT_COMPILED"):
         raise AssertionError("the ZeroMQ frame loops in C are not in use (did `python tools/mypyc_build.py` fail?)")
     pytest.skip("the C frame loops are not in use (not built, or POLYMQ_PURE_PYTHON); "
@@ -100,8 +100,8 @@ def test_a_batch_stops_at_its_limit_and_the_rest_waits() -> None:
         client.connect("inproc://limit")
         for number in range(10):
             client.send_multipart([b"m", b"%d" % number])
-        assert zmq_frames._FUNCTIONS is not None
-        receive = zmq_frames._FUNCTIONS[0]
+        assert zmq_loops._FUNCTIONS is not None
+        receive = zmq_loops._FUNCTIONS[0]
         first = receive(server, server.underlying, 3)
         assert [frames[2] for frames in first] == [b"0", b"1", b"2"]
         pump = ZmqPump(server, lambda _messages: None)
