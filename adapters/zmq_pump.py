@@ -179,6 +179,11 @@ class ZmqPump:
                 send(frames[rest], _NOBLOCK | _SNDMORE if rest < last else _NOBLOCK)
             self.unroutable += 1
             return True
+        except TypeError:
+            # A frame that is not a buffer (a caller's bug): end the message libzmq holds open, or
+            # the next message sent would complete this one.
+            send(b"", _NOBLOCK)
+            raise
         self.sent += 1
         return True
 

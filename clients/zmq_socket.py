@@ -70,8 +70,15 @@ def send(sock: zmq.Socket, frames: Sequence[bytes]) -> None:
             raise zmq.ZMQError(errno.EHOSTUNREACH)  # what pyzmq's send says
         # not taken without waiting: the blocking loop below waits for room
     last = len(frames) - 1
-    for index, frame in enumerate(frames):
-        sock.send(frame, _SNDMORE if index < last else 0)
+    sock.send(frames[0], _SNDMORE if last else 0)
+    try:
+        for index in range(1, last + 1):
+            sock.send(frames[index], _SNDMORE if index < last else 0)
+    except TypeError:
+        # A frame that is not a buffer: end the message libzmq holds open, or the next message
+        # sent would complete this one.
+        sock.send(b"")
+        raise
 
 
 def receive(sock: zmq.Socket, flags: int = 0) -> list[bytes]:

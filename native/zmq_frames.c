@@ -236,8 +236,12 @@ static PyObject *send_message(PyObject *self, PyObject *const *args, Py_ssize_t 
     long outcome = SENT;
     for (Py_ssize_t index = 1; index <= last; index++) {
         result = send_frame(zsock, frames, index, index < last ? ZMQ_DONTWAIT | ZMQ_SNDMORE : ZMQ_DONTWAIT);
-        if (result == -2)
+        if (result == -2) {
+            /* A frame that is not a buffer (a caller's bug): end the message libzmq holds open with
+               an empty frame, or the next message sent would complete this one. */
+            zsend(zsock, "", 0, ZMQ_DONTWAIT);
             return NULL;
+        }
         if (result == -1) {
             int error = zerrno();
             if (error != EAGAIN)

@@ -8,6 +8,7 @@ import socket
 import struct
 import time
 
+import pytest
 import trio
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -309,3 +310,27 @@ async def test_a_delivery_leaves_after_the_barrier_and_everything_in_the_order_q
         assert got == [b"answer 1", b"delivery 1", b"answer 2", b"delivery 2", b"delivery 3"]
         peer.close()
         pump.close()
+
+
+def test_a_frame_that_is_not_a_buffer_leaves_the_next_message_whole() -> None:
+    """A caller's bug mid-message (the C loops in the compiled run, the Python ones under
+    POLYMQ_PURE_PYTHON=1): the frames already given to libzmq are ended by an empty one, so the
+    next message is not glued to them."""
+    with zmq.Context() as context:
+        server, endpoint = router(context)
+        server.setsockopt(zmq.LINGER, 0)
+        peer = dealer(context, endpoint)
+        peer.send(b"hello")
+        assert server.poll(int(DEADLINE_S * 1000))
+        identity = server.recv_multipart()[0]
+        pump = ZmqPump(server, lambda _messages: None)
+        with pytest.raises(TypeError):
+            pump._send_one([identity, b"started", 5, b"never sent"])  # type: ignore[list-item]
+        assert pump._send_one([identity, b"next", b"message"])
+        got = []
+        for _ in range(2):
+            assert peer.poll(int(DEADLINE_S * 1000))
+            got.append(peer.recv_multipart())
+        assert got == [[b"started", b""], [b"next", b"message"]]
+        peer.close()
+        server.close()

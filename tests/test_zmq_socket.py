@@ -113,3 +113,13 @@ def test_a_message_for_a_peer_that_is_gone_says_host_unreachable(path: str,
     with pytest.raises(zmq.ZMQError) as raised:
         zmq_socket.send(router, [b"nobody", b"x"])
     assert raised.value.errno == errno.EHOSTUNREACH
+
+
+def test_a_frame_that_is_not_a_buffer_leaves_the_next_message_whole(path: str,
+                                                                    pair: tuple[zmq.Socket, zmq.Socket]) -> None:
+    router, dealer = pair
+    with pytest.raises(TypeError):
+        zmq_socket.send(dealer, [b"started", "not bytes", b"never sent"])  # type: ignore[list-item]
+    zmq_socket.send(dealer, [b"next", b"message"])
+    # The broken one ends with an empty frame where it broke; the next arrives as it was sent.
+    assert take(router, 2) == [[b"peer", b"started", b""], [b"peer", b"next", b"message"]]
