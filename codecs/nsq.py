@@ -15,6 +15,8 @@ import enum
 import json
 import re
 import struct
+import sys
+from array import array
 from typing import Any
 
 import attrs
@@ -29,6 +31,10 @@ MSG_ID_LENGTH = 16
 _HEX_DIGITS = b"0123456789abcdef"
 # `FIN <id>\n`: a consumer's FINs come in runs of such lines, parsed as one event (`Fins`).
 FIN_LINE_LENGTH = 4 + MSG_ID_LENGTH + 1
+# What a run of FIN lines holds besides its ids' characters, which are ASCII letters and digits.
+_FIN_LINE_BYTES = b"FIN \n"
+_FIN_RUN_BYTES = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ \n"
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
 # Message frame data: int64 ns timestamp, uint16 attempts, 16-byte id, then the body.
 MESSAGE_HEADER = struct.Struct(">iiqH")  # frame size, frame type, timestamp, attempts
 # The same with the id's 16 hex digits: a delivery's header in one allocation.
@@ -176,9 +182,19 @@ class Fin:
 
 @attrs.frozen(slots=True)
 class Fins:
-    """Consecutive plain `FIN <id>` lines (two or more), in order: each as a `Fin` would be."""
+    """Consecutive plain `FIN <id>` lines (two or more), in order: each as a `Fin` would be. `lines`
+    are their bytes as they came, `FIN_LINE_LENGTH` each: the ids are read from them in bulk
+    (`fin_numbers`), not one object per FIN."""
 
-    msg_ids: list[bytes]
+    lines: bytes
+
+    @property
+    def msg_ids(self) -> list[bytes]:
+        return [self.msg_id(index) for index in range(len(self.lines) // FIN_LINE_LENGTH)]
+
+    def msg_id(self, index: int) -> bytes:
+        start = index * FIN_LINE_LENGTH + 4
+        return self.lines[start : start + MSG_ID_LENGTH]
 
 
 @attrs.frozen(slots=True)
@@ -331,8 +347,29 @@ def message_id_number(raw: bytes) -> int:
     return int(raw, 16)
 
 
-def message_id_numbers(raws: list[bytes]) -> list[int]:
-    return [message_id_number(raw) for raw in raws]
+def fin_numbers(lines: bytes) -> list[int]:
+    """The numbers of a run of FIN lines' ids (`Fins.lines`), -1 for one that names no message (as
+    `message_id_number`): when every id is 16 lowercase hex digits, as the ids this codec writes,
+    in a few passes over the run's bytes instead of a parse per id."""
+    count = len(lines) // FIN_LINE_LENGTH
+    digits = lines.translate(None, _FIN_LINE_BYTES)
+    if len(digits) == count * MSG_ID_LENGTH and not digits.translate(None, _HEX_DIGITS):
+        numbers = array("Q", binascii.unhexlify(digits))
+        if not _BIG_ENDIAN_HOST:
+            numbers.byteswap()
+        return numbers.tolist()
+    return [message_id_number(lines[start : start + MSG_ID_LENGTH])
+            for start in range(4, len(lines), FIN_LINE_LENGTH)]
+
+
+def _all_fin_lines(lines: bytes, count: int) -> bool:
+    """Whether `lines` are `count` plain FIN lines (`FIN `, 16 ASCII letters or digits, `\n`), checked
+    in a few passes over the bytes: a newline at the end of each line and nowhere else, `FIN `
+    after each, no other space, nothing but letters and digits in the ids."""
+    return (count > 0 and lines.startswith(b"FIN ")
+            and lines[FIN_LINE_LENGTH - 1 :: FIN_LINE_LENGTH] == b"\n" * count and lines.count(b"\n") == count
+            and lines.count(b"\nFIN ") == count - 1 and lines.count(b" ") == count
+            and not lines.translate(None, _FIN_RUN_BYTES))
 
 
 def frame_message(timestamp_ns: int, attempts: int, msg_id: bytes, body: bytes) -> bytes:
@@ -456,19 +493,23 @@ class ServerConnection:
     def _fins(self, buffer: bytearray, pos: int) -> Fin | Fins | None:
         """The run of plain FIN lines at `pos` without splitting each (a consumer sends one per
         message). A line with anything else (`\r`, spaces, more params) is left to the general path."""
-        msg_ids: list[bytes] = []
-        end = len(buffer)
-        newline = FIN_LINE_LENGTH - 1
-        while pos + FIN_LINE_LENGTH <= end and buffer[pos + newline] == 10 and buffer.startswith(b"FIN ", pos):
-            msg_id = bytes(buffer[pos + 4 : pos + 4 + MSG_ID_LENGTH])
-            if not msg_id.isalnum():
-                break
-            msg_ids.append(msg_id)
-            pos += FIN_LINE_LENGTH
-        if not msg_ids:
+        count = (len(buffer) - pos) // FIN_LINE_LENGTH
+        run_end = pos + count * FIN_LINE_LENGTH
+        lines = bytes(buffer[pos:run_end])
+        if not _all_fin_lines(lines, count):
+            # Something else among them: the run ends at the first line that is not a plain FIN.
+            newline = FIN_LINE_LENGTH - 1
+            run_end = pos
+            while run_end + FIN_LINE_LENGTH <= len(buffer) and buffer[run_end + newline] == 10 \
+                    and buffer.startswith(b"FIN ", run_end) \
+                    and buffer[run_end + 4 : run_end + newline].isalnum():
+                run_end += FIN_LINE_LENGTH
+            count = (run_end - pos) // FIN_LINE_LENGTH
+            lines = lines[: run_end - pos]
+        if not count:
             return None
-        self._pos = pos
-        return Fin(msg_ids[0]) if len(msg_ids) == 1 else Fins(msg_ids)
+        self._pos = run_end
+        return Fin(lines[4 : 4 + MSG_ID_LENGTH]) if count == 1 else Fins(lines)
 
     def _fail(self, error: ProtocolError) -> ProtocolError:
         self.state = ClientState.CLOSED

@@ -329,14 +329,19 @@ def test_fin_req_touch(state: str) -> None:
     assert one(client.req(MSG_ID, 100), state=state) == nsq.Req(MSG_ID, 100)
 
 
+def fin_run(ids: list[bytes]) -> nsq.Fins:
+    return nsq.Fins(b"".join(client.fin(msg_id) for msg_id in ids))
+
+
 def test_a_run_of_fins_is_one_event_and_anything_unusual_ends_it() -> None:
     ids = [b"%016x" % number for number in range(5)]
     odd = b"\x00\x01\xff" + b"z" * 13
     conn = connect(state="subscribed")
     stream = b"".join(client.fin(i) for i in ids[:3]) + b"FIN " + ids[3] + b"\r\n" + client.fin(ids[4]) \
         + b"FIN " + odd + b"\n" + client.fin(ids[0]) + client.fin(ids[1]) + client.nop()
-    assert pull(conn, stream) == [nsq.Fins(ids[:3]), nsq.Fin(ids[3]), nsq.Fin(ids[4]), nsq.Fin(odd),
-                                  nsq.Fins(ids[:2]), nsq.Nop()]
+    assert pull(conn, stream) == [fin_run(ids[:3]), nsq.Fin(ids[3]), nsq.Fin(ids[4]), nsq.Fin(odd),
+                                  fin_run(ids[:2]), nsq.Nop()]
+    assert fin_run(ids[:3]).msg_ids == ids[:3]
     assert conn.buffered == 0
     conn = connect(state="subscribed")
     assert pull(conn, client.fin(ids[0]) + client.fin(ids[1])[:-3]) == [nsq.Fin(ids[0])]  # the rest: not yet
@@ -351,10 +356,20 @@ def test_a_run_of_fins_before_sub_is_the_general_error() -> None:
 
 
 def test_message_ids_as_numbers_and_back() -> None:
-    assert nsq.message_id_numbers([b"000000000000002a", b"ffffffffffffffff", b"000000000000002A", b"2a",
-                                   b"+00000000000002a", b"0x0000000000002a", b" 00000000000002a"]) == \
-        [42, 2**64 - 1, -1, -1, -1, -1, -1]
+    assert [nsq.message_id_number(raw) for raw in [b"000000000000002a", b"ffffffffffffffff", b"000000000000002A",
+                                                   b"2a", b"+00000000000002a", b"0x0000000000002a",
+                                                   b" 00000000000002a"]] == [42, 2**64 - 1, -1, -1, -1, -1, -1]
     assert nsq.frame_message_header_of(7, 3, 42, 5) == nsq.frame_message_header(7, 3, b"000000000000002a", 5)
+
+
+@pytest.mark.parametrize("ids, numbers", [
+    ([b"000000000000002a", b"ffffffffffffffff", b"0123456789abcdef"], [42, 2**64 - 1, 0x0123456789ABCDEF]),
+    # One id this codec never wrote: -1 for it alone, the others read as before.
+    ([b"000000000000002a", b"000000000000002A", b"zzzzzzzzzzzzzzzz", b"00000000000000ff"], [42, -1, -1, 255]),
+    ([b"FIN00000000000ff", b"00000000000000ff"], [-1, 255]),
+])
+def test_a_run_of_fins_ids_read_in_bulk(ids: list[bytes], numbers: list[int]) -> None:
+    assert nsq.fin_numbers(fin_run(ids).lines) == numbers
 
 
 def test_message_id_is_opaque_16_bytes() -> None:

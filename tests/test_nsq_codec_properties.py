@@ -479,3 +479,26 @@ def test_a_numeric_id_frames_as_its_16_lowercase_hex_digits(message_id: int, tim
     assert nsq.frame_message_header_of(timestamp_ns, attempts, message_id, body_len) == \
         nsq.frame_message_header(timestamp_ns, attempts, b"%016x" % message_id, body_len)
     assert nsq.message_id_number(b"%016x" % message_id) == message_id
+
+
+# Ids as a consumer sends them back: mostly this codec's own (16 lowercase hex digits), some not.
+_fin_ids = st.one_of(
+    st.integers(0, 2**64 - 1).map(lambda number: b"%016x" % number),
+    st.text("0123456789abcdefABCDEFINxyz", min_size=16, max_size=16).map(str.encode),
+)
+
+
+@given(st.lists(_fin_ids, min_size=1, max_size=40), st.binary(max_size=30))
+def test_a_run_of_fins_reads_every_id_as_a_fin_of_its_own_would(ids: list[bytes], tail: bytes) -> None:
+    """The run's bulk check and bulk read give what one FIN line at a time gives, whatever follows."""
+    conn = nsq.ServerConnection(nsq.ServerLimits())
+    conn.receive_data(nsq.MAGIC_V2 + client.sub("t", "c") + b"".join(client.fin(msg_id) for msg_id in ids) + tail)
+    assert isinstance(conn.next_event(), nsq.Sub)
+    conn.subscribed()
+    event = conn.next_event()
+    got = event.msg_ids if isinstance(event, nsq.Fins) else [event.msg_id] if isinstance(event, nsq.Fin) else []
+    assert got[: len(ids)] == ids
+    # The tail joins the run only with a plain FIN line of its own.
+    assert len(got) == len(ids) or tail.startswith(b"FIN ")
+    if isinstance(event, nsq.Fins):
+        assert nsq.fin_numbers(event.lines) == [nsq.message_id_number(msg_id) for msg_id in got]

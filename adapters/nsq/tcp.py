@@ -651,24 +651,30 @@ class NSQSession(StreamSession):
         self._send_error(nsq.non_fatal(code, name + b" " + raw_id + b" failed " + ACK_FAILED_TEXT[outcome]))
 
     def _fin(self, command: nsq.Fin) -> None:
-        self._finish([command.msg_id])
+        consumer = self.consumer
+        outcome = Outcome.NOT_IN_FLIGHT
+        if consumer is not None:
+            failed = consumer.finish_many([nsq.message_id_number(command.msg_id)])
+            if not failed:
+                self._refill = True
+                return
+            outcome = failed[0][1]
+        self._ack_failed(b"FIN", "E_FIN_FAILED", command.msg_id, outcome)
 
     def _fins(self, command: nsq.Fins) -> None:
-        self._finish(command.msg_ids)
-
-    def _finish(self, raw_ids: list[bytes]) -> None:
-        # One FIN per delivered message: the ids are read and finished in compiled loops, and the
-        # freed credit is used once per read (`_refill` at its end), not per FIN.
+        # One FIN per delivered message: the run's ids are read in bulk and finished in a compiled
+        # loop, and the freed credit is used once per read (`_refill` at its end), not per FIN.
         consumer = self.consumer
         if consumer is None:
-            for raw_id in raw_ids:
+            for raw_id in command.msg_ids:
                 self._ack_failed(b"FIN", "E_FIN_FAILED", raw_id, Outcome.NOT_IN_FLIGHT)
             return
-        failed = consumer.finish_many(nsq.message_id_numbers(raw_ids))
-        if len(failed) < len(raw_ids):
+        numbers = nsq.fin_numbers(command.lines)
+        failed = consumer.finish_many(numbers)
+        if len(failed) < len(numbers):
             self._refill = True
         for index, outcome in failed:
-            self._ack_failed(b"FIN", "E_FIN_FAILED", raw_ids[index], outcome)
+            self._ack_failed(b"FIN", "E_FIN_FAILED", command.msg_id(index), outcome)
 
     def _req(self, command: nsq.Req) -> None:
         target = self._target(command.msg_id)
