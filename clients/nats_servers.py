@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from polymq.clients.ports import free_ports
+from polymq.clients.ports import restartable_ports
 
 # A loaded 2-core machine: JetStream's meta leader may take a while to be elected.
 READY_TIMEOUT_S = 30.0
@@ -68,7 +68,7 @@ class NatsServer:
         self.sync_always = sync_always  # JetStream fsyncs every write (`sync_interval: always`)
         self.ping_interval_s = ping_interval_s
         self.extra_config = extra_config  # appended to the config file: a `tls {…}`, an `authorization {…}`
-        self.port, self.cluster_port, self.monitor_port = free_ports(3)
+        self.port, self.cluster_port, self.monitor_port = restartable_ports(3)
         self.store_dir = directory / "store"
         self.config_file = directory / "nats.conf"
         self.log_file = directory / "nats.log"

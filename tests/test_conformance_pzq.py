@@ -19,7 +19,7 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from polymq.clients.ports import free_ports
+from polymq.clients.ports import restartable_ports
 from polymq.conformance.pzq import checks, command
 
 from support import restart_gateway
@@ -38,7 +38,7 @@ def run_suite(*args: str) -> tuple[int, list[str]]:
 @pytest.fixture
 def restartable(tmp_path: Path) -> Iterator[tuple[list[int], str]]:
     """A gateway on fixed PZQ ports, and a command that restarts it (tests/support/restart_gateway.py)."""
-    ports = free_ports(3)
+    ports = restartable_ports(3)
     args = [sys.executable, "-m", "polymq", "serve", "--data-dir", str(tmp_path / "data"), "--nsq-tcp-port", "-1",
             "--nsq-http-port", "-1", "--mqks-port", "-1", "--phpmq-port", "-1", "--phpmq-console-port", "-1",
             "--pzq-receive-port", str(ports[0]), "--pzq-send-port", str(ports[1]),

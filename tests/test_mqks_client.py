@@ -25,6 +25,7 @@ from trio.testing import wait_all_tasks_blocked
 
 from polymq.clients import mqks as mqks_client
 from polymq.clients.mqks import Message, MQKSClient, MQKSConnectionLost, MQKSError, new_id
+from polymq.clients.ports import restartable_port
 from polymq.codecs.mqks import ID_LENGTH
 
 from support.gateway import GatewayProcess, running_gateway
@@ -479,7 +480,9 @@ async def test_reconnect_after_a_gateway_restart_on_the_same_port(tmp_path: Path
     inbox = Inbox()
     reconnected = Recorder()
     with contextlib.ExitStack() as stack:
-        first = stack.enter_context(running_gateway(data_dir=tmp_path))
+        # The second gateway takes the first one's port: one nothing else is handed meanwhile.
+        port = restartable_port()
+        first = stack.enter_context(running_gateway("--mqks-port", str(port), data_dir=tmp_path))
         host, port = mqks(first)
         async with client_for((host, port), on_reconnect=reconnected) as client:
             old_id = await client.consume(queue, [event], on_msg=inbox, confirm=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from polymq.clients.ports import restartable_port
 from polymq.clients.stream import StreamClient
 from polymq.codecs import stream_rows
 
@@ -35,10 +36,15 @@ def spark() -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def cluster(tmp_path: Path, lookupd: Lookupd | None = None) -> Iterator[list[GatewayProcess]]:
+def cluster(tmp_path: Path, lookupd: Lookupd | None = None, admin_ports: dict[int, int] | None = None
+            ) -> Iterator[list[GatewayProcess]]:
+    """`NODES` gateways; `admin_ports`: node number → the admin port it listens on."""
     extra = ("--lookupd-tcp-address", lookupd.tcp_address) if lookupd is not None else ()
+    ports = admin_ports or {}
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(running_gateway(*extra, data_dir=tmp_path / f"node{number}"))
+        yield [stack.enter_context(running_gateway(
+                   *extra, *(("--admin-port", str(ports[number])) if number in ports else ()),
+                   data_dir=tmp_path / f"node{number}"))
                for number in range(NODES)]
 
 
@@ -62,7 +68,9 @@ def read_available(spark: Any, reader_options: dict[str, str], checkpoint: Path)
 
 def test_a_stream_reads_three_gateways_each_row_once_and_a_restarted_node_loses_nothing(
         spark: Any, tmp_path: Path) -> None:
-    with cluster(tmp_path) as nodes:
+    # Node 1 comes back on its admin port below: one nothing else is handed meanwhile.
+    port = restartable_port()
+    with cluster(tmp_path, admin_ports={1: port}) as nodes:
         addresses = ",".join(node.http for node in nodes)
         for node in nodes:
             with StreamClient(node.http) as client:
@@ -75,7 +83,6 @@ def test_a_stream_reads_three_gateways_each_row_once_and_a_restarted_node_loses_
         # A node stops and comes back on its store and address; rows published meanwhile on the others,
         # and after on it.
         data_dir = Path(nodes[1].process.args[nodes[1].process.args.index("--data-dir") + 1])
-        port = nodes[1].host_port("http")[1]
         nodes[1].stop()
         publish(nodes[0], "orders", [b"late-0"])
         with running_gateway("--admin-port", str(port), data_dir=data_dir) as again:

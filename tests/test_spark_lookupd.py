@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from polymq.clients.ports import restartable_port
 from polymq.clients.stream import StreamClient
 
 from support.gateway import GatewayProcess, running_gateway
@@ -118,7 +119,10 @@ def test_a_stream_opened_before_the_topic_reads_every_node_as_it_comes_replays_e
         spark: Any, tmp_path: Path, lookupd: Lookupd) -> None:
     checkpoint = tmp_path / "checkpoint"
     with contextlib.ExitStack() as nodes:
-        first, second = (nodes.enter_context(node(lookupd, tmp_path / f"node{number}")) for number in (0, 1))
+        # The second node comes back on its admin port below: one nothing else is handed meanwhile.
+        admin_port = restartable_port()
+        first = nodes.enter_context(node(lookupd, tmp_path / "node0"))
+        second = nodes.enter_context(node(lookupd, tmp_path / "node1", "--admin-port", str(admin_port)))
         registered(lookupd, 2)
         assert http(lookupd.http_address, f"/lookup?topic={TOPIC}")[0] == 404  # no node holds the topic yet
 
@@ -162,7 +166,7 @@ def test_a_stream_opened_before_the_topic_reads_every_node_as_it_comes_replays_e
         before = stream_offsets(second)
         second.stop()
         registered(lookupd, 2)
-        again = nodes.enter_context(node(lookupd, tmp_path / "node1", "--admin-port", str(second.host_port("http")[1])))
+        again = nodes.enter_context(node(lookupd, tmp_path / "node1", "--admin-port", str(admin_port)))
         assert again.http == second.http
         registered(lookupd, 3)
         after = stream_offsets(again, before["end"])
