@@ -15,7 +15,7 @@ PURE_TESTS := tests/test_engine.py tests/test_engine_stateful.py tests/test_reco
 	tests/test_nsq_codec_properties.py tests/test_timers.py tests/test_compiled.py tests/test_schedules.py tests/test_streams.py \
 	tests/test_protocol_units.py tests/test_nsq_delivery.py tests/test_slow_consumer.py \
 	tests/test_mqks_codec.py tests/test_mqks_codec_properties.py tests/test_mqks.py \
-	tests/test_emqp_codec.py tests/test_zmq_pump.py tests/test_zmq_service.py tests/test_shared_barrier.py \
+	tests/test_emqp_codec.py tests/test_zmq_pump.py tests/test_zmq_service.py tests/test_shared_barrier.py tests/test_shared_order.py \
 	tests/test_jetstream_backend.py
 
 $(STAMP): pyproject.toml

@@ -505,6 +505,22 @@ class SharedQueue(Queue):
         self.link.queue_emptied(self, engine.barrier.issue())
 
 
+class PublisherOrder:
+    """One client's publishes on their way to the shared engine. Topics are stored apart, and a publish
+    JetStream had no answer for is asked again later, so a later publish to another topic could be
+    stored (and delivered) first. A publish to another topic than the client's pending ones waits here
+    until they are stored: what a client published before holds once its later publish is delivered, as
+    in the embedded engine's one log (a PHPMQ publisher proves a batch handled by a marker after it)."""
+
+    __slots__ = ("held", "pending", "releasing", "topic")
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic  # the topic of the pending publishes
+        self.pending = 0  # sent, not answered yet
+        self.held: deque[tuple[Topic, list[Message], Stored, bool]] = deque()  # waiting, in order
+        self.releasing = False
+
+
 class SharedEngine(Engine):
     """The engine of a node sharing its durable topics and queues through a `Link`."""
 
@@ -515,6 +531,8 @@ class SharedEngine(Engine):
         self.link = link
         self.node = node
         self._drop_if_unbound = False  # the publish under way follows MQKS's rule (`publish`)
+        self._publisher: Client | None = None  # who makes the publish under way, when the adapter says
+        self._orders: dict[Client, PublisherOrder] = {}  # clients with publishes not stored yet
         self.hands_over_at_once = False
         # A node holds only the copies it fetched for its consumers: a snapshot here would see a part of
         # the queue, and silently. (Streams read by position are the shared engine's: `SharedStreams`.)
@@ -606,21 +624,25 @@ class SharedEngine(Engine):
         """As the embedded engine's, but MQKS's rule (`drop_if_unbound`) asks about every node's queues: the
         link decides once it knows them."""
         self._drop_if_unbound = drop_if_unbound and not self._bound_here(topic_name)
+        self._publisher = client
         try:
             return super().publish(topic_name, body, delay=delay, headers=headers, ttl=ttl, origin=origin,
                                    client=client, publisher_id=publisher_id)
         finally:
             self._drop_if_unbound = False
+            self._publisher = None
 
     def publish_many(self, topic_name: str, bodies: list[bytes], *, headers: Mapping[str, Any] | None = None,
                      each_headers: list[Mapping[str, Any]] | None = None, drop_if_unbound: bool = False,
                      origin: str | None = None, client: Client | None = None) -> int:
         self._drop_if_unbound = drop_if_unbound and not self._bound_here(topic_name)
+        self._publisher = client
         try:
             return super().publish_many(topic_name, bodies, headers=headers, each_headers=each_headers,
                                         origin=origin, client=client)
         finally:
             self._drop_if_unbound = False
+            self._publisher = None
 
     def backend(self) -> dict[str, Any]:
         return {**self.link.describe(), "node": self.node, "publishes": self.barrier.publish_count,
@@ -637,7 +659,52 @@ class SharedEngine(Engine):
         if topic.ephemeral:
             super()._publish_messages(topic, messages)
             return
-        self.publish_stored(topic, messages, self.barrier.issue(), self._drop_if_unbound)
+        stored = self.barrier.issue()
+        client = self._publisher
+        if client is None:
+            self.publish_stored(topic, messages, stored, self._drop_if_unbound)
+            return
+        order = self._orders.get(client)
+        if order is None:
+            order = self._orders[client] = PublisherOrder(topic.name)
+        elif order.held or (order.pending and order.topic != topic.name):
+            order.held.append((topic, messages, stored, self._drop_if_unbound))
+            return
+        order.topic = topic.name
+        self._send_in_order(client, order, topic, messages, stored, self._drop_if_unbound)
+
+    def _send_in_order(self, client: Client, order: PublisherOrder, topic: Topic, messages: list[Message],
+                       stored: Stored, drop_if_unbound: bool) -> None:
+        order.pending += 1
+
+        def answered(error: Exception | None) -> None:
+            order.pending -= 1
+            stored(error)
+            if error is not None:
+                # Not stored: what the client published after it is not stored either, so none of it is
+                # delivered as if the failed publish had been.
+                held, order.held = order.held, deque()
+                for _, _, later_stored, _ in held:
+                    later_stored(error)
+            if not order.releasing:
+                self._release(client, order)
+
+        self.publish_stored(topic, messages, answered, drop_if_unbound)
+
+    def _release(self, client: Client, order: PublisherOrder) -> None:
+        """Once a client's pending publishes are stored: its held publishes to the next topic go."""
+        order.releasing = True
+        try:
+            while not order.pending:
+                if not order.held:
+                    if self._orders.get(client) is order:
+                        del self._orders[client]
+                    return
+                order.topic = order.held[0][0].name
+                while order.held and order.held[0][0].name == order.topic:
+                    self._send_in_order(client, order, *order.held.popleft())
+        finally:
+            order.releasing = False
 
     def publish_stored(self, topic: Topic, messages: list[Message], stored: Stored,
                        drop_if_unbound: bool = False) -> None:

@@ -23,6 +23,7 @@ from polymq.core.engine import (
 )
 from polymq.core.message import Message
 from polymq.core.shared import SharedEngine, SharedQueue
+from polymq.core.trace import Client
 from polymq.jetstream import api
 from polymq.jetstream.backend import JetStreamLink, JetStreamSettings, open_shared_engine
 from polymq.jetstream.nats_connection import NatsOptions
@@ -265,6 +266,31 @@ async def test_a_message_over_the_servers_max_payload_is_refused_and_holds_up_no
         _, after = a.publish(topic, b"after")
         await after.wait()
         assert after.errors == [None]
+
+
+async def test_a_clients_publish_to_another_topic_is_delivered_only_after_its_earlier_ones_are_stored(
+        nats_cluster: NatsCluster) -> None:
+    """A PHPMQ publisher proves a batch handled by a marker it publishes after it to a queue of its own:
+    the batch's topic here has no stream yet, so its publish waits for the stream while the marker's
+    topic could take a publish at once."""
+    batch, markers, watched = name("batch"), name("markers"), name("watched")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        seen: list[tuple[bytes, bool]] = []
+        batch_stored = Stored()
+        b.engine.ensure_queue(watched)
+        b.engine.bind(watched, markers)
+        b.engine.attach(watched, lambda message: seen.append((message.body, batch_stored.event.is_set())),
+                        credit=10, msg_timeout=30.0)
+        await attached(b, watched)
+        _, warmed = a.publish(markers, b"the marker topic's stream known on node a")
+        await warmed.wait()
+        php = Client("phpmq", "127.0.0.1:5000")
+        a.engine.publish(batch, b"batch", client=php)
+        a.engine.storage.sync(batch_stored.done)
+        a.engine.publish(markers, b"marker", client=php)
+        await until(lambda: len(seen) == 2, "the marker on the other node")
+        assert seen[1] == (b"marker", True)
+        assert batch_stored.errors == [None]
 
 
 async def test_a_deferred_publish_reaches_the_queues_when_it_is_due_with_its_first_attempt(
