@@ -381,8 +381,9 @@ class EMQPBroker(ZmqService):
         if job is None:
             # A READY ended it already (it held no job without reply-requested), or it was
             # handed to this jobmanager under an identity it had before it reconnected.
-            log.debug("backend: REPLY from %s for %r, a job it does not hold", _text(worker.identity),
-                      reply.original_msgid[:60])
+            if log.isEnabledFor(logging.DEBUG):  # no identity escaped for a line nobody reads
+                log.debug("backend: REPLY from %s for %r, a job it does not hold", _text(worker.identity),
+                          reply.original_msgid[:60])
             return
         self._end_job(worker, job)
         worker.ended += 1
