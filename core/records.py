@@ -189,7 +189,7 @@ def encode_run(first_index: int, first_id: int, timestamp_ns: int, bodies: Seque
                                 RUN_HEAD.pack(first_id, timestamp_ns), lengths.tobytes(), *bodies)))
 
 
-def _source(payload: memoryview, flags: int) -> tuple[str | None, str | None, int]:
+def add_source(payload: memoryview, flags: int) -> tuple[str | None, str | None, int]:
     """The record's topic and origin (when it names them) and the offset right after them."""
     offset = ADD_HEAD.size
     topic = origin = None
@@ -214,7 +214,7 @@ def add_head(payload: memoryview) -> tuple[int, int, int]:
 def decode_add(payload: memoryview, skip: int = 0) -> Iterator[StoredEntry]:
     """The entries of an ADD payload, from entry number `skip` on."""
     first, count, flags = ADD_HEAD.unpack_from(payload, 0)
-    topic, origin, offset = _source(payload, flags)
+    topic, origin, offset = add_source(payload, flags)
     if flags & ADD_RUN:
         yield from _decode_run(payload, first, count, skip, offset, topic, origin)
         return
@@ -234,7 +234,7 @@ def decode_add(payload: memoryview, skip: int = 0) -> Iterator[StoredEntry]:
 def run_layout(payload: memoryview, flags: int) -> tuple[str | None, str | None, int, int, array, int]:
     """A run record's topic, origin, first id, timestamp, body lengths and the offset of its first
     body: what a reader needs to take its messages without an entry object each."""
-    topic, origin, offset = _source(payload, flags)
+    topic, origin, offset = add_source(payload, flags)
     first_id, timestamp = RUN_HEAD.unpack_from(payload, offset)
     count = ADD_HEAD.unpack_from(payload, 0)[1]
     lengths = array("I")
@@ -313,3 +313,8 @@ def decode_headers(data: bytes) -> object:
     # `raw_decode` of the text: a quarter of `json.loads(bytes)` (no encoding sniffing, no trailing
     # whitespace scan); the bytes are our own, checked by the record's CRC.
     return _HEADERS_DECODER.raw_decode(data.decode())[0] if data else None
+
+
+def decode_headers_at(payload: memoryview, offset: int, length: int) -> object:
+    """`decode_headers` of the `length` bytes at `offset`, read from the record without a copy first."""
+    return _HEADERS_DECODER.raw_decode(str(payload[offset : offset + length], "utf-8"))[0] if length else None

@@ -1273,6 +1273,37 @@ def test_spilled_single_publishes_of_one_turn_share_the_record_and_read_back_in_
     assert bodies(store.engine, "q") == payloads  # in flight when closed: back, in order
 
 
+def test_spilled_copies_read_back_one_at_a_time_keep_their_headers_ttl_and_origin(
+        open_store: Callable[..., Store], clock: ManualClock) -> None:
+    store = new_bound_store(open_store, mem_queue_size=2)
+    store.commit()
+    sent = [
+        (b"plain", None, None),
+        (b"mqks", {"msg_id": "a1"}, None),
+        (b"emqp", {"emqp-msgid": "m\u00e9\"1", "emqp-headers": "reply-requested"}, 30.0),
+        (b"numbers", {"retry": 3, "nested": {"k": [1, 2]}}, None),
+        (b"ttl only", None, 5.5),
+        (b"last", {"": ""}, 0.25),
+    ]
+    published_at = clock.now()
+    ids = [store.engine.publish("t", body, headers=headers, ttl=ttl, origin="mqks") for body, headers, ttl in sent]
+    store.commit()  # one ADD record: the first two stay in memory, the rest is read from its middle
+    clock.advance(0.125)
+    consumer, got = consume(store.engine, "q", credit=1)
+    for number in range(len(sent)):
+        assert len(got) == number + 1
+        assert consumer.finish(got[-1].id) is Outcome.OK  # credit 1: each read takes one entry more
+    assert [m.id for m in got] == ids
+    assert [(m.body, m.headers, m.origin, m.topic, m.attempts) for m in got] == [
+        (body, headers, "mqks", "t", 1) for body, headers, _ in sent]
+    for message, (_, _, ttl) in zip(got, sent, strict=True):
+        if ttl is None:
+            assert message.expires_at is None
+        else:
+            assert message.expires_at == pytest.approx(published_at + ttl, abs=1e-6)
+        assert message.due is None
+
+
 # -- a spilled topic backlog handed over to its first queue ------------------------------------------
 
 
