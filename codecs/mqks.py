@@ -22,6 +22,7 @@ import random
 import re
 import string
 from collections.abc import Callable, Iterable, Sequence
+from typing import Final
 
 import attrs
 
@@ -46,6 +47,10 @@ ENCODED_PREFIX = b"polymq:base64:"
 # `str.splitlines` splits on besides them (NEL, LS, PS), in UTF-8.
 _CONTROLS = bytes(range(0x20)) + b"\x7f"
 _LINE_BREAKS = (b"\xc2\x85", b"\xe2\x80\xa8", b"\xe2\x80\xa9")
+# Single bytes looked for with `in` by their value: in CPython 3.11 `b"\t" in line` first tries the
+# needle as an int and builds (then drops) a TypeError with its message every time.
+TAB: Final = ord("\t")
+SPACE: Final = ord(" ")
 
 _BASE62 = string.digits + string.ascii_letters
 
@@ -289,7 +294,7 @@ def _line_safe(value: bytes) -> bool:
 def carries_field(value: bytes) -> bool:
     """Whether a response line carries `value` unchanged as one of its fields (a msg_id another
     protocol chose): not empty, no space, and none of the characters a body is encoded for."""
-    return bool(value) and b" " not in value and _line_safe(value)
+    return bool(value) and SPACE not in value and _line_safe(value)
 
 
 def encode_body(body: bytes) -> bytes:
@@ -354,7 +359,7 @@ _PARSERS: dict[bytes, Callable[[str, bytes, bool], Request]] = {
 def parse_line(line: bytes) -> Request:
     """One request line (without its `\\n`)."""
     # The original asserts on the line before its rstrip: a trailing TAB is an error too (docs/protocols/mqks.md).
-    has_tab = b"\t" in line
+    has_tab = TAB in line
     line = line.rstrip()  # as the original: CRLF works, trailing spaces of data are lost
     fields = line.split(b" ", 2)
     if len(fields) < 3:
@@ -366,7 +371,7 @@ def parse_line(line: bytes) -> Request:
         return BadRequest(NO_ID, "request id is not UTF-8", line[:MAX_LOGGED_LINE])
     try:
         if has_tab:
-            if b"\t" in id_raw:
+            if TAB in id_raw:
                 request_id = NO_ID
             raise _Invalid("TAB in request")
         parser = _PARSERS.get(action_raw)
@@ -400,7 +405,7 @@ def plain_ack(line: bytes) -> tuple[str, str, str] | None:
     consumer_raw = fields[2]
     msg_raw = fields[3]
     if (not consumer_raw or not msg_raw or consumer_raw == _CONFIRM_FLAG or msg_raw == _ALL_FLAG
-            or msg_raw[-1] in _ASCII_WHITESPACE or b"\t" in line):
+            or msg_raw[-1] in _ASCII_WHITESPACE or TAB in line):
         return None
     try:
         return fields[0].decode(), consumer_raw.decode(), msg_raw.decode()
@@ -471,7 +476,7 @@ class ServerConnection:
         head = head[: min(MAX_LOGGED_LINE, self.max_line_length + 1)]
         id_raw, space, _ = head.partition(b" ")
         request_id = NO_ID
-        if space and b"\t" not in id_raw:
+        if space and TAB not in id_raw:
             with contextlib.suppress(UnicodeDecodeError):
                 request_id = id_raw.decode()
         return BadRequest(request_id, f"line longer than {self.max_line_length} bytes", head[:MAX_LOGGED_LINE])

@@ -237,7 +237,7 @@ def msg_id_of(message: Message) -> bytes:
     # space, a newline, another control character or a Unicode line break would break the line or
     # its fields, so it shows the engine id instead.
     shown = b"%016x" % message.id if msg_id is None else str(msg_id).encode()
-    if b" " in shown or not shown or (message.origin != ORIGIN and not mqks.carries_field(shown)):
+    if mqks.SPACE in shown or not shown or (message.origin != ORIGIN and not mqks.carries_field(shown)):
         shown = b"%016x" % message.id
     return shown
 
