@@ -388,8 +388,7 @@ def parse_line(line: bytes) -> Request:
 _ASCII_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
 _ACK_ACTION = b"ack"
 _ACK_PREFIX = _ACK_ACTION + b" "
-_CONFIRM_FLAG = CONFIRM_PREFIX.rstrip()
-_ALL_FLAG = ALL_FLAG.encode()
+_CONFIRM_TEXT = CONFIRM_PREFIX.rstrip().decode()
 
 
 def plain_ack(line: bytes) -> tuple[str, str, str] | None:
@@ -399,18 +398,20 @@ def plain_ack(line: bytes) -> tuple[str, str, str] | None:
     # Most lines are not acks: look at the action in place before splitting anything.
     if not line.startswith(_ACK_PREFIX, line.find(b" ") + 1):
         return None
-    fields = line.split(b" ", 3)
-    if len(fields) != 4 or fields[1] != _ACK_ACTION:
-        return None
-    consumer_raw = fields[2]
-    msg_raw = fields[3]
-    if (not consumer_raw or not msg_raw or consumer_raw == _CONFIRM_FLAG or msg_raw == _ALL_FLAG
-            or msg_raw[-1] in _ASCII_WHITESPACE or TAB in line):
+    # The msg id ends the line: trailing whitespace there is what `parse_line` would strip.
+    if line[-1] in _ASCII_WHITESPACE or TAB in line:
         return None
     try:
-        return fields[0].decode(), consumer_raw.decode(), msg_raw.decode()
+        text = line.decode()  # once for the three fields (a space never splits a UTF-8 character)
     except UnicodeDecodeError:
         return None
+    fields = text.split(" ", 3)
+    if len(fields) != 4:
+        return None
+    request_id, _, consumer_id, msg_id = fields
+    if not consumer_id or not msg_id or consumer_id == _CONFIRM_TEXT or msg_id == ALL_FLAG:
+        return None
+    return request_id, consumer_id, msg_id
 
 
 class ServerConnection:

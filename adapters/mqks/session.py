@@ -92,7 +92,7 @@ class MQKSConsumer:
 
     def take(self, msg_id: str) -> int | None:
         engine_id = self.unacked.pop(msg_id, None)
-        if engine_id is not None:
+        if engine_id is not None and self.duplicates:
             more = self.duplicates.get(msg_id)
             if more:
                 self.unacked[msg_id] = more.pop(0)
