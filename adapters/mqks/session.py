@@ -91,8 +91,12 @@ class MQKSConsumer:
             self.unacked[msg_id] = engine_id
 
     def take(self, msg_id: str) -> int | None:
-        engine_id = self.unacked.pop(msg_id, None)
-        if engine_id is not None and self.duplicates:
+        unacked = self.unacked
+        engine_id = unacked.get(msg_id)  # get and del: compiled, two dict calls; `pop` is a method call
+        if engine_id is None:
+            return None
+        del unacked[msg_id]
+        if self.duplicates:
             more = self.duplicates.get(msg_id)
             if more:
                 self.unacked[msg_id] = more.pop(0)
