@@ -506,11 +506,15 @@ class SharedQueue(Queue):
 
 
 class PublisherOrder:
-    """One client's publishes on their way to the shared engine. Topics are stored apart, and a publish
-    JetStream had no answer for is asked again later, so a later publish to another topic could be
-    stored (and delivered) first. A publish to another topic than the client's pending ones waits here
-    until they are stored: what a client published before holds once its later publish is delivered, as
-    in the embedded engine's one log (a PHPMQ publisher proves a batch handled by a marker after it)."""
+    """The publishes on their way to the shared engine of a client whose protocol acknowledges none
+    (`Client.publishes_in_order`: PHPMQ). Topics are stored apart, and a publish JetStream had no answer
+    for is asked again later, so a later publish to another topic could be stored (and delivered) first.
+    A publish to another topic than the client's pending ones waits here until they are stored: what
+    such a client published before holds once its later publish is delivered, as in the embedded
+    engine's one log (a PHPMQ publisher proves a batch handled by a marker after it). A client of a
+    protocol that can acknowledge publishes (NSQ's OK, MQKS's --confirm, a PZQ producer's ACK) gets its
+    proof there, and its publishes to many topics (MQKS events round-robin) are not held back a round
+    trip each."""
 
     __slots__ = ("held", "pending", "releasing", "topic")
 
@@ -661,7 +665,7 @@ class SharedEngine(Engine):
             return
         stored = self.barrier.issue()
         client = self._publisher
-        if client is None:
+        if client is None or not client.publishes_in_order:
             self.publish_stored(topic, messages, stored, self._drop_if_unbound)
             return
         order = self._orders.get(client)

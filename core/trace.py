@@ -66,6 +66,10 @@ class Client:
     protocol: str
     address: str = ""
     name: str = ""
+    # Its protocol acknowledges no publish, so the delivery of a later one is all the proof a client
+    # has of the earlier ones: an engine whose topics are stored apart (shared) stores its publishes
+    # in its order across topics.
+    publishes_in_order: bool = False
 
 
 @attrs.define(slots=True, eq=False)

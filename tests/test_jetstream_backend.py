@@ -268,7 +268,7 @@ async def test_a_message_over_the_servers_max_payload_is_refused_and_holds_up_no
         assert after.errors == [None]
 
 
-async def test_a_clients_publish_to_another_topic_is_delivered_only_after_its_earlier_ones_are_stored(
+async def test_a_phpmq_clients_publish_to_another_queue_is_delivered_only_after_its_earlier_ones_are_stored(
         nats_cluster: NatsCluster) -> None:
     """A PHPMQ publisher proves a batch handled by a marker it publishes after it to a queue of its own:
     the batch's topic here has no stream yet, so its publish waits for the stream while the marker's
@@ -284,7 +284,7 @@ async def test_a_clients_publish_to_another_topic_is_delivered_only_after_its_ea
         await attached(b, watched)
         _, warmed = a.publish(markers, b"the marker topic's stream known on node a")
         await warmed.wait()
-        php = Client("phpmq", "127.0.0.1:5000")
+        php = Client("phpmq", "127.0.0.1:5000", publishes_in_order=True)
         a.engine.publish(batch, b"batch", client=php)
         a.engine.storage.sync(batch_stored.done)
         a.engine.publish(markers, b"marker", client=php)

@@ -1,5 +1,6 @@
-"""A client's publishes reach the shared engine in the client's order across topics (core/shared.py):
-topics are stored apart, so a publish to another topic waits until the client's pending ones are stored.
+"""The publishes of a client whose protocol acknowledges none (PHPMQ) reach the shared engine in its
+order across topics (core/shared.py): topics are stored apart, so a publish to another topic waits
+until the client's pending ones are stored. Other clients' publishes are not held.
 
 The link here holds every publish until the test answers it, which is how the order of JetStream's
 answers is chosen; `test_jetstream_backend.py` checks the same on a real cluster."""
@@ -50,7 +51,7 @@ def _synced(engine: SharedEngine) -> list[OSError | None]:
 
 def test_a_publish_to_another_topic_waits_until_the_clients_earlier_ones_are_stored() -> None:
     engine, link = _engine()
-    php = Client("phpmq", "127.0.0.1:5000")
+    php = Client("phpmq", "127.0.0.1:5000", publishes_in_order=True)
     engine.publish_many("batch", [b"one", b"two"], client=php)
     engine.publish("batch", b"three", client=php)  # the same topic: sent at once
     engine.publish("marker", b"marker", client=php)
@@ -68,7 +69,8 @@ def test_a_publish_to_another_topic_waits_until_the_clients_earlier_ones_are_sto
 
 def test_other_clients_and_publishes_without_a_client_are_not_held() -> None:
     engine, link = _engine()
-    first, second = Client("nsq", "127.0.0.1:1"), Client("nsq", "127.0.0.1:2")
+    first = Client("phpmq", "127.0.0.1:1", publishes_in_order=True)
+    second = Client("phpmq", "127.0.0.1:2", publishes_in_order=True)
     engine.publish("a", b"first on a", client=first)
     engine.publish("b", b"first on b", client=first)
     engine.publish("b", b"second on b", client=second)
@@ -80,7 +82,7 @@ def test_other_clients_and_publishes_without_a_client_are_not_held() -> None:
 
 def test_a_failed_publish_fails_what_the_client_published_after_it_to_other_topics() -> None:
     engine, link = _engine()
-    php = Client("phpmq", "127.0.0.1:5000")
+    php = Client("phpmq", "127.0.0.1:5000", publishes_in_order=True)
     engine.publish("batch", b"lost", client=php)
     engine.publish("marker", b"marker", client=php)
     engine.publish("batch", b"after", client=php)
@@ -96,7 +98,7 @@ def test_a_failed_publish_fails_what_the_client_published_after_it_to_other_topi
 
 def test_publishes_answered_while_they_are_sent_release_the_next_topic_at_once() -> None:
     engine, link = _engine()
-    answered_at_once = Client("mqks", "127.0.0.1:7")
+    answered_at_once = Client("phpmq", "127.0.0.1:7", publishes_in_order=True)
 
     def publish_answered(topic: Any, messages: list[Message], stored: Stored, drop_if_unbound: bool) -> None:
         link.sent.append((topic.name, [message.body for message in messages], stored))
@@ -107,4 +109,13 @@ def test_publishes_answered_while_they_are_sent_release_the_next_topic_at_once()
         engine.publish(f"topic-{index % 2}", b"%d" % index, client=answered_at_once)
     assert link.order() == [b"0", b"1", b"2", b"3", b"4"]
     assert _synced(engine) == [None]
+    assert engine._orders == {}
+
+
+def test_a_client_whose_publishes_are_acknowledged_goes_round_robin_over_topics_unheld() -> None:
+    engine, link = _engine()
+    mqks = Client("mqks", "127.0.0.1:8")
+    for index in range(6):
+        engine.publish(f"event-{index % 3}", b"%d" % index, client=mqks)
+    assert link.order() == [b"%d" % index for index in range(6)]  # none answered yet, all sent
     assert engine._orders == {}

@@ -99,7 +99,8 @@ class PHPMQSession(StreamSession):
         self.server = server
         self.codec = phpmq.ServerConnection(server.limits.max_content)
         self.consumer: Consumer | None = None
-        self.client = Client(ORIGIN, self.peer)  # as traces show it
+        # As traces show it; PHPMQ answers no publish, so its publishes keep their order across queues.
+        self.client = Client(ORIGIN, self.peer, publishes_in_order=True)
         self._handlers: dict[type, Callable[[Any], None]] = {
             phpmq.Send: self._send,
             phpmq.Consume: self._consume,
