@@ -1252,10 +1252,10 @@ class Engine:
 
     # -- publishing --------------------------------------------------------------------------
 
-    def publish_refusal(self, topic_name: str, count: int = 1) -> str | None:
-        """Why a publish of `count` messages to `topic_name` must be refused now, or None: a queue bound
-        to it that the depth policy keeps full (counted in its `rejected_count`). Adapters ask before
-        publishing, beside the store's `failure`, and answer with their protocol's error."""
+    def publish_refusal(self, topic_name: str, count: int = 1, client: Client | None = None) -> str | None:
+        """Why a publish of `count` messages to `topic_name` (by `client`) must be refused now, or None: a
+        queue bound to it that the depth policy keeps full (counted in its `rejected_count`). Adapters ask
+        before publishing, beside the store's `failure`, and answer with their protocol's error."""
         limit = self.max_queue_depth
         if not limit or self.overflow != OVERFLOW_REJECT:
             return None

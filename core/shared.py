@@ -34,6 +34,10 @@ from polymq.core.trace import Client
 # of nsqd's 60 s msg_timeout, the ack wait's default).
 DEFAULT_HOLD_REFRESH_S = 30.0
 
+# The bodies a client's publishes held for its order (`PublisherOrder`) may weigh before its next publish is
+# refused: as much as the NATS link buffers for a slow writer (nats-server's default max_pending, 64 MiB).
+MAX_HELD_BYTES = 64 * 1024 * 1024
+
 # Called once the shared engine has stored a publish, with None, or with why it could not.
 Stored = Callable[[Exception | None], None]
 
@@ -516,12 +520,13 @@ class PublisherOrder:
     proof there, and its publishes to many topics (MQKS events round-robin) are not held back a round
     trip each."""
 
-    __slots__ = ("held", "pending", "releasing", "topic")
+    __slots__ = ("held", "held_bytes", "pending", "releasing", "topic")
 
     def __init__(self, topic: str) -> None:
         self.topic = topic  # the topic of the pending publishes
         self.pending = 0  # sent, not answered yet
         self.held: deque[tuple[Topic, list[Message], Stored, bool]] = deque()  # waiting, in order
+        self.held_bytes = 0  # their bodies
         self.releasing = False
 
 
@@ -648,6 +653,13 @@ class SharedEngine(Engine):
             self._drop_if_unbound = False
             self._publisher = None
 
+    def publish_refusal(self, topic_name: str, count: int = 1, client: Client | None = None) -> str | None:
+        order = self._orders.get(client) if client is not None else None
+        if order is not None and order.held_bytes > MAX_HELD_BYTES:
+            return (f"{order.held_bytes} bytes of this client's publishes wait for the shared engine to store "
+                    f"its earlier ones (the limit is {MAX_HELD_BYTES})")
+        return super().publish_refusal(topic_name, count, client)
+
     def backend(self) -> dict[str, Any]:
         return {**self.link.describe(), "node": self.node, "publishes": self.barrier.publish_count,
                 "publish_errors": self.barrier.publish_errors, "failure": self.barrier.failure}
@@ -673,6 +685,7 @@ class SharedEngine(Engine):
             order = self._orders[client] = PublisherOrder(topic.name)
         elif order.held or (order.pending and order.topic != topic.name):
             order.held.append((topic, messages, stored, self._drop_if_unbound))
+            order.held_bytes += sum(len(message.body) for message in messages)
             return
         order.topic = topic.name
         self._send_in_order(client, order, topic, messages, stored, self._drop_if_unbound)
@@ -688,6 +701,7 @@ class SharedEngine(Engine):
                 # Not stored: what the client published after it is not stored either, so none of it is
                 # delivered as if the failed publish had been.
                 held, order.held = order.held, deque()
+                order.held_bytes = 0
                 for _, _, later_stored, _ in held:
                     later_stored(error)
             if not order.releasing:
@@ -706,7 +720,9 @@ class SharedEngine(Engine):
                     return
                 order.topic = order.held[0][0].name
                 while order.held and order.held[0][0].name == order.topic:
-                    self._send_in_order(client, order, *order.held.popleft())
+                    topic, messages, stored, drop_if_unbound = order.held.popleft()
+                    order.held_bytes -= sum(len(message.body) for message in messages)
+                    self._send_in_order(client, order, topic, messages, stored, drop_if_unbound)
         finally:
             order.releasing = False
 

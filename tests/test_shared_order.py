@@ -11,7 +11,7 @@ from typing import Any
 
 from polymq.core.clock import ManualClock
 from polymq.core.message import Message
-from polymq.core.shared import SharedEngine, Stored
+from polymq.core.shared import MAX_HELD_BYTES, SharedEngine, Stored
 from polymq.core.trace import Client
 
 
@@ -119,3 +119,15 @@ def test_a_client_whose_publishes_are_acknowledged_goes_round_robin_over_topics_
         engine.publish(f"event-{index % 3}", b"%d" % index, client=mqks)
     assert link.order() == [b"%d" % index for index in range(6)]  # none answered yet, all sent
     assert engine._orders == {}
+
+
+def test_a_client_holding_more_than_the_limit_is_refused_until_its_earlier_publishes_are_stored() -> None:
+    engine, link = _engine()
+    php = Client("phpmq", "127.0.0.1:5000", publishes_in_order=True)
+    engine.publish("a", b"first", client=php)
+    engine.publish("b", b"x" * (MAX_HELD_BYTES + 1), client=php)  # held behind the first
+    refusal = engine.publish_refusal("b", client=php)
+    assert refusal is not None and str(MAX_HELD_BYTES) in refusal
+    assert engine.publish_refusal("b", client=Client("phpmq", "127.0.0.1:5001", publishes_in_order=True)) is None
+    link.answer(b"first")
+    assert engine.publish_refusal("b", client=php) is None  # sent now: nothing held

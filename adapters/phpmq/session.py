@@ -149,7 +149,7 @@ class PHPMQSession(StreamSession):
                 return
 
     def _send(self, request: phpmq.Send) -> None:
-        refusal = self.engine.storage.failure or self.engine.publish_refusal(request.queue)
+        refusal = self.engine.storage.failure or self.engine.publish_refusal(request.queue, client=self.client)
         if refusal is not None:
             # No reply exists to refuse it with: the producer sees its connection end instead.
             self.server.refusals.note(SEND_REFUSED, f"{self.peer}: send to {request.queue} refused, "
