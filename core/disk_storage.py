@@ -564,7 +564,6 @@ class OwnerLog:
         unpack = records.ADD_ENTRY.unpack_from
         entry_size = records.ADD_ENTRY.size
         base = segment << records.SEGMENT_SHIFT
-        due_after = wall + DUE_TOLERANCE_NS
         used = skip
         for number in range(entry_count):
             message_id, timestamp, attempts, expires, due, headers_len, body_len = unpack(payload, offset)
@@ -578,13 +577,9 @@ class OwnerLog:
             if bits is not None and len(bits) > index >> 3 and bits[index >> 3] & (1 << (index & 7)):
                 offset = end
                 continue
-            message = Message(message_id, bytes(payload[offset + headers_len : end]), timestamp,
-                              records.decode_headers_at(payload, offset, headers_len),  # type: ignore[arg-type]
-                              None if not expires else now + (expires - wall) / 1e9, attempts, topic, origin)
-            message.pos = base | index
-            if due and due > due_after:
-                message.due = now + (due - wall) / 1e9
-            taken.append(message)
+            taken.append(_message(message_id, bytes(payload[offset + headers_len : end]), timestamp,
+                                  records.decode_headers_at(payload, offset, headers_len), attempts, expires, due,
+                                  topic, origin, base | index, now, wall))
             self.spilled -= 1
             if len(taken) >= count or not self.spilled:
                 break
@@ -704,15 +699,14 @@ def _common_topic(messages: Sequence[Message]) -> str | None:
     return topic if all(message.topic == topic for message in messages) else None
 
 
-def _message(entry: records.StoredEntry, segment: int, now: float, wall: int) -> Message:
-    expires = None if not entry.expires_wall_ns else now + (entry.expires_wall_ns - wall) / 1e9
-    message = Message(entry.id, entry.body, entry.timestamp_ns, records.decode_headers(entry.headers),  # type: ignore[arg-type]
-                      expires, entry.attempts)
-    message.pos = (segment << records.SEGMENT_SHIFT) | entry.index
-    message.topic = entry.topic
-    message.origin = entry.origin
-    if entry.due_wall_ns and entry.due_wall_ns > wall + DUE_TOLERANCE_NS:
-        message.due = now + (entry.due_wall_ns - wall) / 1e9
+def _message(message_id: int, body: bytes, timestamp_ns: int, headers: object, attempts: int, expires_wall_ns: int,
+             due_wall_ns: int, topic: str | None, origin: str | None, pos: int, now: float, wall: int) -> Message:
+    """A copy read back from its ADD entry; wall-clock times (0: none) made times of `now`'s clock."""
+    expires = None if not expires_wall_ns else now + (expires_wall_ns - wall) / 1e9
+    message = Message(message_id, body, timestamp_ns, headers, expires, attempts, topic, origin)  # type: ignore[arg-type]
+    message.pos = pos
+    if due_wall_ns and due_wall_ns > wall + DUE_TOLERANCE_NS:
+        message.due = now + (due_wall_ns - wall) / 1e9
     return message
 
 
@@ -1287,7 +1281,9 @@ def _recover(owner: OwnerLog, clock: Clock) -> None:
                         owner.cursor = (segment, offset, entry.index - first)
                     owner.spilled += 1
                     continue
-                message = _message(entry, segment, now, wall)
+                message = _message(entry.id, entry.body, entry.timestamp_ns, records.decode_headers(entry.headers),
+                                   entry.attempts, entry.expires_wall_ns, entry.due_wall_ns, entry.topic, entry.origin,
+                                   position, now, wall)
                 (deferred if message.due is not None else ready).append(message)
                 if owner.spilled:
                     _set_bit(done, position)  # in memory already: the spilled reader passes over it

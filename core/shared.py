@@ -525,8 +525,9 @@ class PublisherOrder:
     def __init__(self, topic: str) -> None:
         self.topic = topic  # the topic of the pending publishes
         self.pending = 0  # sent, not answered yet
-        self.held: deque[tuple[Topic, list[Message], Stored, bool]] = deque()  # waiting, in order
-        self.held_bytes = 0  # their bodies
+        # Waiting, in order: (topic, messages, stored, drop_if_unbound, their bodies' bytes).
+        self.held: deque[tuple[Topic, list[Message], Stored, bool, int]] = deque()
+        self.held_bytes = 0  # the bodies of all of them
         self.releasing = False
 
 
@@ -684,8 +685,9 @@ class SharedEngine(Engine):
         if order is None:
             order = self._orders[client] = PublisherOrder(topic.name)
         elif order.held or (order.pending and order.topic != topic.name):
-            order.held.append((topic, messages, stored, self._drop_if_unbound))
-            order.held_bytes += sum(len(message.body) for message in messages)
+            size = sum(len(message.body) for message in messages)
+            order.held.append((topic, messages, stored, self._drop_if_unbound, size))
+            order.held_bytes += size
             return
         order.topic = topic.name
         self._send_in_order(client, order, topic, messages, stored, self._drop_if_unbound)
@@ -702,7 +704,7 @@ class SharedEngine(Engine):
                 # delivered as if the failed publish had been.
                 held, order.held = order.held, deque()
                 order.held_bytes = 0
-                for _, _, later_stored, _ in held:
+                for _, _, later_stored, _, _ in held:
                     later_stored(error)
             if not order.releasing:
                 self._release(client, order)
@@ -720,8 +722,8 @@ class SharedEngine(Engine):
                     return
                 order.topic = order.held[0][0].name
                 while order.held and order.held[0][0].name == order.topic:
-                    topic, messages, stored, drop_if_unbound = order.held.popleft()
-                    order.held_bytes -= sum(len(message.body) for message in messages)
+                    topic, messages, stored, drop_if_unbound, size = order.held.popleft()
+                    order.held_bytes -= size
                     self._send_in_order(client, order, topic, messages, stored, drop_if_unbound)
         finally:
             order.releasing = False

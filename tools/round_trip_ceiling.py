@@ -4,6 +4,8 @@ the gateway's transport) or on a bare edge-triggered epoll loop that keeps each 
 
 Run it and drive it with nsq's own `bench_writer --batch-size=1` (one message per round trip), then
 the same against the gateway and nsqd: what the loop alone allows, beside what the gateway does.
+It reads commands with a few lines of its own, not the gateway's codec: the codec's cost, run from
+this interpreted loop, would be counted against the loop (measured: below the gateway's own rate).
 
     .venv/bin/python tools/round_trip_ceiling.py --loop trio --port 24160 &
     bench_writer --nsqd-tcp-address=127.0.0.1:24160 --runfor=5s --size=200 --batch-size=1 --topic=t
@@ -17,8 +19,9 @@ import struct
 
 import click
 
+from polymq.codecs import nsq
+
 MAGIC = b"  V2"
-OK_FRAME = struct.pack(">ii", 6, 0) + b"OK"  # size, frame type 0 (response), "OK"
 BODY_SIZE = struct.Struct(">i")
 RECV_BYTES = 65536
 # nsqd's default --max-body-size (5 MiB): a larger body is refused, checked before it is read.
@@ -105,7 +108,7 @@ def run_epoll(listener: socket.socket) -> None:
                     del conns[fd]
                     break
                 if count:
-                    conn.send(OK_FRAME * count)  # a few bytes: the socket's buffer takes them
+                    conn.send(nsq.FRAME_OK * count)  # a few bytes: the socket's buffer takes them
                 if len(data) < RECV_BYTES:
                     break  # drained: the edge of the next bytes wakes the poll
 
@@ -135,7 +138,7 @@ async def run_trio(listener: socket.socket) -> None:
                 except Refused:
                     return
                 if count:
-                    conn.send(OK_FRAME * count)
+                    conn.send(nsq.FRAME_OK * count)
 
     async with trio.open_nursery() as nursery:
         while True:
