@@ -27,7 +27,7 @@ def test_the_mqks_replay_delivers_every_message_and_prints_its_cpu(flag: list[st
     assert re.fullmatch(rf"{kind}-ack, (compiled|pure Python): \d+\.\d\d us per message\n", out), out
 
 
-@pytest.mark.parametrize("loop", ["trio", "epoll"])
+@pytest.mark.parametrize("loop", ["trio", "epoll", "reactor", "guest"])
 def test_the_round_trip_ceiling_answers_identify_pub_and_mpub_ok_and_closes_on_anything_else(loop: str) -> None:
     port = free_port()
     server = subprocess.Popen([sys.executable, str(TOOLS / "round_trip_ceiling.py"), "--loop", loop,

@@ -1,6 +1,8 @@
 """The round-trip ceiling of an I/O loop in this interpreter: a server that answers every NSQ
 `IDENTIFY`, `PUB` and `MPUB` with `OK` and does nothing else, on trio's loop (one-shot `wait_readable` per read, as
-the gateway's transport) or on a bare edge-triggered epoll loop that keeps each socket registered.
+the gateway's transport), on a bare edge-triggered epoll loop that keeps each socket registered,
+on that epoll loop run inside trio as one task (`reactor`), or on that epoll loop hosting trio in
+guest mode (`guest`: trio runs its tasks from the host loop, the sockets never pass through it).
 
 Run it and drive it with nsq's own `bench_writer --batch-size=1` (one message per round trip), then
 the same against the gateway and nsqd: what the loop alone allows, beside what the gateway does.
@@ -13,9 +15,13 @@ this interpreted loop, would be counted against the loop (measured: below the ga
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import os
 import select
 import socket
 import struct
+from collections.abc import Callable
 
 import click
 
@@ -76,41 +82,118 @@ def _accepted(listener: socket.socket) -> socket.socket:
     return conn
 
 
+class Connections:
+    """The sockets an epoll loop serves, each registered once, edge-triggered."""
+
+    def __init__(self, poller: select.epoll) -> None:
+        self.poller = poller
+        self.open: dict[int, tuple[socket.socket, bytearray]] = {}
+
+    def add(self, conn: socket.socket) -> None:
+        self.open[conn.fileno()] = (conn, bytearray())
+        self.poller.register(conn.fileno(), select.EPOLLIN | select.EPOLLET)
+
+    def serve(self, fd: int) -> None:
+        """Read what `fd` has until a read drains it (the edge of the next bytes wakes the poll)."""
+        conn, buffer = self.open[fd]
+        while True:
+            try:
+                data = conn.recv(RECV_BYTES)
+            except BlockingIOError:
+                return
+            try:
+                if not data:
+                    raise Refused("closed")
+                buffer += data
+                count = answered(buffer)
+            except Refused:
+                self.poller.unregister(fd)
+                conn.close()
+                del self.open[fd]
+                return
+            if count:
+                conn.send(nsq.FRAME_OK * count)  # a few bytes: the socket's buffer takes them
+            if len(data) < RECV_BYTES:
+                return
+
+
 def run_epoll(listener: socket.socket) -> None:
     """Each socket registered once, edge-triggered: a read that drains it waits in the next poll."""
     poller = select.epoll()
     poller.register(listener.fileno(), select.EPOLLIN)
-    conns: dict[int, tuple[socket.socket, bytearray]] = {}
+    conns = Connections(poller)
     while True:
         for fd, _ in poller.poll():
             if fd == listener.fileno():
-                try:
-                    conn = _accepted(listener)
-                except BlockingIOError:
-                    continue
-                conns[conn.fileno()] = (conn, bytearray())
-                poller.register(conn.fileno(), select.EPOLLIN | select.EPOLLET)
-                continue
-            conn, buffer = conns[fd]
-            while True:
-                try:
-                    data = conn.recv(RECV_BYTES)
-                except BlockingIOError:
-                    break
-                try:
-                    if not data:
-                        raise Refused("closed")
-                    buffer += data
-                    count = answered(buffer)
-                except Refused:
-                    poller.unregister(fd)
-                    conn.close()
-                    del conns[fd]
-                    break
-                if count:
-                    conn.send(nsq.FRAME_OK * count)  # a few bytes: the socket's buffer takes them
-                if len(data) < RECV_BYTES:
-                    break  # drained: the edge of the next bytes wakes the poll
+                with contextlib.suppress(BlockingIOError):
+                    conns.add(_accepted(listener))
+            else:
+                conns.serve(fd)
+
+
+# How often the guest's task wakes, as the gateway's timers would (its watch runs every 0.25 s).
+GUEST_TICK_S = 0.01
+
+
+def run_guest(listener: socket.socket) -> None:
+    """The epoll loop as the host and trio as its guest (`trio.lowlevel.start_guest_run`): trio waits
+    for its own events in a thread of its own and runs its steps from this loop when they come, with
+    a task waking every `GUEST_TICK_S`; the sockets never pass through trio."""
+    import trio
+
+    poller = select.epoll()
+    poller.register(listener.fileno(), select.EPOLLIN)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    poller.register(wake_read, select.EPOLLIN)
+    steps: collections.deque[Callable[[], object]] = collections.deque()
+
+    def run_soon(step: Callable[[], object]) -> None:  # from trio's thread, or this one
+        steps.append(step)
+        with contextlib.suppress(BlockingIOError):  # a full pipe wakes the loop all the same
+            os.write(wake_write, b"!")
+
+    async def ticking() -> None:
+        while True:
+            await trio.sleep(GUEST_TICK_S)
+
+    trio.lowlevel.start_guest_run(ticking, run_sync_soon_threadsafe=run_soon, done_callback=lambda _outcome: None)
+    conns = Connections(poller)
+    while True:
+        for fd, _ in poller.poll():
+            if fd == wake_read:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_read, 4096)
+                while steps:
+                    steps.popleft()()
+            elif fd == listener.fileno():
+                with contextlib.suppress(BlockingIOError):
+                    conns.add(_accepted(listener))
+            else:
+                conns.serve(fd)
+
+
+async def run_reactor(listener: socket.socket) -> None:
+    """The epoll loop inside trio: one task waits (`wait_readable`) for an epoll of every socket,
+    edge-triggered, and serves all that are ready; a second task accepts."""
+    import trio
+
+    poller = select.epoll()
+    conns = Connections(poller)
+
+    async def accepting() -> None:
+        while True:
+            await trio.lowlevel.wait_readable(listener)
+            with contextlib.suppress(BlockingIOError):
+                conns.add(_accepted(listener))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accepting)
+        while True:
+            await trio.lowlevel.wait_readable(poller.fileno())
+            for fd, _ in poller.poll(0):
+                conns.serve(fd)
 
 
 async def run_trio(listener: socket.socket) -> None:
@@ -151,8 +234,9 @@ async def run_trio(listener: socket.socket) -> None:
 
 
 @click.command()
-@click.option("--loop", "loop_kind", type=click.Choice(["trio", "epoll"]), required=True,
-              help="trio's loop (as the gateway), or a bare edge-triggered epoll loop.")
+@click.option("--loop", "loop_kind", type=click.Choice(["trio", "epoll", "reactor", "guest"]), required=True,
+              help="trio's loop (as the gateway); a bare edge-triggered epoll loop; that epoll loop inside "
+                   "trio as one task (reactor); or that epoll loop as the host of trio in guest mode.")
 @click.option("--port", type=click.IntRange(1, 65535), default=4150, show_default=True,
               help="Port on 127.0.0.1.")
 def main(loop_kind: str, port: int) -> None:
@@ -164,6 +248,12 @@ def main(loop_kind: str, port: int) -> None:
     try:
         if loop_kind == "epoll":
             run_epoll(listener)
+        elif loop_kind == "guest":
+            run_guest(listener)
+        elif loop_kind == "reactor":
+            import trio
+
+            trio.run(run_reactor, listener)
         else:
             import trio
 
