@@ -31,7 +31,7 @@ import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import trio
 from mypy_extensions import mypyc_attr
@@ -44,17 +44,17 @@ from polymq.core.engine import Engine
 
 # How much one read asks the socket for: large enough for a batch of requests (an NSQ MPUB of
 # 200 x 200 B) in a few reads, small enough to keep one client from monopolising the loop.
-READ_SIZE = 256 * 1024
+READ_SIZE: Final = 256 * 1024
 # The reader stops reading while this much output waits for a slow client (bounded memory).
-MAX_PENDING_OUTPUT = 8 * 1024 * 1024
+MAX_PENDING_OUTPUT: Final = 8 * 1024 * 1024
 # At the end, output still queued gets this long to go out (`drain_timeout`).
-DRAIN_TIMEOUT_S = 1.0
+DRAIN_TIMEOUT_S: Final = 1.0
 # How often a service looks at its sessions' unsent output: a fraction of the shortest sane grace.
-WATCH_INTERVAL_S = 0.25
+WATCH_INTERVAL_S: Final = 0.25
 # A refused client gets this long, and this many bytes, to read its refusal and close (its first
 # request read and dropped): a second, as `DRAIN_TIMEOUT_S`; a request line or two.
-REFUSAL_LINGER_S = 1.0
-REFUSAL_READ_LIMIT = 64 * 1024
+REFUSAL_LINGER_S: Final = 1.0
+REFUSAL_READ_LIMIT: Final = 64 * 1024
 
 
 # Compiled (mypyc): the other protocols' sessions and listeners are interpreted subclasses.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 import trio
 
@@ -156,7 +157,7 @@ async def serve_tcp(
 
 # After a failed accept (EMFILE, ENFILE, ENOBUFS): how long to wait before trying again
 # (trio.serve_listeners sleeps 0.1 s in the same case).
-ACCEPT_ERROR_BACKOFF_S = 0.1
+ACCEPT_ERROR_BACKOFF_S: Final = 0.1
 
 
 def stop_listening(sock: socket.socket) -> None:

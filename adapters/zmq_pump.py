@@ -21,7 +21,7 @@ import contextlib
 import types
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import trio
 import zmq
@@ -32,17 +32,17 @@ from polymq.native import zmq_loops
 Frames = list[bytes]
 
 # Plain ints: pyzmq's enum constants cost an enum operation at every use on the hot path.
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
-_POLLOUT = int(zmq.POLLOUT)
-_SNDMORE = int(zmq.SNDMORE)
+_NOBLOCK: Final = int(zmq.NOBLOCK)
+_EVENTS: Final = int(zmq.EVENTS)
+_POLLIN: Final = int(zmq.POLLIN)
+_POLLOUT: Final = int(zmq.POLLOUT)
+_SNDMORE: Final = int(zmq.SNDMORE)
 # EVENTS saying ready while nothing moves: after this many turns, pause this long between tries.
-SPIN_TURNS = 3
-SPIN_PAUSE_S = 0.001
+SPIN_TURNS: Final = 3
+SPIN_PAUSE_S: Final = 0.001
 # Messages taken off the socket before the pump lets other tasks run (one client must not own
 # the loop) and hands them to `on_messages` as one batch.
-RECEIVE_BATCH = 1024
+RECEIVE_BATCH: Final = 1024
 
 
 def _int_option(sock: zmq.Socket[Any], option: int) -> int:

@@ -15,45 +15,46 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Final
 
 import attrs
 
-VERSION = b"eMQP/1.0"
-EMPTY = b""
+VERSION: Final = b"eMQP/1.0"
+EMPTY: Final = b""
 # Commands (matched exactly; the original lower-cases them on the backend only).
-INFORM = b"INFORM"
-ACK = b"ACK"
-READY = b"READY"
-REQUEST = b"REQUEST"
-REPLY = b"REPLY"
-HEARTBEAT = b"HEARTBEAT"
-KBYE = b"KBYE"
-KBAI = b"KBAI"  # the protocol page's name for KBYE: accepted, never sent
-DISCONNECT = b"DISCONNECT"
-SCHEDULE = b"SCHEDULE"
-UNSCHEDULE = b"UNSCHEDULE"
-PUBLISH = b"PUBLISH"
+INFORM: Final = b"INFORM"
+ACK: Final = b"ACK"
+READY: Final = b"READY"
+REQUEST: Final = b"REQUEST"
+REPLY: Final = b"REPLY"
+HEARTBEAT: Final = b"HEARTBEAT"
+KBYE: Final = b"KBYE"
+KBAI: Final = b"KBAI"  # the protocol page's name for KBYE: accepted, never sent
+DISCONNECT: Final = b"DISCONNECT"
+SCHEDULE: Final = b"SCHEDULE"
+UNSCHEDULE: Final = b"UNSCHEDULE"
+PUBLISH: Final = b"PUBLISH"
 # Admin socket commands.
-STATUS = b"STATUS"
-ROUTER_SHOW_WORKERS = b"ROUTER_SHOW_WORKERS"
-ROUTER_SHOW_SCHEDULERS = b"ROUTER_SHOW_SCHEDULERS"
-WORKER = b"worker"
-SCHEDULER = b"scheduler"
+STATUS: Final = b"STATUS"
+ROUTER_SHOW_WORKERS: Final = b"ROUTER_SHOW_WORKERS"
+ROUTER_SHOW_SCHEDULERS: Final = b"ROUTER_SHOW_SCHEDULERS"
+WORKER: Final = b"worker"
+SCHEDULER: Final = b"scheduler"
 # A jobmanager that INFORMs `''` serves this queue at this weight (the original's default).
-DEFAULT_QUEUE = b"default"
-DEFAULT_WEIGHT = 10
+DEFAULT_QUEUE: Final = b"default"
+DEFAULT_WEIGHT: Final = 10
 # Headers (one CSV frame).
-REPLY_REQUESTED = "reply-requested"
-NOHASTE = "nohaste"
-RUN_COUNT = "run_count"
-TIMEOUT = "timeout"
+REPLY_REQUESTED: Final = "reply-requested"
+NOHASTE: Final = "nohaste"
+RUN_COUNT: Final = "run_count"
+TIMEOUT: Final = "timeout"
 # What identifies a scheduled job (EventMQ's scheduler hashes these fields of the job).
-SCHEDULE_KEY_FIELDS = ("args", "kwargs", "class_args", "class_kwargs", "path", "callable")
+SCHEDULE_KEY_FIELDS: Final = ("args", "kwargs", "class_args", "class_kwargs", "path", "callable")
 # The longest queue or topic name taken. The original has no limit; polymq's names stay within
 # this in every protocol (PHPMQ's bound).
-MAX_QUEUE_NAME = 1024
+MAX_QUEUE_NAME: Final = 1024
 # What a refusal's text starts with (a REPLY the original never sends: it drops silently).
-ERROR_PREFIX = b"ERROR: "
+ERROR_PREFIX: Final = b"ERROR: "
 
 
 @attrs.define(slots=True)

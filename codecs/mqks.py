@@ -28,31 +28,31 @@ import attrs
 
 # The original reads lines with no limit (docs/protocols/mqks.md); polymq answers and skips longer lines.
 # 1 MiB is nsqd's --max-msg-size default, so a body any polymq protocol accepts by default fits.
-MAX_LINE_LENGTH = 1024 * 1024
+MAX_LINE_LENGTH: Final = 1024 * 1024
 # Length of the original's ids (`config.id_length`, docs/protocols/mqks.md).
-ID_LENGTH = 24
+ID_LENGTH: Final = 24
 # The request id the original answers a line with fewer than three fields with (docs/protocols/mqks.md).
-NO_ID = "None"
-CONFIRM_PREFIX = b"--confirm "
-WHEN_UNUSED_FLAG = "--delete-queue-when-unused"
-MANUAL_ACK_FLAG = "--manual-ack"
-ALL_FLAG = "--all"
+NO_ID: Final = "None"
+CONFIRM_PREFIX: Final = b"--confirm "
+WHEN_UNUSED_FLAG: Final = "--delete-queue-when-unused"
+MANUAL_ACK_FLAG: Final = "--manual-ack"
+ALL_FLAG: Final = "--all"
 
 # The reversible encoding of bodies an MQKS line cannot carry verbatim (docs/protocols/mqks.md): a
 # newline, a TAB or another control character, bytes that are not UTF-8, an empty body, trailing
 # whitespace (the original strips it), or a body that itself starts with this prefix.
-ENCODED_PREFIX = b"polymq:base64:"
+ENCODED_PREFIX: Final = b"polymq:base64:"
 # C0 controls and DEL, which `bytes.translate` deletes to find them (a regex search of this class, or
 # of it and the line breaks below, costs 2-10x as much), and the Unicode line breaks that
 # `str.splitlines` splits on besides them (NEL, LS, PS), in UTF-8.
-_CONTROLS = bytes(range(0x20)) + b"\x7f"
-_LINE_BREAKS = (b"\xc2\x85", b"\xe2\x80\xa8", b"\xe2\x80\xa9")
+_CONTROLS: Final = bytes(range(0x20)) + b"\x7f"
+_LINE_BREAKS: Final = (b"\xc2\x85", b"\xe2\x80\xa8", b"\xe2\x80\xa9")
 # Single bytes looked for with `in` by their value: in CPython 3.11 `b"\t" in line` first tries the
 # needle as an int and builds (then drops) a TypeError with its message every time.
 TAB: Final = ord("\t")
 SPACE: Final = ord(" ")
 
-_BASE62 = string.digits + string.ascii_letters
+_BASE62: Final = string.digits + string.ascii_letters
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,9 +162,9 @@ class BadRequest:
 Request = Publish | Consume | Rebind | Ack | Acks | Reject | DeleteConsumer | DeleteQueue | Ping | Eval | BadRequest
 
 # How much of a bad line the log shows.
-MAX_LOGGED_LINE = 512
+MAX_LOGGED_LINE: Final = 512
 
-ACTIONS = frozenset({"publish", "consume", "rebind", "ack", "reject", "delete_consumer", "delete_queue",
+ACTIONS: Final = frozenset({"publish", "consume", "rebind", "ack", "reject", "delete_consumer", "delete_queue",
                      "ping", "_eval"})
 
 
@@ -223,7 +223,7 @@ def _consume(request_id: str, data: bytes, confirm: bool) -> Consume:
 
 
 # The original looks a section up by the flag's name, so `--replace` names the default section explicitly.
-_REBIND_SECTIONS = {"--replace": 0, "--remove": 1, "--remove-mask": 2, "--add": 3}
+_REBIND_SECTIONS: Final = {"--replace": 0, "--remove": 1, "--remove-mask": 2, "--add": 3}
 
 
 def _rebind(request_id: str, data: bytes, confirm: bool) -> Rebind:
@@ -343,7 +343,7 @@ def _delete_queue(request_id: str, data: bytes, confirm: bool) -> DeleteQueue:
 
 
 # One parser per action: a dict lookup instead of a chain of comparisons on the hot path.
-_PARSERS: dict[bytes, Callable[[str, bytes, bool], Request]] = {
+_PARSERS: Final[dict[bytes, Callable[[str, bytes, bool], Request]]] = {
     b"publish": _publish,
     b"ack": _ack,
     b"consume": _consume,
@@ -385,10 +385,10 @@ def parse_line(line: bytes) -> Request:
 
 
 # What `bytes.rstrip()` strips: a line ending with one of these is not a plain ack (`plain_ack`).
-_ASCII_WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
-_ACK_ACTION = b"ack"
-_ACK_PREFIX = _ACK_ACTION + b" "
-_CONFIRM_TEXT = CONFIRM_PREFIX.rstrip().decode()
+_ASCII_WHITESPACE: Final = frozenset(b" \t\n\r\x0b\x0c")
+_ACK_ACTION: Final = b"ack"
+_ACK_PREFIX: Final = _ACK_ACTION + b" "
+_CONFIRM_TEXT: Final = CONFIRM_PREFIX.rstrip().decode()
 
 
 def plain_ack(line: bytes) -> tuple[str, str, str] | None:

@@ -17,53 +17,53 @@ import re
 import struct
 import sys
 from array import array
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
-MAGIC_V2 = b"  V2"
+MAGIC_V2: Final = b"  V2"
 
-FRAME_TYPE_RESPONSE = 0
-FRAME_TYPE_ERROR = 1
-FRAME_TYPE_MESSAGE = 2
+FRAME_TYPE_RESPONSE: Final = 0
+FRAME_TYPE_ERROR: Final = 1
+FRAME_TYPE_MESSAGE: Final = 2
 
-MSG_ID_LENGTH = 16
-_HEX_DIGITS = b"0123456789abcdef"
+MSG_ID_LENGTH: Final = 16
+_HEX_DIGITS: Final = b"0123456789abcdef"
 # `FIN <id>\n`: a consumer's FINs come in runs of such lines, parsed as one event (`Fins`).
-FIN_LINE_LENGTH = 4 + MSG_ID_LENGTH + 1
+FIN_LINE_LENGTH: Final = 4 + MSG_ID_LENGTH + 1
 # What a run of FIN lines holds besides its ids' characters, which are ASCII letters and digits.
-_FIN_LINE_BYTES = b"FIN \n"
-_FIN_RUN_BYTES = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ \n"
-_BIG_ENDIAN_HOST = sys.byteorder == "big"
+_FIN_LINE_BYTES: Final = b"FIN \n"
+_FIN_RUN_BYTES: Final = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ \n"
+_BIG_ENDIAN_HOST: Final = sys.byteorder == "big"
 # Message frame data: int64 ns timestamp, uint16 attempts, 16-byte id, then the body.
-MESSAGE_HEADER = struct.Struct(">iiqH")  # frame size, frame type, timestamp, attempts
+MESSAGE_HEADER: Final = struct.Struct(">iiqH")  # frame size, frame type, timestamp, attempts
 # The same with the id's 16 hex digits: a delivery's header in one allocation.
-MESSAGE_HEADER_WITH_ID = struct.Struct(f">iiqH{MSG_ID_LENGTH}s")
+MESSAGE_HEADER_WITH_ID: Final = struct.Struct(f">iiqH{MSG_ID_LENGTH}s")
 # Engine ids are 64-bit (core/ids.py): 8 bytes, shown as 16 hex digits.
-ID_BYTES = 8
-MESSAGE_OVERHEAD = 8 + 2 + MSG_ID_LENGTH  # bytes of message data before the body
+ID_BYTES: Final = 8
+MESSAGE_OVERHEAD: Final = 8 + 2 + MSG_ID_LENGTH  # bytes of message data before the body
 
-OK = b"OK"
-CLOSE_WAIT = b"CLOSE_WAIT"
-HEARTBEAT = b"_heartbeat_"
+OK: Final = b"OK"
+CLOSE_WAIT: Final = b"CLOSE_WAIT"
+HEARTBEAT: Final = b"_heartbeat_"
 
 # nsqd reads commands through a 16 KiB bufio.Reader; a longer line ends the connection
 # with no error frame (docs/protocols/nsq.md).
-MAX_LINE_LENGTH = 16 * 1024
+MAX_LINE_LENGTH: Final = 16 * 1024
 
 # Name rule of nsqd internal/protocol/names.go, with the 64-byte limit of v1.3.0 (docs/protocols/nsq.md).
-MAX_NAME_LENGTH = 64
-EPHEMERAL_SUFFIX = "#ephemeral"
+MAX_NAME_LENGTH: Final = 64
+EPHEMERAL_SUFFIX: Final = "#ephemeral"
 # `\Z`, not `$`: Python's `$` also matches before a trailing newline, Go's does not.
-_NAME_RE = re.compile(rb"^[.a-zA-Z0-9_-]+(#ephemeral)?\Z")
+_NAME_RE: Final = re.compile(rb"^[.a-zA-Z0-9_-]+(#ephemeral)?\Z")
 
-_SIZE = struct.Struct(">i")
+_SIZE: Final = struct.Struct(">i")
 
 
 # Names already found valid: a publisher repeats the same few topics, so most checks are one
 # set lookup instead of a regex. Bounded; cleared when full.
 _KNOWN_VALID_NAMES: set[bytes] = set()
-_KNOWN_VALID_NAMES_MAX = 10_000
+_KNOWN_VALID_NAMES_MAX: Final = 10_000
 
 
 def is_valid_name(name: bytes) -> bool:
@@ -245,13 +245,13 @@ class _NeedData:
         return "NEED_DATA"
 
 
-NEED_DATA = _NeedData()
+NEED_DATA: Final = _NeedData()
 
 Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Fins | Req | Touch | Cls | Nop
 Event = Command | ProtocolError | CloseSilently | _NeedData
 
 # The only error codes after which nsqd keeps the connection (docs/protocols/nsq.md).
-NON_FATAL_CODES = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+NON_FATAL_CODES: Final = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 
 
 def fatal(code: str, text: str | bytes) -> ProtocolError:
@@ -314,9 +314,9 @@ def frame_error(error: ProtocolError) -> bytes:
     return frame(FRAME_TYPE_ERROR, error.frame_text)
 
 
-FRAME_OK = frame_response(OK)
-FRAME_HEARTBEAT = frame_response(HEARTBEAT)
-FRAME_CLOSE_WAIT = frame_response(CLOSE_WAIT)
+FRAME_OK: Final = frame_response(OK)
+FRAME_HEARTBEAT: Final = frame_response(HEARTBEAT)
+FRAME_CLOSE_WAIT: Final = frame_response(CLOSE_WAIT)
 
 
 def frame_message_header(timestamp_ns: int, attempts: int, msg_id: bytes, body_len: int) -> bytes:
@@ -847,8 +847,8 @@ def negotiate_identify(data: dict[str, Any], limits: ServerLimits) -> Identify |
 
 # IDENTIFY keys with their Go types in nsqd's identifyDataV2: a mismatch (or an int overflow) makes
 # json.Unmarshal fail, so nsqd answers "failed to decode JSON body"; null is accepted.
-_IDENTIFY_STRINGS = frozenset({"client_id", "hostname", "user_agent"})
-_IDENTIFY_FLAGS = frozenset({"feature_negotiation", "tls_v1", "deflate", "snappy"})
+_IDENTIFY_STRINGS: Final = frozenset({"client_id", "hostname", "user_agent"})
+_IDENTIFY_FLAGS: Final = frozenset({"feature_negotiation", "tls_v1", "deflate", "snappy"})
 _IDENTIFY_INT_BITS = {"heartbeat_interval": 64, "output_buffer_size": 64, "output_buffer_timeout": 64,
                       "deflate_level": 64, "msg_timeout": 64, "sample_rate": 32}
 

@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Final
 
 import attrs
 
@@ -134,12 +135,12 @@ def _fsync_dir(directory: Path) -> None:
 # instead of 0.16-0.18 ms when appended); one sync in about 250 of 250-byte records pays the
 # metadata. Small, because each durable queue's active segment carries its own zeros. Recovery and
 # shutdown cut the zeros off again.
-PREZERO_BYTES = 64 * 1024
+PREZERO_BYTES: Final = 64 * 1024
 # Only writes smaller than this extend the zeros: large batches (MPUB) would write every byte
 # twice for a gain that small records alone see.
-PREZERO_MAX_WRITE = 16 * 1024
-PREZERO_SUFFIX = ".seg"
-_ZEROS = bytes(PREZERO_BYTES)
+PREZERO_MAX_WRITE: Final = 16 * 1024
+PREZERO_SUFFIX: Final = ".seg"
+_ZEROS: Final = bytes(PREZERO_BYTES)
 
 
 class FileWriter:

@@ -33,7 +33,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -49,26 +49,26 @@ log = logging.getLogger("polymq.storage")
 # nsqd rolls its diskqueue files at 100 MiB (--max-bytes-per-file); smaller segments are freed sooner.
 SEGMENT_BYTES = 64 * 1024 * 1024
 # Bytes of an ADD record besides its entries: framing and the ADD head.
-_ADD_OVERHEAD = records.HEADER.size + records.ADD_HEAD.size
+_ADD_OVERHEAD: Final = records.HEADER.size + records.ADD_HEAD.size
 # Bytes read per `pread` when reading spilled messages back (nsqd reads through a 4 KiB bufio; bigger
 # reads mean fewer system calls per message).
-READ_CHUNK = 256 * 1024
+READ_CHUNK: Final = 256 * 1024
 # Ids reserved ahead in the meta journal, so no id is reused after a restart without a journal write
 # per publish.
-ID_RESERVE = 1 << 20
+ID_RESERVE: Final = 1 << 20
 # Messages per queue (and topic backlog) kept as objects; the rest live on disk only (nsqd's --mem-queue-size).
-MEM_QUEUE_SIZE = 10_000
+MEM_QUEUE_SIZE: Final = 10_000
 # A due time within this of now counts as reached: float seconds ↔ integer ns conversions round by a few ns.
-DUE_TOLERANCE_NS = 1_000
+DUE_TOLERANCE_NS: Final = 1_000
 # Under `--fsync=always`, records no acknowledgement waits for (a consumer's finishes, delivery
 # attempts, metadata) are fdatasynced at most this long after their write, with the next sync
 # that a publish asks for or on their own: syncing each read of FINs cost a quarter of durable
 # consume (docs/performance.md). A power loss in between brings such messages back (at least once).
-UNAWAITED_SYNC_S = 0.05
-META_FILE = "meta.log"
+UNAWAITED_SYNC_S: Final = 0.05
+META_FILE: Final = "meta.log"
 # Kinds of records kept by key in the meta journal (`kept_saved`): schedules, publish de-duplication.
-KEPT_KINDS = ("schedule", "dedup")
-LOCK_FILE = "LOCK"
+KEPT_KINDS: Final = ("schedule", "dedup")
+LOCK_FILE: Final = "LOCK"
 
 
 @attrs.frozen(slots=True)

@@ -20,7 +20,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from polymq.core.clock import Clock, SystemClock
 from polymq.core.dedup import KEPT_DEDUP, Dedup
@@ -56,40 +56,40 @@ def _accept_all(message: Message) -> bool:
 
 # A queue's dead letters go to the topic `<queue>` + this, unless its DEAD_LETTER_TOPIC_OPTION names
 # another (docs/architecture.md).
-DEAD_LETTER_SUFFIX = ".dead"
+DEAD_LETTER_SUFFIX: Final = ".dead"
 # Queue option: the topic its dead letters go to, for an adapter whose protocol names them otherwise.
-DEAD_LETTER_TOPIC_OPTION = "dead_letter_topic"
+DEAD_LETTER_TOPIC_OPTION: Final = "dead_letter_topic"
 # Where the store's record of a queue keeps `Queue.owner_topic` (beside its options, as "auto_delete").
-OWNER_RECORD_KEY = "owner_topic"
+OWNER_RECORD_KEY: Final = "owner_topic"
 # Headers a dead letter carries besides its own: where it came from and why.
-DEAD_LETTER_QUEUE_HEADER = "dead_letter_queue"
-DEAD_LETTER_REASON_HEADER = "dead_letter_reason"
+DEAD_LETTER_QUEUE_HEADER: Final = "dead_letter_queue"
+DEAD_LETTER_REASON_HEADER: Final = "dead_letter_reason"
 # Queue option: deliveries after which a message that comes back again is dead-lettered (0 = never).
-MAX_ATTEMPTS_OPTION = "max_attempts"
+MAX_ATTEMPTS_OPTION: Final = "max_attempts"
 # Queue options of a stream (core/streams.py): a queue read by position instead of by consumers,
 # and the position below which its reader has committed everything.
-STREAM_OPTION = "stream"
-STREAM_COMMITTED_OPTION = "stream_committed"
+STREAM_OPTION: Final = "stream"
+STREAM_COMMITTED_OPTION: Final = "stream_committed"
 # Queue option: auto-delete the queue only when it is empty (nothing ready, on disk, deferred or
 # in flight), and its own topic with it when nothing else is bound to that or waits in it (PHPMQ's
 # queues: the original keeps no empty queue).
-AUTO_DELETE_EMPTY_OPTION = "auto_delete_empty"
+AUTO_DELETE_EMPTY_OPTION: Final = "auto_delete_empty"
 # Queue option: the origin its maker gave (`ensure_queue`), kept for the operators' view; topics
 # keep theirs as `Topic.made_by`.
-MADE_BY_OPTION = "made_by"
+MADE_BY_OPTION: Final = "made_by"
 
 
 # What a queue past the engine's `max_queue_depth` does with a publish (`Engine.overflow`): refuse it
 # (`Engine.publish_refusal` says why; the adapter answers with its protocol's error), or take it and
 # drop the queue's oldest ready copies down to the maximum.
-OVERFLOW_REJECT = "reject"
-OVERFLOW_DROP_OLDEST = "drop-oldest"
+OVERFLOW_REJECT: Final = "reject"
+OVERFLOW_DROP_OLDEST: Final = "drop-oldest"
 
 # Spilled copies read back from disk at a time when a queue's memory runs dry.
-REFILL_BATCH = 1024
+REFILL_BATCH: Final = 1024
 # Spilled backlog copies passed on to the bound queues per timer turn (the rest wait a turn, so
 # a big backlog never stalls the loop).
-PUMP_BATCH = 1024
+PUMP_BATCH: Final = 1024
 
 
 class CreditPool:

@@ -8,16 +8,18 @@ id and the source resumes above it (`advance_past`).
 
 from __future__ import annotations
 
-ID_BITS = 64
-_MASK = (1 << ID_BITS) - 1
-_COUNTER_BITS = 20
+from typing import Final
+
+ID_BITS: Final = 64
+_MASK: Final = (1 << ID_BITS) - 1
+_COUNTER_BITS: Final = 20
 
 
 # Ids of an engine shared by several nodes (core/shared.py): the node's number in the top bits, so
 # two nodes never make the same id; below them the milliseconds and a counter as above, narrower.
-NODE_BITS = 12
-_NODE_SHIFT = ID_BITS - NODE_BITS
-_NODE_COUNTER_BITS = 11  # 2,048 ids a millisecond on average before the counter runs into the clock's bits
+NODE_BITS: Final = 12
+_NODE_SHIFT: Final = ID_BITS - NODE_BITS
+_NODE_COUNTER_BITS: Final = 11  # 2,048 ids a millisecond on average before the counter runs into the clock's bits
 
 
 class IdSource:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from polymq.core.engine import Consumer
 
 # The header that carries a publisher's own id for a message (an MQKS `msg_id`, a Spark row's id):
 # protocols that show a publisher's id show this one.
-PUBLISHER_ID_HEADER = "msg_id"
+PUBLISHER_ID_HEADER: Final = "msg_id"
 
 
 class Message:

@@ -18,42 +18,43 @@ import zlib
 from array import array
 from collections.abc import Iterator, Sequence
 from json.encoder import encode_basestring_ascii as _quote
+from typing import Final
 
 import attrs
 
-MAGIC = 0xA7
-HEADER = struct.Struct("<BBII")  # magic, type, payload length, crc32
+MAGIC: Final = 0xA7
+HEADER: Final = struct.Struct("<BBII")  # magic, type, payload length, crc32
 # The largest payload a reader accepts: the biggest MPUB nsqd allows (5 MiB body) plus per-message
 # headers; anything larger in a length field is damage, not data.
-MAX_PAYLOAD = 64 * 1024 * 1024
+MAX_PAYLOAD: Final = 64 * 1024 * 1024
 
 # Record types.
-ADD = 1  # message copies appended to an owner (queue or topic backlog)
-DONE = 2  # copies gone: finished, expired, dropped
-STATE = 3  # copies delivered or returned: (position, attempts, due wall ns) triples, the last one counts
-META = 4  # a metadata change (JSON), in the meta journal
+ADD: Final = 1  # message copies appended to an owner (queue or topic backlog)
+DONE: Final = 2  # copies gone: finished, expired, dropped
+STATE: Final = 3  # copies delivered or returned: (position, attempts, due wall ns) triples, the last one counts
+META: Final = 4  # a metadata change (JSON), in the meta journal
 
-ADD_HEAD = struct.Struct("<IIB")  # first index, count, flags
-ADD_HAS_DEFERRED = 1  # some message of the record has a due time
+ADD_HEAD: Final = struct.Struct("<IIB")  # first index, count, flags
+ADD_HAS_DEFERRED: Final = 1  # some message of the record has a due time
 # Every message of the record was published to one topic, named after the head (`u16 length, UTF-8`):
 # a queue bound to several topics (an MQKS queue of several events) shows each message's own.
-ADD_HAS_TOPIC = 4
-TOPIC_LENGTH = struct.Struct("<H")
-MAX_TOPIC_BYTES = 0xFFFF
+ADD_HAS_TOPIC: Final = 4
+TOPIC_LENGTH: Final = struct.Struct("<H")
+MAX_TOPIC_BYTES: Final = 0xFFFF
 # Every message of the record came in by one protocol (its origin, `u8 length, ASCII`), after the topic.
-ADD_HAS_ORIGIN = 8
-ORIGIN_LENGTH = struct.Struct("<B")
-MAX_ORIGIN_BYTES = 0xFF
+ADD_HAS_ORIGIN: Final = 8
+ORIGIN_LENGTH: Final = struct.Struct("<B")
+MAX_ORIGIN_BYTES: Final = 0xFF
 # A run: consecutive ids, one timestamp, no attempts, headers, TTL or due time (an MPUB batch). Its
 # payload after the head is `first id u64, timestamp u64, body lengths u32 x count, bodies`, so it is
 # written and read without per-message Python work.
-ADD_RUN = 2
-RUN_HEAD = struct.Struct("<QQ")
+ADD_RUN: Final = 2
+RUN_HEAD: Final = struct.Struct("<QQ")
 # id, timestamp ns, attempts, expires (wall ns, 0 = never), due (wall ns, 0 = now), headers len, body len
-ADD_ENTRY = struct.Struct("<QQHqqII")
+ADD_ENTRY: Final = struct.Struct("<QQHqqII")
 
-SEGMENT_SHIFT = 32
-INDEX_MASK = (1 << SEGMENT_SHIFT) - 1
+SEGMENT_SHIFT: Final = 32
+INDEX_MASK: Final = (1 << SEGMENT_SHIFT) - 1
 
 
 def frame(record_type: int, payload: bytes | bytearray | memoryview) -> bytes:
@@ -287,7 +288,7 @@ def decode_meta(payload: memoryview) -> dict:
     return json.loads(bytes(payload))
 
 
-_HEADERS_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_HEADERS_ENCODER: Final = json.JSONEncoder(separators=(",", ":"))
 
 
 def encode_headers(headers: object) -> bytes:
@@ -306,7 +307,7 @@ def encode_headers(headers: object) -> bytes:
     return _HEADERS_ENCODER.encode(headers).encode()
 
 
-_HEADERS_DECODER = json.JSONDecoder()
+_HEADERS_DECODER: Final = json.JSONDecoder()
 
 
 def decode_headers(data: bytes) -> object:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from polymq.core.clock import Clock
 from polymq.core.engine import Consumer, Engine, Outcome, Queue, Topic
@@ -32,11 +32,11 @@ from polymq.core.trace import Client
 
 # Copies a node holds for credit are reported worked on this often unless the link says otherwise (half
 # of nsqd's 60 s msg_timeout, the ack wait's default).
-DEFAULT_HOLD_REFRESH_S = 30.0
+DEFAULT_HOLD_REFRESH_S: Final = 30.0
 
 # The bodies a client's publishes held for its order (`PublisherOrder`) may weigh before its next publish is
 # refused: as much as the NATS link buffers for a slow writer (nats-server's default max_pending, 64 MiB).
-MAX_HELD_BYTES = 64 * 1024 * 1024
+MAX_HELD_BYTES: Final = 64 * 1024 * 1024
 
 # Called once the shared engine has stored a publish, with None, or with why it could not.
 Stored = Callable[[Exception | None], None]

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -54,41 +54,41 @@ from polymq.core.trace import Client
 
 # Requests answered "dispatched" on shared queues whose worker is still to be counted (STATUS's
 # processed_messages_by_worker); past it the oldest are forgotten: another node's worker took them.
-DISPATCHED_KEPT = 10_000
+DISPATCHED_KEPT: Final = 10_000
 
 log = logging.getLogger("polymq.emqp")
 
 # The original's defaults (eventmq/conf.py).
-HEARTBEAT_INTERVAL_S = 3.0  # HEARTBEAT_INTERVAL: the broker heartbeats every worker and scheduler
-HEARTBEAT_TIMEOUT_S = 5.0  # HEARTBEAT_TIMEOUT: a peer silent this long is gone
+HEARTBEAT_INTERVAL_S: Final = 3.0  # HEARTBEAT_INTERVAL: the broker heartbeats every worker and scheduler
+HEARTBEAT_TIMEOUT_S: Final = 5.0  # HEARTBEAT_TIMEOUT: a peer silent this long is gone
 # The original looks for silent peers every 10 s (gone 5 to 15 s after their last word); polymq
 # looks every second, or more often with a shorter timeout.
-SWEEP_INTERVAL_S = 1.0
+SWEEP_INTERVAL_S: Final = 1.0
 # The largest message (all its frames) taken; libzmq drops a larger one as it arrives. The
 # original has no bound.
-DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
+DEFAULT_MAX_MESSAGE: Final = 16 * 1024 * 1024
 # Deliveries after which a job whose worker went (again) is moved to `<queue>.dead` instead of
 # being handed out once more: a job that kills its jobmanager (a malformed one makes it reconnect)
 # must not go round forever. The original never hands a job out twice.
-DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_MAX_ATTEMPTS: Final = 5
 # The jobmanager's CONCURRENT_JOBS default: the worker processes, each sending one READY as it
 # starts, that a worker's READYs are first taken to be (they end no job).
-DEFAULT_WORKER_PROCESSES = 4
+DEFAULT_WORKER_PROCESSES: Final = 4
 # The PHPMQ unit's default: a minute for a worker to come back before its empty queue goes.
-FORGET_EMPTY_AFTER_S = 60.0
+FORGET_EMPTY_AFTER_S: Final = 60.0
 # Admin commands are a word and a msgid.
-ADMIN_MAX_MESSAGE = 64 * 1024
+ADMIN_MAX_MESSAGE: Final = 64 * 1024
 # Where a message's eMQP fields travel in the engine (any protocol's consumer sees them as headers).
-ORIGIN = "emqp"  # the protocol the engine keeps with what comes in here
-MSGID_HEADER = "emqp-msgid"
-HEADERS_HEADER = "emqp-headers"
+ORIGIN: Final = "emqp"  # the protocol the engine keeps with what comes in here
+MSGID_HEADER: Final = "emqp-msgid"
+HEADERS_HEADER: Final = "emqp-headers"
 # Every refusal is a REPLY whose body starts `ERROR: `: the one error code the metrics count.
-ERROR_CODE = "ERROR"
-_REPLY_REQUESTED = emqp.REPLY_REQUESTED.encode()
+ERROR_CODE: Final = "ERROR"
+_REPLY_REQUESTED: Final = emqp.REPLY_REQUESTED.encode()
 # The engine schedules eMQP keeps: this prefix, then the job identity.
-SCHEDULE_KEY_PREFIX = "emqp:"
+SCHEDULE_KEY_PREFIX: Final = "emqp:"
 # The admin command emq-cli sends on connecting, expecting no answer.
-HELLO = b"HELLO"
+HELLO: Final = b"HELLO"
 
 
 @attrs.frozen
@@ -122,7 +122,7 @@ def _text(raw: bytes) -> str:
 
 # The broker's own msgids: uuid text, unique without a uuid4 (os.urandom) per message: a random
 # prefix for this run, the last group counted.
-_MSGID_PREFIX = str(uuid.uuid4())[:24].encode()
+_MSGID_PREFIX: Final = str(uuid.uuid4())[:24].encode()
 _msgid_numbers = itertools.count(1)
 
 

@@ -29,7 +29,7 @@ import datetime
 import logging
 import random
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -45,10 +45,10 @@ log = logging.getLogger("polymq.mqks")
 
 # The header of an MQKS publish: the publisher's own id, shown to consumers. (The event is the
 # message's topic, which the engine and the store keep.)
-ORIGIN = "mqks"  # the protocol the engine keeps with what comes in here
-MSG_ID_HEADER = PUBLISHER_ID_HEADER
+ORIGIN: Final = "mqks"  # the protocol the engine keeps with what comes in here
+MSG_ID_HEADER: Final = PUBLISHER_ID_HEADER
 # Option key under which a queue keeps its --delete-queue-when-unused as given (True or seconds).
-WHEN_UNUSED_OPTION = "mqks_delete_when_unused"
+WHEN_UNUSED_OPTION: Final = "mqks_delete_when_unused"
 
 
 @attrs.frozen
@@ -258,9 +258,9 @@ def _msg_id_and_event(message: Message, queue: Queue) -> tuple[bytes, bytes]:
 
 
 # The one error an MQKS client is told (`{id} error {error id}`), as the metrics count it.
-ERROR_CODE = "error"
+ERROR_CODE: Final = "error"
 # The request id of an error line that answers no request (the original's, for a line with no id).
-NO_REQUEST_ID = "None"
+NO_REQUEST_ID: Final = "None"
 
 
 class MQKSSession(StreamSession):

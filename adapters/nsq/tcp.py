@@ -25,7 +25,7 @@ import time
 import urllib.parse
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, NoReturn, cast
+from typing import Any, ClassVar, Final, NoReturn, cast
 
 import attrs
 import h11
@@ -45,7 +45,7 @@ from polymq.core.engine import DEAD_LETTER_SUFFIX, DEAD_LETTER_TOPIC_OPTION, Con
 from polymq.core.timers import Timer
 from polymq.core.trace import Client
 
-ORIGIN = "nsq"  # the protocol the engine keeps with what comes in here
+ORIGIN: Final = "nsq"  # the protocol the engine keeps with what comes in here
 
 
 def shown_id(message: Message) -> str:
@@ -55,20 +55,20 @@ def shown_id(message: Message) -> str:
 log = logging.getLogger("polymq.nsq")
 
 # Bound on an auth server's reply body (nsqd reads it whole; a reply is a few hundred bytes).
-MAX_AUTH_REPLY = 1024 * 1024
+MAX_AUTH_REPLY: Final = 1024 * 1024
 # nsqd's auth HTTP client timeouts (--http-client-connect-timeout 2 s, request timeout 5 s).
-AUTH_TIMEOUT_S = 5.0
+AUTH_TIMEOUT_S: Final = 5.0
 # nsqd client states as /stats reports them (docs/protocols/nsq.md).
 STATE_INIT, STATE_SUBSCRIBED, STATE_CLOSING = 0, 3, 4
 # Deadline checks run on heartbeat ticks; allow for the timer firing a hair early or late.
-TICK_TOLERANCE_S = 0.005
-READ_TIMEOUT_REASON = "client timed out: no data for two heartbeat intervals"
+TICK_TOLERANCE_S: Final = 0.005
+READ_TIMEOUT_REASON: Final = "client timed out: no data for two heartbeat intervals"
 # A TLS handshake gets at least this long (or one heartbeat interval, if longer).
-TLS_HANDSHAKE_TIMEOUT_S = 5.0
+TLS_HANDSHAKE_TIMEOUT_S: Final = 5.0
 # The fatal errors of polymq's own limits (nsqd has neither): a client past --nsq-max-connections, and
 # one that leaves its output unread past --max-client-output.
-TOO_MANY_CONNECTIONS = "E_TOO_MANY_CONNECTIONS"
-SLOW_CLIENT = "E_SLOW_CLIENT"
+TOO_MANY_CONNECTIONS: Final = "E_TOO_MANY_CONNECTIONS"
+SLOW_CLIENT: Final = "E_SLOW_CLIENT"
 # What a failed FIN, REQ or TOUCH says after `<id> failed ` (nsqd's channel.go errors).
 ACK_FAILED_TEXT: dict[Outcome, bytes] = {
     Outcome.NOT_IN_FLIGHT: b"ID not in flight",
