@@ -62,7 +62,7 @@ _SIZE: Final = struct.Struct(">i")
 
 # Names already found valid: a publisher repeats the same few topics, so most checks are one
 # set lookup instead of a regex. Bounded; cleared when full.
-_KNOWN_VALID_NAMES: set[bytes] = set()
+_KNOWN_VALID_NAMES: Final[set[bytes]] = set()
 _KNOWN_VALID_NAMES_MAX: Final = 10_000
 
 
@@ -849,7 +849,7 @@ def negotiate_identify(data: dict[str, Any], limits: ServerLimits) -> Identify |
 # json.Unmarshal fail, so nsqd answers "failed to decode JSON body"; null is accepted.
 _IDENTIFY_STRINGS: Final = frozenset({"client_id", "hostname", "user_agent"})
 _IDENTIFY_FLAGS: Final = frozenset({"feature_negotiation", "tls_v1", "deflate", "snappy"})
-_IDENTIFY_INT_BITS = {"heartbeat_interval": 64, "output_buffer_size": 64, "output_buffer_timeout": 64,
+_IDENTIFY_INT_BITS: Final = {"heartbeat_interval": 64, "output_buffer_size": 64, "output_buffer_timeout": 64,
                       "deflate_level": 64, "msg_timeout": 64, "sample_rate": 32}
 
 
@@ -871,7 +871,7 @@ def _identify_types_ok(data: dict[str, Any]) -> bool:
     return True
 
 
-_LINE_COMMANDS = {
+_LINE_COMMANDS: Final = {
     b"NOP": ServerConnection._nop,
     b"RDY": ServerConnection._rdy,
     b"FIN": ServerConnection._fin,
@@ -881,7 +881,7 @@ _LINE_COMMANDS = {
     b"CLS": ServerConnection._cls,
 }
 
-_BODY_COMMANDS = {
+_BODY_COMMANDS: Final = {
     b"PUB": (ServerConnection._pub_line, ServerConnection._pub_size, ServerConnection._pub_body),
     b"MPUB": (ServerConnection._mpub_line, ServerConnection._mpub_size, ServerConnection._mpub_body),
     b"DPUB": (ServerConnection._dpub_line, ServerConnection._dpub_size, ServerConnection._dpub_body),

@@ -7,12 +7,14 @@ sources (POLYMQ_PURE_PYTHON=1).
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,10 +63,7 @@ def test_without_the_switch_the_compiled_modules_load() -> None:
 
 def test_the_compiled_folders_are_those_of_the_hot_modules() -> None:
     # polymq/__init__.py cannot import tools/: the two lists are kept alike by this test.
-    spec = importlib.util.spec_from_file_location("mypyc_build", BUILD)
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    build = _build_tool()
     assert build.compiled_folders() == polymq._COMPILED_FOLDERS
     # The hand-written C modules live in folders of their own: a `.so` without a `.py` beside it in
     # a compiled folder would make every compiled module stale.
@@ -85,3 +84,35 @@ def test_a_source_newer_than_its_compiled_module_is_stale(tmp_path: Path) -> Non
     assert polymq._stale([library])
     source.unlink()
     assert polymq._stale([library])
+
+
+# Module-level names a test sets to another value (a store that rolls its segments every few records).
+SET_BY_TESTS = {("core/disk_storage.py", "SEGMENT_BYTES")}
+
+
+def test_the_compiled_modules_constants_are_final() -> None:
+    """A constant of a compiled module that is not `Final` costs a module-dict lookup at every use
+    (docs/performance.md, "The compiled hot modules")."""
+    build = _build_tool()
+    plain = []
+    for module in build.HOT_MODULES:
+        for node in ast.parse((build.PACKAGE / module).read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+            elif isinstance(node, ast.AnnAssign) and "Final" not in ast.unparse(node.annotation):
+                target = node.target
+            else:
+                continue
+            name = target.id if isinstance(target, ast.Name) else ""
+            if name.lstrip("_").isupper() and (module, name) not in SET_BY_TESTS:
+                plain.append(f"{module}: {name}")
+    assert plain == []
+
+
+def _build_tool() -> Any:
+    """tools/mypyc_build.py as a module (tools/ is no package)."""
+    spec = importlib.util.spec_from_file_location("mypyc_build", BUILD)
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    return build

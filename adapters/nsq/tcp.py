@@ -70,7 +70,7 @@ TLS_HANDSHAKE_TIMEOUT_S: Final = 5.0
 TOO_MANY_CONNECTIONS: Final = "E_TOO_MANY_CONNECTIONS"
 SLOW_CLIENT: Final = "E_SLOW_CLIENT"
 # What a failed FIN, REQ or TOUCH says after `<id> failed ` (nsqd's channel.go errors).
-ACK_FAILED_TEXT: dict[Outcome, bytes] = {
+ACK_FAILED_TEXT: Final[dict[Outcome, bytes]] = {
     Outcome.NOT_IN_FLIGHT: b"ID not in flight",
     Outcome.NOT_OWNED: b"client does not own message",
 }
