@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Final, Protocol
+
+# Bound once: compiled, a call through the `time` module looks the function up every time.
+_MONOTONIC: Final = time.monotonic
+_TIME_NS: Final = time.time_ns
 
 
 class Clock(Protocol):
@@ -18,10 +22,10 @@ class Clock(Protocol):
 
 class SystemClock:
     def now(self) -> float:
-        return time.monotonic()
+        return _MONOTONIC()
 
     def wall_ns(self) -> int:
-        return time.time_ns()
+        return _TIME_NS()
 
 
 class ManualClock:

@@ -1295,11 +1295,11 @@ class Engine:
                 return message_id
             if topic is None:
                 topic = self.ensure_topic(topic_name, origin=origin)
-        now = self.clock.now()
+        # The monotonic clock only for a TTL or a delay: most publishes have neither.
         message = Message(message_id, body, self.clock.wall_ns(), headers,
-                          None if ttl is None else now + ttl, 0, topic_name, origin)
+                          None if ttl is None else self.clock.now() + ttl, 0, topic_name, origin)
         if delay > 0:
-            message.due = now + delay
+            message.due = self.clock.now() + delay
         if topic.traced:
             self._trace().published(topic, [message], client, publisher_id)
         self._publish_messages(topic, [message])
