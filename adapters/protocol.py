@@ -31,6 +31,7 @@ import attrs
 import click
 import trio
 
+from polymq.adapters.traffic import Traffic
 from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
 from polymq.core.engine import Engine
 from polymq.core.message import Message
@@ -108,46 +109,6 @@ class Context:
     zmq: ZmqSockets | None  # its bound ZeroMQ sockets (None: it has none, or all are off)
     checked: Any  # what `check` returned
     gateway: GatewayInfo
-
-
-# Error codes counted per protocol: a protocol's vocabulary is a few dozen codes at most, so this only
-# guards a mistake (a code made of client input); past it the rest are counted as `OTHER_ERROR`.
-MAX_ERROR_CODES = 64
-OTHER_ERROR = "_other"
-
-
-@attrs.define(slots=True)
-class Traffic:
-    """What a protocol's clients sent and got: bytes per read and per write, messages as a plain count
-    (TCP protocols: messages published and delivered; ZeroMQ ones: ZeroMQ messages), errors by code."""
-
-    connections_opened: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    messages_in: int = 0
-    messages_out: int = 0
-    connections_refused: int = 0  # past the listener's --…-max-connections
-    slow_disconnected: int = 0  # clients that left their output unread past --max-client-output
-    # Errors answered or closed with, by the protocol's own code (NSQ `E_INVALID`, MQKS `error`, …).
-    errors: dict[str, int] = attrs.field(factory=dict)
-
-    def error(self, code: str) -> None:
-        """Count an error of `code`: one of the protocol's fixed codes, never client input."""
-        errors = self.errors
-        if code not in errors and len(errors) >= MAX_ERROR_CODES:
-            code = OTHER_ERROR
-        errors[code] = errors.get(code, 0) + 1
-
-    def add(self, other: Traffic) -> None:
-        self.connections_opened += other.connections_opened
-        self.connections_refused += other.connections_refused
-        self.slow_disconnected += other.slow_disconnected
-        self.bytes_in += other.bytes_in
-        self.bytes_out += other.bytes_out
-        self.messages_in += other.messages_in
-        self.messages_out += other.messages_out
-        for code, count in other.errors.items():
-            self.errors[code] = self.errors.get(code, 0) + count
 
 
 class Service(TypingProtocol):

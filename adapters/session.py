@@ -38,7 +38,8 @@ from mypy_extensions import mypyc_attr
 
 from polymq.adapters.connection_end import until_connection_ends
 from polymq.adapters.log_limit import RateLimitedLog
-from polymq.adapters.protocol import OutputLimit, Traffic
+from polymq.adapters.protocol import OutputLimit
+from polymq.adapters.traffic import Traffic
 from polymq.adapters.transport import SocketTransport, Transport, serve_tcp, stop_listening
 from polymq.core.engine import Engine
 

@@ -31,7 +31,7 @@ import trio
 import zmq
 
 from polymq.adapters.log_limit import RateLimitedLog
-from polymq.adapters.protocol import Traffic
+from polymq.adapters.traffic import Traffic
 from polymq.adapters.zmq_pump import Frames, ZmqPump
 from polymq.core.engine import Engine
 from polymq.core.storage import SyncCallback

@@ -14,7 +14,7 @@ from typing import Any
 import trio
 
 from polymq.adapters.http import JSON_TYPE, HttpApp, Later, NeedBody, Request, Response, go_json, serve_http, then
-from polymq.adapters.protocol import Traffic
+from polymq.adapters.traffic import Traffic
 from polymq.core.engine import Engine
 from polymq.core.streams import SharedStreams
 from polymq.gateway.admin_access import AdminAccess

@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, ge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from polymq.adapters.protocol import Service, Traffic
+from polymq.adapters.protocol import Service
+from polymq.adapters.traffic import Traffic
 from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import Engine
 from polymq.gateway.committer import SYNC_BUCKETS_S, Committer

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from polymq.adapters.http import JSON_TYPE, Later, NeedBody, QueryError, Request, Response, go_json, parse_query
-from polymq.adapters.protocol import Traffic
+from polymq.adapters.traffic import Traffic
 from polymq.codecs import stream_rows
 from polymq.core import streams
 from polymq.core.engine import Engine, Queue

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from polymq.adapters.http import NeedBody, Request, Response
-from polymq.adapters.protocol import Traffic
+from polymq.adapters.traffic import Traffic
 from polymq.codecs import nsq_client, phpmq, stream_rows
 from polymq.core.engine import Engine
 from polymq.gateway.admin_access import AdminAccess, is_loopback

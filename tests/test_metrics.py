@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from polymq.adapters.protocol import MAX_ERROR_CODES, OTHER_ERROR, Traffic
+from polymq.adapters.traffic import MAX_ERROR_CODES, OTHER_ERROR, Traffic
 from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import nsq_client, phpmq, stream_rows
 from polymq.core.engine import Engine

@@ -26,8 +26,8 @@ import polymq
 
 # The modules on the hot path of every protocol: framing of the busiest codec, the engine's queue
 # operations, ids and clock, the store's records, commit and read-back, timers; the TCP session
-# skeleton and its socket transport, and the NSQ session on them (a PUB's answer and a delivery's
-# frame); and eMQP's path: its codec, its broker and the ZeroMQ pump (PZQ's too). Their folders are
+# skeleton, its socket transport and its traffic counters, and the NSQ session on them (a PUB's
+# answer and a delivery's frame); and eMQP's path: its codec, its broker and the ZeroMQ pump (PZQ's too). Their folders are
 # `polymq._COMPILED_FOLDERS`.
 HOT_MODULES = (
     "core/ids.py",
@@ -41,6 +41,7 @@ HOT_MODULES = (
     "core/disk_storage.py",
     "codecs/nsq.py",
     "adapters/transport.py",
+    "adapters/traffic.py",
     "adapters/session.py",
     "adapters/nsq/tcp.py",
     "codecs/mqks.py",

@@ -38,7 +38,7 @@ from polymq.adapters.http import (
 )
 from polymq.adapters.nsq.tcp import ORIGIN as NSQ_ORIGIN
 from polymq.adapters.nsq.tcp import ensure_channel
-from polymq.adapters.protocol import Traffic
+from polymq.adapters.traffic import Traffic
 from polymq.codecs.nsq import ProtocolError, ServerLimits, is_ephemeral, is_valid_name, parse_mpub_body
 from polymq.core.engine import Engine, Queue, Topic
 from polymq.core.trace import Client
