@@ -361,7 +361,12 @@ def parse_line(line: bytes) -> Request:
     # The original asserts on the line before its rstrip: a trailing TAB is an error too (docs/protocols/mqks.md).
     has_tab = TAB in line
     line = line.rstrip()  # as the original: CRLF works, trailing spaces of data are lost
-    fields = line.split(b" ", 2)
+    return _parse_fields(line, line.split(b" ", 2), has_tab)
+
+
+def _parse_fields(line: bytes, fields: list[bytes], has_tab: bool) -> Request:
+    """`parse_line` of a line already rstripped and split at its first two spaces; `has_tab`: whether
+    it held a TAB before its rstrip."""
     if len(fields) < 3:
         return BadRequest(NO_ID, "fewer than three fields", line[:MAX_LOGGED_LINE])
     id_raw, action_raw, data = fields
@@ -387,7 +392,6 @@ def parse_line(line: bytes) -> Request:
 # What `bytes.rstrip()` strips: a line ending with one of these is not a plain ack (`plain_ack`).
 _ASCII_WHITESPACE: Final = frozenset(b" \t\n\r\x0b\x0c")
 _ACK_ACTION: Final = b"ack"
-_ACK_PREFIX: Final = _ACK_ACTION + b" "
 _CONFIRM_TEXT: Final = CONFIRM_PREFIX.rstrip().decode()
 
 
@@ -395,12 +399,19 @@ def plain_ack(line: bytes) -> tuple[str, str, str] | None:
     """(request id, consumer id, msg id) of `{id} ack {consumer_id} {msg_id}` with no `--confirm`, no
     `--all`, no TAB, no trailing whitespace and in UTF-8: the line `parse_line` makes that `Ack` of;
     None for any other line (then `parse_line` says what it is)."""
-    # Most lines are not acks: look at the action in place before splitting anything.
-    if not line.startswith(_ACK_PREFIX, line.find(b" ") + 1):
+    fields = line.split(b" ", 2)
+    if len(fields) != 3 or fields[1] != _ACK_ACTION or _ends_in_whitespace(line) or TAB in line:
         return None
-    # The msg id ends the line: trailing whitespace there is what `parse_line` would strip.
-    if line[-1] in _ASCII_WHITESPACE or TAB in line:
-        return None
+    return _plain_ack_fields(line)
+
+
+def _ends_in_whitespace(line: bytes) -> bool:
+    """Whether `rstrip` would change the line (the msg id of an ack ends it: its trailing whitespace is stripped)."""
+    return bool(line) and line[-1] in _ASCII_WHITESPACE
+
+
+def _plain_ack_fields(line: bytes) -> tuple[str, str, str] | None:
+    """`plain_ack` of a line whose action is `ack`, with no TAB and no trailing whitespace."""
     try:
         text = line.decode()  # once for the three fields (a space never splits a UTF-8 character)
     except UnicodeDecodeError:
@@ -452,17 +463,29 @@ class ServerConnection:
             consumer_ids: list[str] = []
             msg_ids: list[str] = []
             for line in lines:
-                if len(line) <= limit:
-                    ack = plain_ack(line)
-                    if ack is not None:
-                        request_ids.append(ack[0])
-                        consumer_ids.append(ack[1])
-                        msg_ids.append(ack[2])
-                        continue
+                if len(line) > limit:
+                    request: Request = self._too_long(line)
+                else:
+                    # Split once, for the ack test and for the parser (`parse_line`, with its rstrip
+                    # only when it strips something).
+                    fields = line.split(b" ", 2)
+                    has_tab = TAB in line
+                    stripped = _ends_in_whitespace(line)
+                    if len(fields) == 3 and fields[1] == _ACK_ACTION and not has_tab and not stripped:
+                        ack = _plain_ack_fields(line)
+                        if ack is not None:
+                            request_ids.append(ack[0])
+                            consumer_ids.append(ack[1])
+                            msg_ids.append(ack[2])
+                            continue
+                    if stripped:
+                        line = line.rstrip()
+                        fields = line.split(b" ", 2)
+                    request = _parse_fields(line, fields, has_tab)
                 if request_ids:
                     events.append(_ack_run(request_ids, consumer_ids, msg_ids))
                     request_ids, consumer_ids, msg_ids = [], [], []
-                events.append(self._too_long(line) if len(line) > limit else parse_line(line))
+                events.append(request)
             if request_ids:
                 events.append(_ack_run(request_ids, consumer_ids, msg_ids))
         if len(buffer) > self.max_line_length:
