@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import dataclasses
 import datetime
 import math
 import random
@@ -59,12 +60,23 @@ _BASE62: Final = string.digits + string.ascii_letters
 # Requests: what the parser hands to the adapter. `request_id` doubles as msg_id / consumer_id.
 
 
-@attrs.define(slots=True)
+# The requests of every message (a publish, an ack, a run of acks) are dataclasses with an `__init__`
+# of their own: mypyc compiles those as native classes, built and read without a lookup, where an
+# attrs class stays an interpreted one (measured: 133 ns to build one against 29 ns).
+
+
+@dataclasses.dataclass(init=False)
 class Publish:
     request_id: str
     event: str
     data: bytes  # the body the engine stores (`ENCODED_PREFIX` data already decoded)
     confirm: bool
+
+    def __init__(self, request_id: str, event: str, data: bytes, confirm: bool) -> None:
+        self.request_id = request_id
+        self.event = event
+        self.data = data
+        self.confirm = confirm
 
 
 @attrs.define(slots=True)
@@ -90,15 +102,21 @@ class Rebind:
     confirm: bool
 
 
-@attrs.define(slots=True)
+@dataclasses.dataclass(init=False)
 class Ack:
     request_id: str
     consumer_id: str
     msg_id: str | None  # None = `--all`
     confirm: bool
 
+    def __init__(self, request_id: str, consumer_id: str, msg_id: str | None, confirm: bool) -> None:
+        self.request_id = request_id
+        self.consumer_id = consumer_id
+        self.msg_id = msg_id
+        self.confirm = confirm
 
-@attrs.define(slots=True)
+
+@dataclasses.dataclass(init=False)
 class Acks:
     """A run of plain acks in one read (`{id} ack {consumer_id} {msg_id}`: no `--confirm`, no `--all`),
     each line the `Ack` `each()` gives: a manual-ack consumer acks a read's deliveries in one write,
@@ -107,6 +125,11 @@ class Acks:
     request_ids: list[str]
     consumer_ids: list[str]
     msg_ids: list[str]
+
+    def __init__(self, request_ids: list[str], consumer_ids: list[str], msg_ids: list[str]) -> None:
+        self.request_ids = request_ids
+        self.consumer_ids = consumer_ids
+        self.msg_ids = msg_ids
 
     def each(self) -> list[Ack]:
         return [Ack(request_id, consumer_id, msg_id, False)
