@@ -43,10 +43,12 @@ ALL_FLAG: Final = "--all"
 # newline, a TAB or another control character, bytes that are not UTF-8, an empty body, trailing
 # whitespace (the original strips it), or a body that itself starts with this prefix.
 ENCODED_PREFIX: Final = b"polymq:base64:"
-# C0 controls and DEL, which `bytes.translate` deletes to find them (a regex search of this class, or
-# of it and the line breaks below, costs 2-10x as much), and the Unicode line breaks that
+# C0 controls and DEL, which a `bytes.translate` by this table turns into NUL, found then by memchr
+# (a regex search of this class, or of it and the line breaks below, costs 2-10x as much; deleting
+# them with `translate(None, ...)` and comparing lengths 1.8x), and the Unicode line breaks that
 # `str.splitlines` splits on besides them (NEL, LS, PS), in UTF-8.
-_CONTROLS: Final = bytes(range(0x20)) + b"\x7f"
+_CONTROLS_TO_NUL: Final = bytes(0 if byte < 0x20 or byte == 0x7F else byte for byte in range(256))
+NUL: Final = 0
 _LINE_BREAKS: Final = (b"\xc2\x85", b"\xe2\x80\xa8", b"\xe2\x80\xa9")
 # Single bytes looked for with `in` by their value: in CPython 3.11 `b"\t" in line` first tries the
 # needle as an int and builds (then drops) a TypeError with its message every time.
@@ -309,7 +311,7 @@ def decode_data(data: bytes) -> bytes:
 
 def _line_safe(value: bytes) -> bool:
     """No C0 control, DEL or Unicode line break: nothing that would end or split a line."""
-    if len(value.translate(None, _CONTROLS)) != len(value):
+    if NUL in value.translate(_CONTROLS_TO_NUL):
         return False
     return value.isascii() or not any(line_break in value for line_break in _LINE_BREAKS)
 
