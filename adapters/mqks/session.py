@@ -85,10 +85,9 @@ class MQKSConsumer:
         self.duplicates: dict[str, list[int]] = {}
 
     def remember(self, msg_id: str, engine_id: int) -> None:
-        if msg_id in self.unacked:
+        # One lookup: engine ids are unique, so another one there means the msg_id is held already.
+        if self.unacked.setdefault(msg_id, engine_id) != engine_id:
             self.duplicates.setdefault(msg_id, []).append(engine_id)
-        else:
-            self.unacked[msg_id] = engine_id
 
     def take(self, msg_id: str) -> int | None:
         unacked = self.unacked
