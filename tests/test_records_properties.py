@@ -80,3 +80,11 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**53, 2**53
 def test_headers_round_trip(headers: object) -> None:
     # The fast paths (string-valued dicts out, `raw_decode` in) agree with JSON for any headers.
     assert records.decode_headers(records.encode_headers(headers)) == headers
+
+
+def test_the_quoted_header_names_kept_stay_bounded() -> None:
+    # Names a client chose (eMQP's, a stream writer's) must not grow the encoder's cache for ever.
+    for number in range(records.QUOTED_NAMES_KEPT * 2 + 1):
+        headers = {f"name {number}": "value"}
+        assert records.decode_headers(records.encode_headers(headers)) == headers
+        assert len(records._QUOTED_NAMES) <= records.QUOTED_NAMES_KEPT
