@@ -27,8 +27,8 @@ import polymq
 # The modules on the hot path of every protocol: framing of the busiest codec, the engine's queue
 # operations, ids and clock, the store's records, commit and read-back, timers; the TCP session
 # skeleton, its socket transport and its traffic counters, and the NSQ session on them (a PUB's
-# answer and a delivery's frame); and eMQP's path: its codec, its broker and the ZeroMQ pump (PZQ's too). Their folders are
-# `polymq._COMPILED_FOLDERS`.
+# answer and a delivery's frame); and eMQP's path: its codec, its broker and the ZeroMQ pump
+# (PZQ's too). Their folders are `polymq._COMPILED_FOLDERS`.
 HOT_MODULES = (
     "core/ids.py",
     "core/clock.py",
