@@ -424,8 +424,13 @@ def plain_ack(line: bytes) -> tuple[str, str, str] | None:
     """(request id, consumer id, msg id) of `{id} ack {consumer_id} {msg_id}` with no `--confirm`, no
     `--all`, no TAB, no trailing whitespace and in UTF-8: the line `parse_line` makes that `Ack` of;
     None for any other line (then `parse_line` says what it is)."""
-    fields = line.split(b" ", 2)
-    if len(fields) != 3 or fields[1] != _ACK_ACTION or _ends_in_whitespace(line) or TAB in line:
+    return _plain_ack(line, line.split(b" ", 2), TAB in line, _ends_in_whitespace(line))
+
+
+def _plain_ack(line: bytes, fields: list[bytes], has_tab: bool, stripped: bool) -> tuple[str, str, str] | None:
+    """`plain_ack` of a line split at its first two spaces, knowing whether it holds a TAB and whether
+    `rstrip` would change it (what the reader finds out for the parser anyway)."""
+    if len(fields) != 3 or fields[1] != _ACK_ACTION or has_tab or stripped:
         return None
     return _plain_ack_fields(line)
 
@@ -496,13 +501,12 @@ class ServerConnection:
                     fields = line.split(b" ", 2)
                     has_tab = TAB in line
                     stripped = _ends_in_whitespace(line)
-                    if len(fields) == 3 and fields[1] == _ACK_ACTION and not has_tab and not stripped:
-                        ack = _plain_ack_fields(line)
-                        if ack is not None:
-                            request_ids.append(ack[0])
-                            consumer_ids.append(ack[1])
-                            msg_ids.append(ack[2])
-                            continue
+                    ack = _plain_ack(line, fields, has_tab, stripped)
+                    if ack is not None:
+                        request_ids.append(ack[0])
+                        consumer_ids.append(ack[1])
+                        msg_ids.append(ack[2])
+                        continue
                     if stripped:
                         line = line.rstrip()
                         fields = line.split(b" ", 2)
