@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 # The hot modules compiled with mypyc next to their sources (docs/performance.md). If it fails,
 # the pure-Python modules stay in use and the message says so; an edited source is used as it is
 # until the next compile.
-$(COMPILED): $(STAMP) $(wildcard core/*.py codecs/*.py) adapters/transport.py adapters/session.py adapters/nsq/tcp.py adapters/mqks/session.py adapters/zmq_pump.py adapters/emqp/broker.py native/zmq_frames.c
+$(COMPILED): $(STAMP) $(wildcard core/*.py codecs/*.py) adapters/transport.py adapters/traffic.py adapters/host_loop.py adapters/session.py adapters/nsq/tcp.py adapters/mqks/session.py adapters/zmq_pump.py adapters/emqp/broker.py native/zmq_frames.c
 	@echo "==> polymq: compiling the hot modules with mypyc (a minute or two)"
 	-$(BIN)/python tools/mypyc_build.py && touch $(COMPILED)
 

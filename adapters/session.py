@@ -9,6 +9,13 @@ handshake, an auth server, the store) is an awaitable `handle` returns: the stor
 while it runs, and `resume` carries on with the rest of the read. The writer task sends output
 that arrives outside a read (deliveries caused by other connections, timers) as one write.
 
+Under the gateway's host loop (`--loop epoll`, adapters/host_loop.py) the loop reads a plain TCP
+socket instead of the reader task: its callback reads until the socket is empty, handles each read
+as above and sends the answers without waiting (`_flush_without_waiting`); the reader task only
+takes over for an awaitable `handle`, the end of the input or output past its bound, then gives
+the socket back. Output queued outside a read goes at the end of the loop's pass, one write per
+session; what the kernel does not take at once (`_tail`) the writer task sends, first.
+
 Output is urgent (answers: sent at the end of the read, or at once) or buffered (deliveries a
 protocol lets wait, like NSQ's `output_buffer_timeout`: sent when something urgent goes, or at
 their deadline). A protocol may encode what goes out (compression) with `output_encoder`.
@@ -36,7 +43,9 @@ from typing import ClassVar, Final
 import trio
 from mypy_extensions import mypyc_attr
 
+from polymq.adapters import host_loop
 from polymq.adapters.connection_end import until_connection_ends
+from polymq.adapters.host_loop import HostLoop
 from polymq.adapters.log_limit import RateLimitedLog
 from polymq.adapters.protocol import OutputLimit
 from polymq.adapters.traffic import Traffic
@@ -87,6 +96,19 @@ class StreamSession:
         self._delivered_unstored = False
         self._cancel_scope: trio.CancelScope | None = None
         self.traffic = Traffic()  # its listener's, once it runs there
+        # Under a host loop (adapters/host_loop.py) the socket is read by the loop's callback, and
+        # output queued outside a read is sent at the end of the loop's pass, not by the writer task.
+        self._host: HostLoop | None = None
+        self._host_reader = self._read_on_host
+        self._host_flush = self._flush_after_pass
+        self._flush_queued = False
+        self._handed_over = trio.Event()  # the host's read needs the task: see `_read_loop_on_host`
+        self._handed_pending: Awaitable[None] | None = None
+        self._handed_error: BaseException | None = None
+        self._input_ended = False
+        # What a write without waiting left unsent (sent first by the writer) and its `before_send` token.
+        self._tail: bytes | None = None
+        self._tail_token: object = None
 
     # -- what a protocol provides --------------------------------------------------------------
 
@@ -132,6 +154,7 @@ class StreamSession:
             self.transport.try_send(error)
         self.out = []
         self._out_bytes = 0
+        self._tail = None
         self.close(f"{code}: {unsent} bytes unsent for {held_s:.1f} s")
         return code
 
@@ -174,28 +197,17 @@ class StreamSession:
     # -- reading -------------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        storage = self.engine.storage
+        host = host_loop.current()
+        while host is not None and isinstance(self.transport, SocketTransport):
+            if await self._read_loop_on_host(host, self.transport):
+                return
+        self._host = None  # the socket went to a stream (TLS): its task reads and writes it
         while True:
             data = await self.transport.receive_some(READ_SIZE)
             self.traffic.bytes_in += len(data)
-            self._reading = True
-            # What this read changes is written at its end, by this task (`release_work`).
-            storage.hold_work()
-            try:
-                pending = self.handle(data)
-                while pending is not None:
-                    # Before anything awaits, what the read changed so far is written
-                    # (acknowledging what needs no fdatasync) and the committer takes over again.
-                    self._reading = False
-                    storage.release_work()
-                    await pending
-                    storage.hold_work()
-                    self._reading = True
-                    pending = self.resume()
-            finally:
-                if self._reading:
-                    storage.release_work()
-                    self._reading = False
+            pending = self._handle_read(data)
+            if pending is not None:
+                await self._resume_read(pending)
             if not data or self._stopping is not None:
                 return
             if self._urgent and not self._sending:
@@ -203,10 +215,112 @@ class StreamSession:
             elif self.out:
                 self._wake.set()  # buffered output: the writer keeps its deadline
             if self._out_bytes > MAX_PENDING_OUTPUT:
-                self._drained = trio.Event()
-                self._urgent = True
-                self._wake.set()
-                await self._drained.wait()
+                await self._wait_for_output()
+
+    def _handle_read(self, data: bytes) -> Awaitable[None] | None:
+        """`handle` one read with the store held: what it changes is written at its end, from here."""
+        storage = self.engine.storage
+        self._reading = True
+        storage.hold_work()
+        try:
+            return self.handle(data)
+        finally:
+            self._reading = False
+            storage.release_work()
+
+    async def _resume_read(self, pending: Awaitable[None] | None) -> None:
+        """A command of the read must wait: await it (the store released meanwhile), then go on."""
+        storage = self.engine.storage
+        while pending is not None:
+            await pending
+            self._reading = True
+            storage.hold_work()
+            try:
+                pending = self.resume()
+            finally:
+                self._reading = False
+                storage.release_work()
+
+    async def _wait_for_output(self) -> None:
+        """Stop reading while a slow client's output is past `MAX_PENDING_OUTPUT`, until it is sent."""
+        self._drained = trio.Event()
+        self._urgent = True
+        self._wake.set()
+        await self._drained.wait()
+
+    async def _read_loop_on_host(self, host: HostLoop, transport: SocketTransport) -> bool:
+        """Let the host loop read and handle the socket until its read needs this task: a command that
+        waits, the end of the input, output past its bound. True when the input has ended."""
+        self._host = host
+        fd = transport.sock.fileno()
+        self._handed_over = trio.Event()
+        host.add_reader(fd, self._host_reader)
+        try:
+            await self._handed_over.wait()
+        finally:
+            host.remove_reader(fd)
+        if self._handed_error is not None:
+            error, self._handed_error = self._handed_error, None
+            raise error
+        pending, self._handed_pending = self._handed_pending, None
+        if pending is not None:
+            await self._resume_read(pending)
+        if self._input_ended or self._stopping is not None:
+            return True
+        if self._urgent and not self._sending:
+            await self._flush()
+        if self._out_bytes > MAX_PENDING_OUTPUT:
+            await self._wait_for_output()
+        return False
+
+    def _read_on_host(self, events: int) -> None:
+        """The host loop's callback: the socket has bytes. Read, handle and answer until it is empty."""
+        transport = self.transport
+        host = self._host
+        if host is None or not isinstance(transport, SocketTransport) or self._handed_over.is_set():
+            return
+        scope = self._cancel_scope
+        if scope is not None and scope.cancel_called:
+            return  # closed from outside: the task ends the session
+        sock = transport.sock
+        while True:
+            try:
+                data = sock.recv(READ_SIZE)
+            except BlockingIOError:
+                return
+            except OSError as error:
+                self._hand_over(host, sock, None, error)
+                return
+            self.traffic.bytes_in += len(data)
+            try:
+                pending = self._handle_read(data)
+            except BaseException as error:  # raised in the task, as a read of its own would
+                self._hand_over(host, sock, None, error)
+                return
+            if pending is not None or not data or self._stopping is not None:
+                self._input_ended = not data
+                self._hand_over(host, sock, pending, None)
+                return
+            if self._urgent and not self._sending:
+                self._flush_without_waiting()
+            elif self.out:
+                self._wake.set()  # buffered output: the writer keeps its deadline
+            if self._out_bytes > MAX_PENDING_OUTPUT:
+                self._hand_over(host, sock, None, None)
+                return
+            if len(data) < READ_SIZE:
+                if events & host_loop.ENDED:
+                    continue  # the end of the input is there, and brings no new edge: read it
+                return  # the socket is empty: its next bytes are a new edge
+            host.read_again(self._host_reader)  # let the others read before this one goes on
+            return
+
+    def _hand_over(self, host: HostLoop, sock: socket.socket, pending: Awaitable[None] | None,
+                   error: BaseException | None) -> None:
+        host.remove_reader(sock.fileno())
+        self._handed_pending = pending
+        self._handed_error = error
+        self._handed_over.set()
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -220,6 +334,8 @@ class StreamSession:
             return
         if now:
             self._send_now()
+        elif self._host is not None:
+            self._flush_at_end_of_pass(self._host)
         elif not self._wake.is_set():
             self._wake.set()
 
@@ -241,6 +357,10 @@ class StreamSession:
             self._delivered_unstored = True
         if flush_within is None:
             self._urgent = True
+            if self._host is not None:
+                if not self._reading:
+                    self._flush_at_end_of_pass(self._host)
+                return
         elif flush_within > 0 and self._flush_at == math.inf:
             self._flush_at = trio.current_time() + flush_within
         else:
@@ -250,7 +370,8 @@ class StreamSession:
 
     def _send_now(self) -> None:
         """Send the queued output from here when the writer is idle and it is one chunk; else wake it."""
-        if self._sending or self._delivered_unstored or self.output_encoder is not None or len(self.out) != 1:
+        if (self._sending or self._delivered_unstored or self.output_encoder is not None or len(self.out) != 1
+                or self._tail is not None):
             self._wake.set()
             return
         data = self.out[0]
@@ -268,12 +389,56 @@ class StreamSession:
             self._out_bytes -= sent
         self._wake.set()
 
+    def _flush_at_end_of_pass(self, host: HostLoop) -> None:
+        if not self._flush_queued:
+            self._flush_queued = True
+            host.after_batch(self._host_flush)
+
+    def _flush_after_pass(self) -> None:
+        self._flush_queued = False
+        if self._urgent and not self._closed:
+            self._flush_without_waiting()
+
+    def _flush_without_waiting(self) -> None:
+        """Send what is queued as far as the kernel takes it now; the writer task sends the rest."""
+        if self._sending or self._tail is not None:
+            self._wake.set()
+            return
+        while self.out:
+            token = self.before_send()
+            if self._delivered_unstored:
+                self._delivered_unstored = False
+                self.engine.storage.write_now()
+            chunks = self.out
+            self.out = []
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            self._out_bytes -= len(data)
+            self._urgent = False
+            self._flush_at = math.inf
+            if self.output_encoder is not None:
+                data = self.output_encoder(data)
+            sent = self.transport.try_send(data)
+            self.traffic.bytes_out += sent
+            if sent < len(data):
+                self._tail = data[sent:]
+                self._tail_token = token
+                self._in_send = len(data) - sent
+                self._urgent = True
+                self._wake.set()
+                return
+            self.after_send(token)
+        if not self._drained.is_set():
+            self._drained.set()
+        if self._stopping is not None:
+            self._wake.set()
+
     async def _write_loop(self) -> None:
         while True:
-            if self.out and not self._sending and (self._urgent or trio.current_time() >= self._flush_at):
+            if ((self.out or self._tail is not None) and not self._sending
+                    and (self._urgent or trio.current_time() >= self._flush_at)):
                 await self._flush()
                 continue
-            if self._stopping is not None and not self.out and not self._sending:
+            if self._stopping is not None and not self.out and self._tail is None and not self._sending:
                 self.close()
                 return
             if self.out and not self._urgent and self._flush_at < math.inf:
@@ -288,6 +453,16 @@ class StreamSession:
         self._sending = True
         self.send_started = self.engine.clock.now()
         try:
+            tail = self._tail
+            if tail is not None:  # what a write without waiting left: it goes first, as it is
+                token = self._tail_token
+                self._tail = None
+                self._tail_token = None
+                self._in_send = len(tail)
+                await self.transport.send_all(tail)
+                self._in_send = 0
+                self.traffic.bytes_out += len(tail)
+                self.after_send(token)
             while self.out:
                 token = self.before_send()
                 if self._delivered_unstored:
@@ -319,7 +494,7 @@ class StreamSession:
             while self._sending:  # the writer is mid-send: its loop sends what is queued too
                 self._drained = trio.Event()
                 await self._drained.wait()
-            if self.out:
+            if self.out or self._tail is not None:
                 await self._flush()
 
     async def exclusive_output(self) -> bytes:
@@ -330,6 +505,9 @@ class StreamSession:
             await self._drained.wait()
         self._sending = True
         data = b"".join(self.out)
+        if self._tail is not None:
+            data = self._tail + data
+            self._tail = None
         self.out = []
         self._out_bytes = 0
         self._in_send = 0

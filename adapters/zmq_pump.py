@@ -27,6 +27,8 @@ import trio
 import zmq
 import zmq.backend
 
+from polymq.adapters import host_loop
+from polymq.adapters.host_loop import HostLoop
 from polymq.native import zmq_loops
 
 Frames = list[bytes]
@@ -88,6 +90,14 @@ class ZmqPump:
         self.received = 0
         self.sent = 0
         self.unroutable = 0  # messages for a peer that had gone (ROUTER_MANDATORY, or mid-message)
+        # Under a host loop (adapters/host_loop.py) the loop's pass runs the pump's turns, on the
+        # descriptor's edge or when asked (`_turn_soon`); the task only pauses a spin and ends.
+        self._host: HostLoop | None = None
+        self._host_turn = self._turn_on_host
+        self._turn_queued = False
+        self._idle_turns = 0
+        self._task_needed = trio.Event()
+        self._host_error: BaseException | None = None
 
     def send(self, frames: Sequence[bytes]) -> None:
         """Send a multipart message now if the socket takes it, else queue it; the pump sends what
@@ -106,7 +116,7 @@ class ZmqPump:
     def _changed(self) -> None:
         """After a send or a queued delivery from outside the pump's task: the pump, if it waits,
         may have to run (a send can take the edge that announced a receive)."""
-        if self._waiting is None:
+        if self._waiting is None and self._host is None:
             return  # it runs, or will: its loop reads EVENTS before it waits
         if self.held:
             self.settle_due = True  # the burst's end flushes and settles (`ZmqService`)
@@ -119,6 +129,11 @@ class ZmqPump:
         far, and the next one signals the descriptor again. A wake-up (a cancelled wait, a turn of
         the pump) costs more than the whole send of a small message."""
         self.settle_due = False
+        if self._host is not None:
+            if not self.closed and not self._turn_queued and (
+                    (self.outgoing and self.unstored) or self._has_work(_int_option(self.sock, _EVENTS))):
+                self._turn_soon(self._host)
+            return
         waiting = self._waiting
         if waiting is None or self.closed:
             return
@@ -247,8 +262,19 @@ class ZmqPump:
                 break  # POLLOUT, yet Again: wait for the descriptor rather than spin
         return bool(sent)
 
+    def _has_work(self, events: int) -> bool:
+        return bool(events & _POLLIN or (self.outgoing and events & _POLLOUT))
+
+    def _turn_soon(self, host: HostLoop) -> None:
+        self._turn_queued = True
+        host.read_again(self._host_turn)
+
     async def run(self) -> None:
         """Forever (until closed): receive, send, and wait only when neither can progress."""
+        host = host_loop.current()
+        if host is not None:
+            await self._run_on_host(host)
+            return
         sock = self.sock
         idle_turns = 0
         while not self.closed:  # `close` may come while this task waits at a checkpoint
@@ -278,6 +304,57 @@ class ZmqPump:
                     return  # `close`
             self._waiting = None
 
+    async def _run_on_host(self, host: HostLoop) -> None:
+        """The pump's turns run on the host loop's pass; this task pauses a turn that spins, raises
+        what a turn raised, and returns once the pump is closed."""
+        self._host = host
+        host.add_reader(self.fd, self._host_turn)
+        self._turn_soon(host)  # what came before the descriptor was registered
+        try:
+            while not self.closed:
+                await self._task_needed.wait()
+                self._task_needed = trio.Event()
+                if self._host_error is not None:
+                    error, self._host_error = self._host_error, None
+                    raise error
+                if not self.closed:
+                    await trio.sleep(SPIN_PAUSE_S)
+                    self._turn_soon(host)
+        finally:
+            host.remove_reader(self.fd)
+            self._host = None
+
+    def _turn_on_host(self, _events: int = 0) -> None:
+        """One turn, from the host loop's pass: receive and send what is ready; the next turn comes with
+        the descriptor's next edge, or in the next pass if EVENTS still says there is work."""
+        self._turn_queued = False
+        host = self._host
+        if host is None or self.closed:
+            return
+        try:
+            progressed = self._receive() | self._send()
+            if self.closed:
+                self._task_needed.set()
+                return
+            if not self._has_work(_int_option(self.sock, _EVENTS)):
+                self._idle_turns = 0
+                return  # the descriptor's next edge brings the next turn
+        except BaseException as error:  # raised in the task, as its own turn would
+            host.remove_reader(self.fd)
+            self._host_error = error
+            self._task_needed.set()
+            return
+        if progressed:
+            self._idle_turns = 0
+        else:
+            self._idle_turns += 1
+            if self._idle_turns > SPIN_TURNS:
+                self._idle_turns = 0
+                self._task_needed.set()  # ready, yet nothing moves: the task pauses, then turns again
+                return
+        if not self._turn_queued:
+            self._turn_soon(host)  # let the others run between bursts
+
     def close(self, linger_ms: int = 0) -> None:
         """Close the socket (the pump ends). What is queued goes to ZeroMQ first, as far as it takes
         it without waiting; ZeroMQ keeps trying to send what it holds for `linger_ms`."""
@@ -287,5 +364,8 @@ class ZmqPump:
             with contextlib.suppress(zmq.ZMQError):  # closing anyway
                 self._send()
         self.closed = True
+        if self._host is not None:
+            self._host.remove_reader(self.fd)
+            self._task_needed.set()  # the task ends
         trio.lowlevel.notify_closing(self.fd)
         self.sock.close(linger=linger_ms)

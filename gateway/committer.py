@@ -37,6 +37,7 @@ from typing import Protocol
 import attrs
 import trio
 
+from polymq.adapters.host_loop import serve_readable
 from polymq.core.aio_fsync import AioFsync, SubmitError
 from polymq.core.disk_io import SyncJob, open_dir
 from polymq.core.disk_storage import DiskStorage
@@ -129,8 +130,9 @@ class SyncThread:
             ended.append(self._done.get())
         return ended
 
-    async def wait(self) -> None:
-        await trio.lowlevel.wait_readable(self._done_r)
+    def fileno(self) -> int:
+        """Readable when jobs have ended (`finished`)."""
+        return self._done_r
 
     def stop(self) -> list[SyncJob]:
         """Let the queued jobs end, stop the thread; returns the jobs that ended meanwhile."""
@@ -157,9 +159,7 @@ class ThreadSyncs:
         self.thread.submit(job)
 
     async def watch(self, report: Report) -> None:
-        while True:
-            await self.thread.wait()
-            report(self.thread.finished())
+        await serve_readable(self.thread.fileno(), lambda: report(self.thread.finished()))
 
     def stop(self) -> list[SyncJob]:
         return self.thread.stop()
@@ -266,22 +266,21 @@ class AioSyncs:
         return ready
 
     async def watch(self, report: Report) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch_thread, report)
-            while True:
-                await trio.lowlevel.wait_readable(self.aio.fileno())
-                self._reaped(self.aio.reap())
-                ready = self._take_reportable()
-                if ready:
-                    report(ready)
+        def from_aio() -> None:
+            self._reaped(self.aio.reap())
+            ready = self._take_reportable()
+            if ready:
+                report(ready)
 
-    async def _watch_thread(self, report: Report) -> None:
-        while True:
-            await self.thread.wait()
+        def from_thread() -> None:
             self._from_thread(self.thread.finished())
             ready = self._take_reportable()
             if ready:
                 report(ready)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_readable, self.thread.fileno(), from_thread)
+            await serve_readable(self.aio.fileno(), from_aio)
 
     def stop(self) -> list[SyncJob]:
         self._reaped(self.aio.wait_all())

@@ -65,10 +65,17 @@ class FsyncType(click.ParamType):
             self.fail(f"must be always, never or interval:MS (MS > 0), not {value!r}", param, ctx)
 
 
+# The event loops `--loop` chooses from (gateway/serve.py).
+LOOP_EPOLL = "epoll"
+LOOP_TRIO = "trio"
+
 # The gateway's own sections: "" is the top of the file.
 GATEWAY_SECTIONS: dict[str, tuple[Setting, ...]] = {
     "": (
         Setting("bind", "--bind", click.STRING, DEFAULT_BIND, "Address every listener binds to (loopback by default)."),
+        Setting("loop", "--loop", click.Choice([LOOP_EPOLL, LOOP_TRIO]), LOOP_EPOLL,
+                "epoll: the TCP sessions' sockets stay registered with an epoll loop that owns the thread and "
+                "answers each read at once, trio runs the rest as its guest; trio: everything on trio's loop."),
     ),
     "storage": (
         Setting("data_dir", "--data-dir", click.Path(file_okay=False, path_type=Path), Path("data"),
@@ -264,6 +271,10 @@ class Config:
     @property
     def bind(self) -> str:
         return str(self.sections[""].bind)
+
+    @property
+    def loop(self) -> str:
+        return str(self.sections[""].loop)
 
     @property
     def storage(self) -> Any:

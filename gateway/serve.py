@@ -31,6 +31,7 @@ import trio
 import zmq
 
 import polymq
+from polymq.adapters.host_loop import HostLoop
 from polymq.adapters.protocol import Context, Endpoint, GatewayInfo, OutputLimit, Protocol, Service, ServiceError
 from polymq.adapters.registry import protocols
 from polymq.adapters.zmq_sockets import SocketSpec, ZmqSockets
@@ -46,6 +47,7 @@ from polymq.gateway.committer import Committer
 from polymq.gateway.config import (
     DATA_DIR_KEY,
     HTTP_LISTENER,
+    LOOP_EPOLL,
     OPTIONS_BY_KEY,
     Config,
     click_options,
@@ -472,7 +474,10 @@ def command(ctx: click.Context, debug: bool, **values: object) -> None:
         return
     prepared.run_file = run_file
     try:
-        trio.run(run_gateway, prepared)
+        if config.loop == LOOP_EPOLL:
+            HostLoop().run(run_gateway, prepared)
+        else:
+            trio.run(run_gateway, prepared)
     except BaseException as error:
         with contextlib.suppress(Exception):
             prepared.close()

@@ -204,7 +204,7 @@ async def test_the_sync_thread_reports_every_job_and_merges_a_queue(tmp_path: Pa
         ended: list[SyncJob] = []
         with trio.fail_after(10):
             while not ended or ended[-1].gen < 20:
-                await thread.wait()
+                await trio.lowlevel.wait_readable(thread.fileno())
                 ended += thread.finished()
         assert [job.error for job in ended] == [None] * len(ended)
         gens = [job.gen for job in ended]
@@ -228,7 +228,7 @@ async def test_a_removal_that_fails_leaves_the_sync_thread_running(tmp_path: Pat
         ended: list[SyncJob] = []
         with trio.fail_after(10):
             while len(ended) < 2:
-                await thread.wait()
+                await trio.lowlevel.wait_readable(thread.fileno())
                 ended += thread.finished()
         assert [(job.gen, job.error) for job in ended] == [(1, None), (2, None)]
         assert blocked.is_dir()

@@ -42,6 +42,7 @@ HOT_MODULES = (
     "codecs/nsq.py",
     "adapters/transport.py",
     "adapters/traffic.py",
+    "adapters/host_loop.py",
     "adapters/session.py",
     "adapters/nsq/tcp.py",
     "codecs/mqks.py",
