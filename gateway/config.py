@@ -24,6 +24,7 @@ import click
 import tomli_w
 from click.core import ParameterSource
 
+from polymq.adapters.host_loop import DEFAULT_SPIN_S
 from polymq.adapters.protocol import (
     DEFAULT_MAX_CLIENT_OUTPUT,
     DEFAULT_SLOW_CLIENT_GRACE_S,
@@ -76,6 +77,9 @@ GATEWAY_SECTIONS: dict[str, tuple[Setting, ...]] = {
         Setting("loop", "--loop", click.Choice([LOOP_EPOLL, LOOP_TRIO]), LOOP_EPOLL,
                 "epoll: the TCP sessions' sockets stay registered with an epoll loop that owns the thread and "
                 "answers each read at once, trio runs the rest as its guest; trio: everything on trio's loop."),
+        Setting("loop_spin_us", "--loop-spin", click.IntRange(min=0, max=10_000), round(DEFAULT_SPIN_S * 1e6),
+                "Microseconds the epoll loop keeps polling after serving sockets before it sleeps (0 = never): "
+                "a client's next request often comes sooner than a sleep and a wake-up take."),
     ),
     "storage": (
         Setting("data_dir", "--data-dir", click.Path(file_okay=False, path_type=Path), Path("data"),
@@ -275,6 +279,10 @@ class Config:
     @property
     def loop(self) -> str:
         return str(self.sections[""].loop)
+
+    @property
+    def loop_spin_s(self) -> float:
+        return int(self.sections[""].loop_spin_us) / 1e6
 
     @property
     def storage(self) -> Any:

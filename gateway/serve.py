@@ -475,7 +475,7 @@ def command(ctx: click.Context, debug: bool, **values: object) -> None:
     prepared.run_file = run_file
     try:
         if config.loop == LOOP_EPOLL:
-            HostLoop().run(run_gateway, prepared)
+            HostLoop(spin_s=config.loop_spin_s).run(run_gateway, prepared)
         else:
             trio.run(run_gateway, prepared)
     except BaseException as error:
