@@ -18,6 +18,7 @@ the store keeps the job's records and offers them again with the next job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -25,24 +26,34 @@ import shutil
 from pathlib import Path
 from typing import Final
 
-import attrs
-
 log = logging.getLogger("polymq.storage")
 
 
-@attrs.define(slots=True)
+# The jobs are built once per commit: plain dataclasses with their own `__init__`, which mypyc
+# compiles as native classes (an attrs class is built by its interpreted `__init__`).
+@dataclasses.dataclass(init=False)
 class CommitJob:
-    appends: list[tuple[Path, bytes]] = attrs.Factory(list)
-    fsync: bool = True
-    unlinks: list[Path] = attrs.Factory(list)
-    removed_dirs: list[Path] = attrs.Factory(list)
+    appends: list[tuple[Path, bytes]]
+    fsync: bool
+    unlinks: list[Path]
+    removed_dirs: list[Path]
     # Filled by the run: bytes of each file after its appends, and how many appends succeeded.
-    sizes: dict[Path, int] = attrs.Factory(dict)
-    appended: int = 0
-    error: OSError | None = None
+    sizes: dict[Path, int]
+    appended: int
+    error: OSError | None
+
+    def __init__(self, appends: list[tuple[Path, bytes]] | None = None, fsync: bool = True,
+                 unlinks: list[Path] | None = None, removed_dirs: list[Path] | None = None) -> None:
+        self.appends = appends if appends is not None else []
+        self.fsync = fsync
+        self.unlinks = unlinks if unlinks is not None else []
+        self.removed_dirs = removed_dirs if removed_dirs is not None else []
+        self.sizes = {}
+        self.appended = 0
+        self.error = None
 
 
-@attrs.define(slots=True)
+@dataclasses.dataclass(init=False)
 class SyncJob:
     """An fdatasync of what was written before it started, then removals; safe to run in a thread.
 
@@ -50,17 +61,31 @@ class SyncJob:
     loop can close or reuse them while the job runs.
     """
 
-    fds: list[int] = attrs.Factory(list)  # files written since their last sync
-    dirs: list[Path] = attrs.Factory(list)  # directories that gained or lost an entry
-    unlinks: list[Path] = attrs.Factory(list)
-    removed_dirs: list[Path] = attrs.Factory(list)
-    close_fds: list[int] = attrs.Factory(list)  # of removed files, closed after the sync
-    fsync: bool = True
-    error: OSError | None = None
+    fds: list[int]  # files written since their last sync
+    dirs: list[Path]  # directories that gained or lost an entry
+    unlinks: list[Path]
+    removed_dirs: list[Path]
+    close_fds: list[int]  # of removed files, closed after the sync
+    fsync: bool
+    error: OSError | None
     # Kept for the writer to mark them unsynced again if the sync failed.
-    paths: list[Path] = attrs.Factory(list)
+    paths: list[Path]
     # The store's count of jobs handed out: when this one ends, every job up to `gen` has ended.
-    gen: int = 0
+    gen: int
+
+    def __init__(self, fds: list[int] | None = None, dirs: list[Path] | None = None,
+                 unlinks: list[Path] | None = None, removed_dirs: list[Path] | None = None,
+                 close_fds: list[int] | None = None, fsync: bool = True, error: OSError | None = None,
+                 paths: list[Path] | None = None, gen: int = 0) -> None:
+        self.fds = fds if fds is not None else []
+        self.dirs = dirs if dirs is not None else []
+        self.unlinks = unlinks if unlinks is not None else []
+        self.removed_dirs = removed_dirs if removed_dirs is not None else []
+        self.close_fds = close_fds if close_fds is not None else []
+        self.fsync = fsync
+        self.error = error
+        self.paths = paths if paths is not None else []
+        self.gen = gen
 
     def merge(self, later: SyncJob) -> None:
         """Take `later`'s work too (a sync thread runs the jobs queued while it was busy as one)."""

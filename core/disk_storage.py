@@ -666,12 +666,14 @@ class _OpenAdd:
         return records.encode_add(self.first, self.entries, self.topic_part, self.origin_part)
 
 
-@attrs.frozen(slots=True)
 class _PendingAdd:
     """An ADD record whose size is known before its first index (the segment may roll first)."""
 
-    size: int
-    encode: Callable[[int], bytes]
+    __slots__ = ("encode", "size")
+
+    def __init__(self, size: int, encode: Callable[[int], bytes]) -> None:
+        self.size = size
+        self.encode = encode
 
 
 def _run_record(messages: Sequence[Message]) -> _PendingAdd | None:
