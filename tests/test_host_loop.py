@@ -320,3 +320,48 @@ def test_a_zeromq_pump_on_the_loop_echoes_every_message_and_reads_what_waited_be
     assert echoes == [b"early"] + [b"%d" % number for number in range(299)]
     assert [frames[0] for frames in bursts] == [b"b%d" % number for number in range(len(bursts))]
     assert not any_in_task
+
+
+@pytest.mark.parametrize("hosted", [True, False], ids=["host loop", "plain trio"])
+def test_serve_readable_calls_back_on_each_readiness_and_raises_the_callbacks_error(hosted: bool) -> None:
+    """The store's sync completions are read this way: every readiness reaches the callback (on the
+    loop's pass, or from the task under plain trio), and an error of the callback ends the task."""
+    import os
+
+    from polymq.adapters.host_loop import serve_readable
+
+    async def main() -> tuple[list[int], str]:
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        seen: list[int] = []
+        got_three = trio.Event()
+
+        def drain() -> None:
+            data = os.read(read_end, 4096)
+            seen.extend(data)
+            if len(seen) >= 3:
+                got_three.set()
+            if b"!" in data:
+                raise RuntimeError("a bad completion")
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve_readable, read_end, drain)
+                for value in (1, 2, 3):
+                    os.write(write_end, bytes([value]))
+                    await trio.sleep(0.001)
+                with trio.fail_after(10):
+                    await got_three.wait()
+                os.write(write_end, b"!")
+                with trio.fail_after(10):
+                    await trio.sleep_forever()
+        except BaseExceptionGroup as group:
+            [error] = group.exceptions
+            return seen, str(error)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+        return seen, "no error"
+
+    seen, error = HostLoop().run(main) if hosted else trio.run(main)
+    assert seen[:3] == [1, 2, 3] and error == "a bad completion"
