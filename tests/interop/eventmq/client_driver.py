@@ -19,6 +19,10 @@ import zmq
 from eventmq.client.messages import schedule, send_request
 from eventmq.sender import Sender
 
+# How long the requests queued at the end may take to leave: far above a loopback connection's
+# handshake, below the tests' own deadlines.
+SEND_LINGER_MS = 10_000
+
 
 def main() -> None:
     address, spec = sys.argv[1], json.loads(sys.argv[2])
@@ -44,6 +48,11 @@ def main() -> None:
             frames = sender.zsocket.recv_multipart()
             if frames[2] == b"REPLY":
                 dispatched.append(frames[4].decode())
+    # Hand every request to TCP before exiting: pyzmq leaves a context alone at interpreter exit, so
+    # what its I/O thread had not written yet (the connection's handshake may still be under way)
+    # would be lost with the process.
+    sender.zsocket.close(linger=SEND_LINGER_MS)
+    sender.zcontext.term()
     print(json.dumps({"sent": sent, "scheduled": scheduled, "dispatched": dispatched}))
 
 
