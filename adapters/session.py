@@ -405,18 +405,7 @@ class StreamSession:
             self._wake.set()
             return
         while self.out:
-            token = self.before_send()
-            if self._delivered_unstored:
-                self._delivered_unstored = False
-                self.engine.storage.write_now()
-            chunks = self.out
-            self.out = []
-            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            self._out_bytes -= len(data)
-            self._urgent = False
-            self._flush_at = math.inf
-            if self.output_encoder is not None:
-                data = self.output_encoder(data)
+            token, data = self._take_output()
             sent = self.transport.try_send(data)
             self.traffic.bytes_out += sent
             if sent < len(data):
@@ -431,6 +420,23 @@ class StreamSession:
             self._drained.set()
         if self._stopping is not None:
             self._wake.set()
+
+    def _take_output(self) -> tuple[object, bytes]:
+        """Everything queued, as the bytes of one write (encoded), and `before_send`'s token for it;
+        a delivery waiting for its record (`unstored`) has it written first."""
+        token = self.before_send()
+        if self._delivered_unstored:
+            self._delivered_unstored = False
+            self.engine.storage.write_now()
+        chunks = self.out
+        self.out = []
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self._out_bytes -= len(data)
+        self._urgent = False
+        self._flush_at = math.inf
+        if self.output_encoder is not None:
+            data = self.output_encoder(data)
+        return token, data
 
     async def _write_loop(self) -> None:
         while True:
@@ -464,18 +470,7 @@ class StreamSession:
                 self.traffic.bytes_out += len(tail)
                 self.after_send(token)
             while self.out:
-                token = self.before_send()
-                if self._delivered_unstored:
-                    self._delivered_unstored = False
-                    self.engine.storage.write_now()
-                chunks = self.out
-                self.out = []
-                data = b"".join(chunks)
-                self._out_bytes -= len(data)
-                self._urgent = False
-                self._flush_at = math.inf
-                if self.output_encoder is not None:
-                    data = self.output_encoder(data)
+                token, data = self._take_output()
                 self._in_send = len(data)
                 await self.transport.send_all(data)
                 self._in_send = 0
