@@ -1,4 +1,5 @@
-"""`polymq serve`: run the gateway in one trio run.
+"""`polymq serve`: run the gateway in one trio run, the guest of the epoll loop that serves the TCP
+sessions' sockets (`--loop epoll`, the default: adapters/host_loop.py) or on trio's own loop.
 
 Start-up is in two steps. `prepare` binds every listener first, then opens the store: a port in
 use or an unusable data dir fails before anything is created, as one clear log line naming the
