@@ -210,12 +210,16 @@ class StreamSession:
                 await self._resume_read(pending)
             if not data or self._stopping is not None:
                 return
-            if self._urgent and not self._sending:
-                await self._flush()  # answer from here: one task switch less per round trip
-            elif self.out:
-                self._wake.set()  # buffered output: the writer keeps its deadline
-            if self._out_bytes > MAX_PENDING_OUTPUT:
-                await self._wait_for_output()
+            await self._after_read()
+
+    async def _after_read(self) -> None:
+        """The read is handled: send its answers, let buffered output wait, stop at the output's bound."""
+        if self._urgent and not self._sending:
+            await self._flush()  # answer from here: one task switch less per round trip
+        elif self.out:
+            self._wake.set()  # buffered output: the writer keeps its deadline
+        if self._out_bytes > MAX_PENDING_OUTPUT:
+            await self._wait_for_output()
 
     def _handle_read(self, data: bytes) -> Awaitable[None] | None:
         """`handle` one read with the store held: what it changes is written at its end, from here."""
@@ -267,10 +271,7 @@ class StreamSession:
             await self._resume_read(pending)
         if self._input_ended or self._stopping is not None:
             return True
-        if self._urgent and not self._sending:
-            await self._flush()
-        if self._out_bytes > MAX_PENDING_OUTPUT:
-            await self._wait_for_output()
+        await self._after_read()
         return False
 
     def _read_on_host(self, events: int) -> None:

@@ -141,8 +141,7 @@ class ZmqPump:
         if outgoing and self.unstored:
             waiting.cancel()  # outside a burst nobody else flushes: the pump sends it on its turn
             return
-        events = _int_option(self.sock, _EVENTS)
-        if events & _POLLIN or (outgoing and events & _POLLOUT):
+        if self._has_work(_int_option(self.sock, _EVENTS)):
             waiting.cancel()
 
     def flush(self) -> None:
@@ -283,8 +282,7 @@ class ZmqPump:
                 return  # closed by what it received
             # The last word before waiting is EVENTS: a receive or send that just said Again may
             # itself have consumed the edge that announced what is now ready.
-            events = _int_option(sock, _EVENTS)
-            if events & _POLLIN or (self.outgoing and events & _POLLOUT):
+            if self._has_work(_int_option(sock, _EVENTS)):
                 if progressed:
                     idle_turns = 0
                     await trio.lowlevel.checkpoint()  # let the rest of the loop run between bursts
