@@ -18,7 +18,7 @@ import trio
 
 from polymq.core.message import Message
 from polymq.jetstream import api
-from polymq.jetstream.nats_connection import Msg, NatsError
+from polymq.jetstream.nats_connection import NO_RESPONDERS, Msg, NatsError
 
 if TYPE_CHECKING:
     from polymq.jetstream.backend import JetStreamLink
@@ -33,7 +33,8 @@ HEADER_TOPIC = "Polymq-Topic"
 # Messages one pull asks for, and how long it waits for them before asking again.
 BATCH = 64
 PULL_EXPIRES_S = 5.0
-# A move whose publish failed is tried again after this long.
+# A move whose publish failed, or a pull that found the consumer electing a leader, is tried again
+# after this long.
 RETRY_S = 1.0
 # A message whose mover died (its node went) is moved by another after this long.
 ACK_WAIT_S = 30.0
@@ -56,6 +57,7 @@ class DeferredMover:
         self.moved = 0
         self._request_done = trio.Event()
         self._received = 0
+        self._no_leader = False  # the last request found the consumer without a leader
 
     async def prepare(self, replicas: int) -> None:
         try:
@@ -89,6 +91,7 @@ class DeferredMover:
         while True:
             self._request_done = trio.Event()
             self._received = 0
+            self._no_leader = False
             try:
                 self.connection.publish(subject, api.pull_request(BATCH, PULL_EXPIRES_S), reply=inbox)
             except NatsError:
@@ -96,10 +99,13 @@ class DeferredMover:
                 continue
             with trio.move_on_after(PULL_EXPIRES_S + 1.0):  # the request's end, or a link lost meanwhile
                 await self._request_done.wait()
+            if self._no_leader:  # answered at once while a leader is elected: not a loop as fast as the link
+                await trio.sleep(RETRY_S)
 
     def _on_message(self, msg: Msg) -> None:
         if msg.status is not None:
             if msg.status != 100:  # not a heartbeat: the request ended
+                self._no_leader = msg.status == NO_RESPONDERS
                 self._request_done.set()
             return
         self._received += 1

@@ -25,7 +25,7 @@ from polymq.core.message import Message
 from polymq.core.shared import SharedEngine, SharedQueue
 from polymq.core.trace import Client
 from polymq.jetstream import api
-from polymq.jetstream.backend import JetStreamLink, JetStreamSettings, open_shared_engine
+from polymq.jetstream.backend import PULL_RETRY_S, JetStreamLink, JetStreamSettings, open_shared_engine
 from polymq.jetstream.nats_connection import NatsOptions
 
 from support.nats_cluster import NatsCluster
@@ -448,3 +448,44 @@ async def test_two_stored_copies_of_one_message_are_delivered_once(nats_cluster:
             while await left() != (0, 0):
                 await trio.sleep(0.05)
         assert len(got) == 1
+
+
+
+async def _consumer_state(at: Node, topic: str, queue: str) -> tuple[str | None, int]:
+    """The server leading the queue's consumer, and the pull requests waiting there."""
+    info = await api.consumer_info(at.link.connection, topic, api.queue_consumer(queue))
+    return info.get("cluster", {}).get("leader"), int(info.get("num_waiting", 0))
+
+
+async def test_a_queue_whose_consumer_elects_a_leader_asks_again_at_a_pace(nats_cluster: NatsCluster) -> None:
+    """A SIGKILL of the server a node is connected to, which also leads a queue's consumer: the node
+    reconnects and asks for messages while the consumer has no leader, and JetStream answers each request
+    at once with 503. The node asks again every PULL_RETRY_S, not in a loop as fast as the link, and the
+    queue goes on once a leader is elected."""
+    topic, queue = name("electing"), name("electing")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        consumer, got = b.consumer(queue, topic)
+        await attached(b, queue)
+        target = nats_cluster.server_at(b.link.connection.connected_url).name
+        stepdown = f"CONSUMER.LEADER.STEPDOWN.{api.topic_stream(topic)}.{api.queue_consumer(queue)}"
+        with trio.fail_after(DEADLINE_S):  # the consumer led by the server b talks to, b's pulls waiting there
+            while (state := await _consumer_state(b, topic, queue))[0] != target or state[1] == 0:
+                if state[0] not in (target, None):
+                    await api.api(b.link.connection, stepdown, {"placement": {"preferred": target}})
+                await trio.sleep(0.05)
+        [puller] = b.link.pullers[queue]
+        leader = next(server for server in nats_cluster.servers if server.name == target)
+        requests_before, killed_at = puller.counter, trio.current_time()
+        leader.kill()
+        try:
+            message_id, stored = a.publish(topic, b"while a leader is elected")
+            await stored.wait()
+            assert stored.errors == [None]
+            await until(lambda: [m.id for m in got] == [message_id], "the message published after the kill")
+            consumer.finish(message_id)
+            asked = puller.counter - requests_before
+            paced = (trio.current_time() - killed_at) / PULL_RETRY_S
+            assert asked <= paced + 10, f"{asked} pull requests in {paced:.0f} retry periods"
+        finally:
+            leader.start()
+            await trio.to_thread.run_sync(nats_cluster.wait_ready)
