@@ -915,8 +915,6 @@ class DiskStorage:
         job.unlinks = []
         job.removed_dirs = []
         self.complete(job, written, [])
-        if was_synced and self.on_unsynced is not None and (self._unsynced or self.files.unsynced):
-            self.on_unsynced()  # the clock of `fsync_due` starts
         error = job.error
         always = self.policy.mode == "always"
         if error is None and not always:
@@ -936,6 +934,10 @@ class DiskStorage:
             elif not self._sync_wanted:
                 self._sync_wanted = True  # all busy: one job for this turn's writes (`submit_sync`)
                 self._wake()
+        # Left unsynced (no job now, or one without fdatasync): the clock of `fsync_due` starts. Not
+        # asked when a job just took it all: the committer's wake-up costs more than the PUB's write.
+        if was_synced and self.on_unsynced is not None and (self._unsynced or self.files.unsynced):
+            self.on_unsynced()
 
     def submit_sync(self) -> None:
         """Queue one sync job for what this loop turn wrote (the committer calls it once per turn)."""

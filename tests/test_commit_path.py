@@ -124,6 +124,28 @@ def test_a_release_under_always_leaves_the_busy_sync_thread_to_the_committer(tmp
     assert outcomes == ["one None", "two None"]
 
 
+def test_an_awaited_write_under_always_whose_job_takes_it_all_starts_no_sync_timer(tmp_path: Path) -> None:
+    """A PUB per round trip: each write follows a sync and goes into a sync job at once, so the
+    committer's timer of unawaited writes (`on_unsynced`) is not woken; a write no one waits for is."""
+    storage, engine, submitted = open_store(tmp_path, "always")
+    settle(storage, submitted)
+    unsynced: list[str] = []
+    storage.on_unsynced = lambda: unsynced.append("timer")
+    outcomes: list[OSError | None] = []
+    for body in (b"one", b"two", b"three"):
+        storage.hold_work()
+        engine.publish("t", body)
+        storage.sync(outcomes.append)
+        storage.release_work()
+        [job] = submitted
+        storage.sync_done(job.run())
+        submitted.clear()
+    assert outcomes == [None, None, None] and unsynced == []
+    engine.publish("t", b"no one waits")  # a write without an acknowledgement: the timer syncs it
+    storage.write_now()
+    assert submitted == [] and unsynced == ["timer"]
+
+
 def test_interval_answers_after_the_write_and_syncs_on_the_timer(tmp_path: Path) -> None:
     storage, engine, submitted = open_store(tmp_path, "interval:50")
     storage.write_now()
