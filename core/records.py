@@ -319,15 +319,27 @@ def encode_headers(headers: object) -> bytes:
     return _HEADERS_ENCODER.encode(headers).encode()
 
 
-_HEADERS_DECODER: Final = json.JSONDecoder()
+# The decoder's C scanner, called directly: `raw_decode` is a Python function around it (a frame per
+# message read back: 650-700 ns against 430-450 compiled, an MQKS msg_id header). No encoding
+# sniffing, no trailing whitespace scan either: the bytes are our own, checked by the record's CRC.
+_SCAN_JSON: Final = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def decode_headers(data: bytes) -> object:
-    # `raw_decode` of the text: a quarter of `json.loads(bytes)` (no encoding sniffing, no trailing
-    # whitespace scan); the bytes are our own, checked by the record's CRC.
-    return _HEADERS_DECODER.raw_decode(data.decode())[0] if data else None
+    if not data:
+        return None
+    try:
+        return _SCAN_JSON(data.decode(), 0)[0]
+    except StopIteration:  # the scanner's way to say "no JSON value here"
+        raise ValueError(f"stored headers that are not JSON: {data[:40]!r}") from None
 
 
 def decode_headers_at(payload: memoryview, offset: int, length: int) -> object:
     """`decode_headers` of the `length` bytes at `offset`, read from the record without a copy first."""
-    return _HEADERS_DECODER.raw_decode(str(payload[offset : offset + length], "utf-8"))[0] if length else None
+    if not length:
+        return None
+    try:
+        return _SCAN_JSON(str(payload[offset : offset + length], "utf-8"), 0)[0]
+    except StopIteration:
+        shown = bytes(payload[offset : offset + min(length, 40)])
+        raise ValueError(f"stored headers that are not JSON: {shown!r}") from None

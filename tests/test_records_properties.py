@@ -3,6 +3,7 @@ without a topic, from any entry on; `scan` finds every intact record around dama
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -80,6 +81,21 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**53, 2**53
 def test_headers_round_trip(headers: object) -> None:
     # The fast paths (string-valued dicts out, `raw_decode` in) agree with JSON for any headers.
     assert records.decode_headers(records.encode_headers(headers)) == headers
+
+
+@given(headers=st.dictionaries(st.text(max_size=10), st.text(max_size=20), max_size=4))
+def test_headers_read_back_from_a_record_in_place(headers: dict[str, str]) -> None:
+    encoded = records.encode_headers(headers)
+    payload = memoryview(b"head" + encoded + b"body")
+    assert records.decode_headers_at(payload, 4, len(encoded)) == (headers if encoded else None)
+
+
+def test_header_bytes_that_are_not_json_are_a_value_error() -> None:
+    for damaged in (b"\x00{", b"}", b"{\"a\":"):
+        with pytest.raises(ValueError):
+            records.decode_headers(damaged)
+        with pytest.raises(ValueError):
+            records.decode_headers_at(memoryview(b"x" + damaged + b"body"), 1, len(damaged))
 
 
 def test_the_quoted_header_names_kept_stay_bounded() -> None:
