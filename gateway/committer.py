@@ -3,7 +3,10 @@
 Writes: the store hands changes (publishes, acks, metadata) to the OS on the loop
 (`DiskStorage.write_now`): a `write` into the page cache costs microseconds, less than any
 hand-off. Sessions write what a read changed at its end; the write task here catches everything
-else once per loop turn.
+else once per loop turn. Under the host loop (adapters/host_loop.py) that turn is the end of the
+loop's pass, from the loop itself (`after_batch`): a trio event set from a callback of the loop costs
+a guest tick of trio, and a durable PUB arriving while the sync thread is busy needs one such turn.
+The task then only retries after a failure.
 
 Syncs: under `--fsync=always` every write is followed by a sync job: an fdatasync of every file
 written since the last job. One long-lived thread runs them (`ThreadSyncs`): it takes every job
@@ -37,7 +40,8 @@ from typing import Protocol
 import attrs
 import trio
 
-from polymq.adapters.host_loop import serve_readable
+from polymq.adapters import host_loop
+from polymq.adapters.host_loop import HostLoop, serve_readable
 from polymq.core.aio_fsync import AioFsync, SubmitError
 from polymq.core.disk_io import SyncJob, open_dir
 from polymq.core.disk_storage import DiskStorage
@@ -325,7 +329,10 @@ class Committer:
     def __init__(self, storage: DiskStorage, syncs: Syncs | None = None) -> None:
         self.storage = storage
         self._wake = trio.Event()
-        storage.on_work = self._wake.set
+        storage.on_work = self._wake_task
+        self._on_work: Callable[[], None] = self._wake_task  # `_commit_at_end_of_pass` under a host loop
+        self._host: HostLoop | None = None
+        self._commit_queued = False
         self.driver = syncs if syncs is not None else open_syncs()
         storage.on_sync_job = self._submit
         self.latencies = SyncLatencies()
@@ -338,10 +345,39 @@ class Committer:
             sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     async def run(self) -> None:
+        self._host = host_loop.current()
+        if self._host is not None:
+            self._on_work = self.storage.on_work = self._commit_at_end_of_pass
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_loop)
             nursery.start_soon(self.driver.watch, self._finish)
             await self._due_sync_loop()
+
+    def _wake_task(self) -> None:
+        self._wake.set()
+
+    def _commit_at_end_of_pass(self) -> None:
+        """`on_work` under a host loop: one commit turn at the end of the loop's pass."""
+        if not self._commit_queued and self._host is not None:
+            self._commit_queued = True
+            self._host.after_batch(self._commit_turn)
+
+    def _commit_turn(self) -> None:
+        """The write task's turn, run by the host loop; a failure goes to the task, which retries."""
+        self._commit_queued = False
+        storage = self.storage
+        if storage.failure is not None:
+            self._wake_task()
+            return
+        try:
+            storage.write_now()
+            storage.submit_sync()
+        except Exception:
+            log.exception("the store's commit failed on the loop; the committer's task tries again")
+            self._wake_task()
+            return
+        if storage.failure is not None:
+            self._wake_task()
 
     async def _write_loop(self) -> None:
         storage = self.storage
@@ -349,7 +385,7 @@ class Committer:
             if not storage.has_work():
                 await self._wake.wait()
             self._wake = trio.Event()
-            storage.on_work = self._wake.set
+            storage.on_work = self._on_work
             try:
                 if storage.failure is not None:
                     storage.retry_writes()

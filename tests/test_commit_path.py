@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 from pathlib import Path
 
 import pytest
 import trio
 
+from polymq.adapters import host_loop
+from polymq.adapters.host_loop import HostLoop
 from polymq.core.aio_fsync import AioFsync
 from polymq.core.clock import ManualClock, SystemClock
 from polymq.core.disk_io import PREZERO_BYTES, PREZERO_MAX_WRITE, CommitJob, FileWriter, SyncJob
@@ -362,6 +365,57 @@ async def test_writes_no_acknowledgement_waits_for_are_synced_soon_by_the_commit
                 await trio.sleep(0.005)
         nursery.cancel_scope.cancel()
     await commit.flush()
+
+
+def test_on_the_host_loop_a_change_outside_a_read_is_committed_at_the_end_of_the_loops_pass(tmp_path: Path) -> None:
+    """A change no session holds (here from a callback of the loop, as a sync completion's or a timer's
+    answer would make one) is written and its sync job handed out at the end of that pass, by the
+    loop itself: no trio task runs between the change and the write."""
+    storage = DiskStorage(tmp_path, SystemClock(), policy=FsyncPolicy.parse("always"))
+    engine = Engine(clock=storage.clock, storage=storage)
+    engine.restore()
+    engine.ensure_queue("q")
+    engine.bind("q", "t")
+    commit = committer.Committer(storage)
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        host = host_loop.current()
+        assert host is not None
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        confirmed = trio.Event()
+
+        def after_the_pass() -> None:
+            try:
+                trio.lowlevel.current_task()
+                seen["in a task"] = True
+            except RuntimeError:
+                seen["in a task"] = False
+            seen["work left"] = storage.has_work()
+            seen["in the file"] = b"from the loop" in segment_bytes(tmp_path)
+
+        def on_readable(_events: int) -> None:
+            ours.recv(16)
+            engine.publish("t", b"from the loop")
+            storage.sync(lambda error: (seen.setdefault("error", error), confirmed.set()))
+            host.after_batch(after_the_pass)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit.run)
+            await trio.sleep(0.01)
+            host.add_reader(ours.fileno(), on_readable)
+            theirs.send(b"x")
+            with trio.fail_after(20):  # an fdatasync on a busy disk
+                await confirmed.wait()
+            host.remove_reader(ours.fileno())
+            nursery.cancel_scope.cancel()
+        await commit.flush()
+        ours.close()
+        theirs.close()
+
+    HostLoop().run(main)
+    assert seen == {"in a task": False, "work left": False, "in the file": True, "error": None}
 
 
 async def test_aio_syncs_fall_back_to_the_thread_for_good_when_the_kernel_cannot(tmp_path: Path) -> None:
