@@ -162,6 +162,15 @@ class NatsServer:
         except OSError:
             return False
 
+    def client_urls(self) -> set[str]:
+        """The client addresses of the cluster this server knows (what its INFO tells a client)."""
+        try:
+            status, body = self.monitor("/varz")
+            data: dict[str, Any] = json.loads(body) if status == 200 else {}
+        except (OSError, ValueError):
+            return set()
+        return {str(url) for url in data.get("connect_urls") or ()}
+
     def meta_leader(self) -> str | None:
         """The JetStream meta leader this server knows of, if any."""
         try:
@@ -223,6 +232,11 @@ class NatsCluster:
                 # A leader among the servers up: right after a kill, the others may still name the dead one.
                 while server.meta_leader() not in names:
                     self._wait_or_fail(server, deadline, timeout, "knowing a JetStream meta leader that is up")
+            if len(self.servers) > 1:
+                # Every server up in what it tells a client: a node sizes its streams' replicas by that.
+                addresses = {f"127.0.0.1:{other.port}" for other in up}
+                while not addresses <= server.client_urls():
+                    self._wait_or_fail(server, deadline, timeout, "telling clients of every server up")
 
     @staticmethod
     def _wait_or_fail(server: NatsServer, deadline: float, timeout: float, what: str) -> None:
