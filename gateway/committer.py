@@ -365,19 +365,25 @@ class Committer:
     def _commit_turn(self) -> None:
         """The write task's turn, run by the host loop; a failure goes to the task, which retries."""
         self._commit_queued = False
+        if self.storage.failure is None:
+            try:
+                self._commit_once()
+            except Exception:
+                log.exception("the store's commit failed on the loop; the committer's task tries again")
+                self._wake_task()
+                return
+        if self.storage.failure is not None:
+            self._wake_task()
+
+    def _commit_once(self) -> None:
+        """Hand every pending change to the OS (after a failure, what failed first) and queue one sync
+        for every connection's writes of this turn (sessions write at the end of their reads)."""
         storage = self.storage
         if storage.failure is not None:
-            self._wake_task()
-            return
-        try:
+            storage.retry_writes()
+        else:
             storage.write_now()
-            storage.submit_sync()
-        except Exception:
-            log.exception("the store's commit failed on the loop; the committer's task tries again")
-            self._wake_task()
-            return
-        if storage.failure is not None:
-            self._wake_task()
+        storage.submit_sync()
 
     async def _write_loop(self) -> None:
         storage = self.storage
@@ -387,12 +393,7 @@ class Committer:
             self._wake = trio.Event()
             storage.on_work = self._on_work
             try:
-                if storage.failure is not None:
-                    storage.retry_writes()
-                else:
-                    storage.write_now()
-                # One sync for every connection's writes of this turn (sessions write at the end of their reads).
-                storage.submit_sync()
+                self._commit_once()
             except Exception:
                 # A bug must not stop the gateway: the work stays pending and is offered again.
                 log.exception("the store's commit failed; trying again in %.1f s", RETRY_DELAY_S)

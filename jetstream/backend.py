@@ -70,6 +70,10 @@ MAX_PULLS_WAITING = 64
 PUBLISH_RETRY_S = 0.1
 # How long a node waits at start-up for the stream of node numbers to take publishes.
 STREAM_READY_S = 20.0
+# How long a node waits for its server's INFO to list as many servers as the replicas asked: while a
+# cluster forms, its routes tell each server of the others' client addresses within about a second
+# here (nats-server 2.x, three servers on loopback); five times that for a loaded machine.
+CLUSTER_FORMING_WAIT_S = 5.0
 # Node numbers repeat after this many starts: the ids' node bits.
 NODE_NUMBERS = 1 << NODE_BITS
 
@@ -794,6 +798,23 @@ def cluster_size(connection: NatsConnection) -> int:
     return max(len(urls), 1)
 
 
+async def cluster_replicas(connection: NatsConnection, asked: int, wait_s: float = CLUSTER_FORMING_WAIT_S) -> int:
+    """The replicas the node's streams get: as many as asked, or the cluster's size when it is smaller.
+    A standalone server (its INFO names no cluster) is one. A cluster's servers are counted in INFO's
+    `connect_urls`, waiting up to `wait_s` for the INFO updates of a cluster still forming: a stream
+    made then with fewer replicas keeps them for good."""
+    if not connection.server_info.get("cluster"):
+        return 1
+    with trio.move_on_after(wait_s):
+        while cluster_size(connection) < asked:
+            await connection.next_info()
+    size = cluster_size(connection)
+    if size < asked:
+        log.warning("the JetStream cluster lists %d servers after %.0f s, fewer than the %d replicas asked; "
+                    "streams get %d", size, wait_s, asked, size)
+    return max(1, min(asked, size))
+
+
 async def open_shared_engine(settings: JetStreamSettings, nursery: trio.Nursery, *, clock: Clock | None = None,
                              timers: TimerService | None = None) -> tuple[SharedEngine, JetStreamLink]:
     """Connect, draw the node's number and return an engine whose durable queues live in JetStream."""
@@ -806,7 +827,7 @@ async def open_shared_engine(settings: JetStreamSettings, nursery: trio.Nursery,
         await api.api(connection, "INFO", timeout=settings.publish_timeout_s)
     except (NoResponders, RequestTimeout, api.JetStreamError) as error:
         raise NatsError(f"JetStream does not answer at {connection.connected_url} ({error})") from error
-    settings.replicas = max(1, min(settings.replicas, cluster_size(connection)))
+    settings.replicas = await cluster_replicas(connection, settings.replicas)
     number = await node_number(connection, settings.replicas)
     clock = clock or SystemClock()
     link = JetStreamLink(connection, settings, clock)

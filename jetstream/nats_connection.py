@@ -219,6 +219,7 @@ class NatsConnection:
         self.options = options
         self.connected_url: str | None = None  # the server it talks to now; None while disconnected
         self.server_info: dict[str, Any] = {}  # the last INFO
+        self._info_came = trio.Event()  # set by the next INFO (`next_info`)
         self.server_pings = 0  # PINGs the servers sent, all answered
         self._on_disconnected = on_disconnected
         self._on_reconnected = on_reconnected
@@ -523,8 +524,14 @@ class NatsConnection:
             if waiter is not None:
                 waiter.fail(ConnectionLost(f"flush: {reason}"))
 
+    async def next_info(self) -> None:
+        """Return when the next INFO came (a server sends one when a route tells it of a new server)."""
+        await self._info_came.wait()
+
     def _info(self, info: dict[str, Any]) -> None:
         self.server_info = info
+        self._info_came.set()
+        self._info_came = trio.Event()
         max_payload = info.get("max_payload")
         if isinstance(max_payload, int) and not isinstance(max_payload, bool) and max_payload > 0:
             self._max_payload = max_payload

@@ -12,9 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
 from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import stream_rows
+from polymq.jetstream.backend import cluster_replicas
+from polymq.jetstream.nats_connection import NatsConnection, NatsOptions
 
 from support.gateway import running_gateway
 from support.nats_cluster import NatsCluster, NatsServer
@@ -109,3 +113,44 @@ def test_a_node_on_jetstream_refuses_snapshots_and_takes_row_publishes(nats_serv
         client.publish([stream_rows.encode_publish_row(b"row one"), stream_rows.encode_publish_row(b"row two")],
                        topic="orders")
         assert sorted(nsq.read_message().body for _ in range(2)) == [b"row one", b"row two"]
+
+
+async def test_a_node_started_while_the_cluster_forms_waits_for_its_servers_to_size_replicas(
+        tmp_path: Path) -> None:
+    cluster = NatsCluster(tmp_path / "nats", 3)
+    first, second, third = cluster.servers
+    try:
+        first.start()
+        second.start()
+        await trio.to_thread.run_sync(cluster.wait_ready)  # two of three up: JetStream answers, INFO lists two
+        async with trio.open_nursery() as nursery:
+            connection = await NatsConnection.connect(NatsOptions(servers=[first.url]), nursery)
+            assert len(connection.server_info["connect_urls"]) == 2
+            chosen: list[int] = []
+
+            async def size() -> None:
+                chosen.append(await cluster_replicas(connection, 3, wait_s=60.0))
+
+            nursery.start_soon(size)
+            await trio.testing.wait_all_tasks_blocked()
+            assert chosen == []  # waiting for the third server, not sized by the first INFO
+            await trio.to_thread.run_sync(third.start)
+            with trio.fail_after(60.0):
+                while not chosen:
+                    await connection.next_info()
+                    await trio.testing.wait_all_tasks_blocked()
+            assert chosen == [3]
+            # A cluster smaller than asked: as many as it has once the wait is over; fewer asked: those.
+            assert await cluster_replicas(connection, 5, wait_s=0.05) == 3
+            assert await cluster_replicas(connection, 2, wait_s=0.05) == 2
+            await connection.close()
+    finally:
+        cluster.stop()
+
+
+async def test_a_standalone_server_gives_one_replica_at_once(nats_server: NatsServer) -> None:
+    async with trio.open_nursery() as nursery:
+        connection = await NatsConnection.connect(NatsOptions(servers=[nats_server.url]), nursery)
+        with trio.fail_after(1.0):  # no waiting: the INFO names no cluster
+            assert await cluster_replicas(connection, 3, wait_s=60.0) == 1
+        await connection.close()
