@@ -97,4 +97,5 @@ def _returned(letter: Message) -> Message:
     headers.pop(DEAD_LETTER_REASON_HEADER, None)
     # The topic it was first published to is not kept with a dead letter: None lets each protocol
     # show the queue's own (MQKS's `event=`).
-    return Message(letter.id, letter.body, letter.timestamp_ns, headers or None, None, 0, None, letter.origin)
+    return Message(letter.id, letter.body, letter.timestamp_ns, headers or None, None, 0, None, letter.origin,
+                   letter.publisher_id)

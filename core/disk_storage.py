@@ -41,7 +41,7 @@ from polymq.core import records
 from polymq.core.clock import Clock
 from polymq.core.disk_io import CommitJob, FileWriter, SyncJob
 from polymq.core.ids import IdSource
-from polymq.core.message import Message
+from polymq.core.message import Message, shown_headers
 from polymq.core.storage import DataDirInUse, QueueRecord, Snapshot, SyncCallback, TopicRecord
 
 log = logging.getLogger("polymq.storage")
@@ -272,7 +272,11 @@ class OwnerLog:
                 due = int(wall + (message.due - now) * 1e9)
         headers = message.headers
         encoded = b""
-        if headers is not None:
+        if message.publisher_id is not None:
+            # Alone: the id as it came, no JSON either way; beside headers: among them, as readers see it.
+            encoded = (records.PUBLISHER_ID_PREFIX + message.publisher_id if headers is None
+                       else records.encode_headers(shown_headers(message)))
+        elif headers is not None:
             if header_cache is None:
                 encoded = records.encode_headers(headers)
             else:
@@ -577,9 +581,12 @@ class OwnerLog:
             if bits is not None and len(bits) > index >> 3 and bits[index >> 3] & (1 << (index & 7)):
                 offset = end
                 continue
-            taken.append(_message(message_id, bytes(payload[offset + headers_len : end]), timestamp,
-                                  records.decode_headers_at(payload, offset, headers_len), attempts, expires, due,
-                                  topic, origin, base | index, now, wall))
+            if headers_len and payload[offset] == records.PUBLISHER_ID_MARK:
+                headers, publisher_id = None, bytes(payload[offset + 1 : offset + headers_len])
+            else:
+                headers, publisher_id = records.decode_headers_at(payload, offset, headers_len), None
+            taken.append(_message(message_id, bytes(payload[offset + headers_len : end]), timestamp, headers,
+                                  attempts, expires, due, topic, origin, base | index, now, wall, publisher_id))
             self.spilled -= 1
             if len(taken) >= count or not self.spilled:
                 break
@@ -685,8 +692,8 @@ def _run_record(messages: Sequence[Message]) -> _PendingAdd | None:
     size = records.HEADER.size + records.ADD_HEAD.size + records.RUN_HEAD.size
     for message in messages:
         if (message.id != expected or message.attempts or message.headers is not None
-                or message.expires_at is not None or message.due is not None or message.timestamp_ns != timestamp
-                or message.topic != topic_name or message.origin != origin_name):
+                or message.publisher_id is not None or message.expires_at is not None or message.due is not None
+                or message.timestamp_ns != timestamp or message.topic != topic_name or message.origin != origin_name):
             return None
         expected += 1
         size += 4 + len(message.body)
@@ -702,10 +709,12 @@ def _common_topic(messages: Sequence[Message]) -> str | None:
 
 
 def _message(message_id: int, body: bytes, timestamp_ns: int, headers: object, attempts: int, expires_wall_ns: int,
-             due_wall_ns: int, topic: str | None, origin: str | None, pos: int, now: float, wall: int) -> Message:
+             due_wall_ns: int, topic: str | None, origin: str | None, pos: int, now: float, wall: int,
+             publisher_id: bytes | None = None) -> Message:
     """A copy read back from its ADD entry; wall-clock times (0: none) made times of `now`'s clock."""
     expires = None if not expires_wall_ns else now + (expires_wall_ns - wall) / 1e9
-    message = Message(message_id, body, timestamp_ns, headers, expires, attempts, topic, origin)  # type: ignore[arg-type]
+    message = Message(message_id, body, timestamp_ns, headers, expires, attempts, topic, origin,  # type: ignore[arg-type]
+                      publisher_id)
     message.pos = pos
     if due_wall_ns and due_wall_ns > wall + DUE_TOLERANCE_NS:
         message.due = now + (due_wall_ns - wall) / 1e9
@@ -1285,9 +1294,10 @@ def _recover(owner: OwnerLog, clock: Clock) -> None:
                         owner.cursor = (segment, offset, entry.index - first)
                     owner.spilled += 1
                     continue
-                message = _message(entry.id, entry.body, entry.timestamp_ns, records.decode_headers(entry.headers),
-                                   entry.attempts, entry.expires_wall_ns, entry.due_wall_ns, entry.topic, entry.origin,
-                                   position, now, wall)
+                headers, publisher_id = records.decode_entry_headers(entry.headers)
+                message = _message(entry.id, entry.body, entry.timestamp_ns, headers, entry.attempts,
+                                   entry.expires_wall_ns, entry.due_wall_ns, entry.topic, entry.origin, position, now,
+                                   wall, publisher_id)
                 (deferred if message.due is not None else ready).append(message)
                 if owner.spilled:
                     _set_bit(done, position)  # in memory already: the spilled reader passes over it

@@ -716,7 +716,8 @@ class Queue:
         headers[DEAD_LETTER_QUEUE_HEADER] = self.name
         headers[DEAD_LETTER_REASON_HEADER] = reason
         name = self.dead_letter_topic
-        return Message(message.id, message.body, message.timestamp_ns, headers, None, 0, name, message.origin)
+        return Message(message.id, message.body, message.timestamp_ns, headers, None, 0, name, message.origin,
+                       message.publisher_id)
 
     def _timeouts(self, consumer: Consumer) -> None:
         consumer.timer = None
@@ -1280,28 +1281,30 @@ class Engine:
         origin: str | None = None,
         client: Client | None = None,
         publisher_id: bytes | None = None,
+        traced_id: bytes | None = None,
     ) -> int:
         """Publish one message; returns its id. `drop_if_unbound` applies MQKS's rule; `origin` is
-        the protocol it came in by ("nsq", "mqks", …), kept with it. `client` (who published) and
-        `publisher_id` (the id the publisher chose, when its headers do not carry it) are only read
-        when the topic is traced."""
+        the protocol it came in by ("nsq", "mqks", …), kept with it; `publisher_id` the id its
+        publisher chose (`Message.publisher_id`), kept with it. `client` (who published) and
+        `traced_id` (an id the publisher chose that the message does not keep) are only read when
+        the topic is traced."""
         message_id = self.ids.next()
         topic = self.topics.get(topic_name)
         if topic is None or not topic.queues:
             if drop_if_unbound:
                 self.dropped_count += 1
                 if self.tracer is not None:
-                    self.tracer.dropped_unbound(topic_name, body, headers, origin, client, message_id)
+                    self.tracer.dropped_unbound(topic_name, body, headers, origin, client, message_id, publisher_id)
                 return message_id
             if topic is None:
                 topic = self.ensure_topic(topic_name, origin=origin)
         # The monotonic clock only for a TTL or a delay: most publishes have neither.
         message = Message(message_id, body, self.clock.wall_ns(), headers,
-                          None if ttl is None else self.clock.now() + ttl, 0, topic_name, origin)
+                          None if ttl is None else self.clock.now() + ttl, 0, topic_name, origin, publisher_id)
         if delay > 0:
             message.due = self.clock.now() + delay
         if topic.traced:
-            self._trace().published(topic, [message], client, publisher_id)
+            self._trace().published(topic, [message], client, traced_id)
         self._publish_messages(topic, [message])
         return message_id
 
@@ -1312,14 +1315,16 @@ class Engine:
         *,
         headers: Mapping[str, Any] | None = None,
         each_headers: list[Mapping[str, Any]] | None = None,
+        each_publisher_id: list[bytes] | None = None,
         drop_if_unbound: bool = False,
         origin: str | None = None,
         client: Client | None = None,
     ) -> int:
         """Publish a batch in order (NSQ MPUB, consecutive MQKS publishes); returns the first id.
 
-        `each_headers` gives every message its own headers (else they share `headers`);
-        `drop_if_unbound` applies MQKS's rule to the whole batch."""
+        `each_headers` gives every message its own headers (else they share `headers`),
+        `each_publisher_id` its own `publisher_id`; `drop_if_unbound` applies MQKS's rule to the
+        whole batch."""
         first = self.ids.reserve(len(bodies) or 1)  # an empty batch still spends the id it returns
         if drop_if_unbound:
             topic_or_none = self.topics.get(topic_name)
@@ -1328,11 +1333,15 @@ class Engine:
                 if self.tracer is not None:
                     for index, body in enumerate(bodies):
                         self.tracer.dropped_unbound(topic_name, body, each_headers[index] if each_headers else headers,
-                                                    origin, client, first + index)
+                                                    origin, client, first + index,
+                                                    each_publisher_id[index] if each_publisher_id else None)
                 return first
         topic = self.ensure_topic(topic_name, origin=origin)
         timestamp = self.clock.wall_ns()
-        if each_headers is None:
+        if each_publisher_id is not None:
+            messages = [Message(first + index, body, timestamp, headers, None, 0, topic_name, origin, publisher_id)
+                        for index, (body, publisher_id) in enumerate(zip(bodies, each_publisher_id, strict=True))]
+        elif each_headers is None:
             messages = [Message(first + index, body, timestamp, headers, None, 0, topic_name, origin)
                         for index, body in enumerate(bodies)]
         else:

@@ -21,7 +21,7 @@ class Message:
     """
 
     __slots__ = ("attempts", "body", "deadline", "delivered_at", "due", "expires_at", "headers", "id",
-                 "origin", "owner", "pos", "timestamp_ns", "topic")
+                 "origin", "owner", "pos", "publisher_id", "timestamp_ns", "topic")
 
     def __init__(
         self,
@@ -33,6 +33,7 @@ class Message:
         attempts: int = 0,
         topic: str | None = None,
         origin: str | None = None,
+        publisher_id: bytes | None = None,
     ) -> None:
         self.id = id
         self.body = body
@@ -49,10 +50,25 @@ class Message:
         self.topic = topic
         # The protocol it came in by ("nsq", "mqks", …; None when not known); stored with it.
         self.origin = origin
+        # The id its publisher chose (an MQKS msg_id), kept apart from `headers` so that publishing,
+        # storing and reading it back build no dict and no JSON; readers see it as the
+        # PUBLISHER_ID_HEADER of `shown_headers`. Stored with it.
+        self.publisher_id = publisher_id
 
     def copy(self) -> Message:
         return Message(self.id, self.body, self.timestamp_ns, self.headers, self.expires_at, self.attempts,
-                       self.topic, self.origin)
+                       self.topic, self.origin, self.publisher_id)
 
     def __repr__(self) -> str:
         return f"Message(id={self.id}, attempts={self.attempts}, body={self.body[:32]!r})"
+
+
+def shown_headers(message: Message) -> Mapping[str, Any] | None:
+    """A message's headers as readers and other nodes see them: `headers`, with the publisher's id
+    under PUBLISHER_ID_HEADER when the message keeps it apart (`publisher_id`)."""
+    publisher_id = message.publisher_id
+    if publisher_id is None:
+        return message.headers
+    headers = dict(message.headers) if message.headers else {}
+    headers[PUBLISHER_ID_HEADER] = publisher_id.decode("utf-8", "replace")
+    return headers

@@ -52,6 +52,10 @@ ADD_RUN: Final = 2
 RUN_HEAD: Final = struct.Struct("<QQ")
 # id, timestamp ns, attempts, expires (wall ns, 0 = never), due (wall ns, 0 = now), headers len, body len
 ADD_ENTRY: Final = struct.Struct("<QQHqqII")
+# An entry's headers that start with this byte are not JSON but the id its publisher chose
+# (`Message.publisher_id`, an MQKS msg_id), as it came: JSON text never starts with a control character.
+PUBLISHER_ID_MARK: Final = 0x01
+PUBLISHER_ID_PREFIX: Final = b"\x01"
 
 SEGMENT_SHIFT: Final = 32
 INDEX_MASK: Final = (1 << SEGMENT_SHIFT) - 1
@@ -332,6 +336,13 @@ def decode_headers(data: bytes) -> object:
         return _SCAN_JSON(data.decode(), 0)[0]
     except StopIteration:  # the scanner's way to say "no JSON value here"
         raise ValueError(f"stored headers that are not JSON: {data[:40]!r}") from None
+
+
+def decode_entry_headers(data: bytes) -> tuple[object, bytes | None]:
+    """An entry's headers: (the JSON headers, None), or (None, the publisher's id) when it is one."""
+    if data[:1] == PUBLISHER_ID_PREFIX:
+        return None, data[1:]
+    return decode_headers(data), None
 
 
 def decode_headers_at(payload: memoryview, offset: int, length: int) -> object:

@@ -630,26 +630,28 @@ class SharedEngine(Engine):
 
     def publish(self, topic_name: str, body: bytes, *, delay: float = 0.0, headers: Mapping[str, Any] | None = None,
                 ttl: float | None = None, drop_if_unbound: bool = False, origin: str | None = None,
-                client: Client | None = None, publisher_id: bytes | None = None) -> int:
+                client: Client | None = None, publisher_id: bytes | None = None,
+                traced_id: bytes | None = None) -> int:
         """As the embedded engine's, but MQKS's rule (`drop_if_unbound`) asks about every node's queues: the
         link decides once it knows them."""
         self._drop_if_unbound = drop_if_unbound and not self._bound_here(topic_name)
         self._publisher = client
         try:
             return super().publish(topic_name, body, delay=delay, headers=headers, ttl=ttl, origin=origin,
-                                   client=client, publisher_id=publisher_id)
+                                   client=client, publisher_id=publisher_id, traced_id=traced_id)
         finally:
             self._drop_if_unbound = False
             self._publisher = None
 
     def publish_many(self, topic_name: str, bodies: list[bytes], *, headers: Mapping[str, Any] | None = None,
-                     each_headers: list[Mapping[str, Any]] | None = None, drop_if_unbound: bool = False,
+                     each_headers: list[Mapping[str, Any]] | None = None,
+                     each_publisher_id: list[bytes] | None = None, drop_if_unbound: bool = False,
                      origin: str | None = None, client: Client | None = None) -> int:
         self._drop_if_unbound = drop_if_unbound and not self._bound_here(topic_name)
         self._publisher = client
         try:
             return super().publish_many(topic_name, bodies, headers=headers, each_headers=each_headers,
-                                        origin=origin, client=client)
+                                        each_publisher_id=each_publisher_id, origin=origin, client=client)
         finally:
             self._drop_if_unbound = False
             self._publisher = None

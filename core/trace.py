@@ -183,7 +183,8 @@ class Tracer:
         ring = self.rings.get(topic)
         if ring is None or topic not in self.topics:
             return None
-        shape = Message(message.id, b"", 0, message.headers, None, 0, message.topic, message.origin)
+        shape = Message(message.id, b"", 0, message.headers, None, 0, message.topic, message.origin,
+                        message.publisher_id)
         traced = Traced(message.id, topic, message.origin, shape, self, len(message.body),
                         message.body[:self.body_prefix] if self.body_prefix else b"", ring)
         messages = ring.messages
@@ -204,11 +205,11 @@ class Tracer:
             self._record(traced, PUBLISHED, topic=topic.name, client=client, publisher_id=shown)
 
     def dropped_unbound(self, topic_name: str, body: bytes, headers: Mapping[str, Any] | None, origin: str | None,
-                        client: Client | None, message_id: int) -> None:
+                        client: Client | None, message_id: int, publisher_id: bytes | None = None) -> None:
         """A publish dropped because no queue is bound (MQKS's rule): traced, then dropped at once."""
         if topic_name not in self.topics:
             return
-        traced = self._start(Message(message_id, body, 0, headers, None, 0, topic_name, origin))
+        traced = self._start(Message(message_id, body, 0, headers, None, 0, topic_name, origin, publisher_id))
         if traced is not None:
             self._record(traced, PUBLISHED, topic=topic_name, client=client)
             self._record(traced, DROPPED, topic=topic_name, reason="no queue is bound to the topic")

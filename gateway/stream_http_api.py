@@ -22,7 +22,7 @@ from polymq.adapters.traffic import Traffic
 from polymq.codecs import stream_rows
 from polymq.core import streams
 from polymq.core.engine import Engine, Queue
-from polymq.core.message import PUBLISHER_ID_HEADER, Message
+from polymq.core.message import PUBLISHER_ID_HEADER, Message, shown_headers
 from polymq.jetstream.nats_connection import NatsError
 
 # The origin the engine keeps with rows published here (a Spark job's, mostly): polymq's own HTTP.
@@ -249,7 +249,7 @@ class StreamHttpApi:
             raw_topic = topic_bytes.get(topic)
             if raw_topic is None:
                 raw_topic = topic_bytes[topic] = topic.encode("utf-8", "surrogateescape")
-            headers = message.headers
+            headers = shown_headers(message)
             origin = message.origin
             raw_headers = json.dumps(headers, separators=(",", ":")).encode() if headers else b""
             raw_origin = origin.encode("ascii", "replace") if origin else b""

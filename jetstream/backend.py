@@ -24,7 +24,7 @@ import trio
 from polymq.core.clock import Clock, SystemClock
 from polymq.core.engine import Topic
 from polymq.core.ids import NODE_BITS
-from polymq.core.message import Message
+from polymq.core.message import Message, shown_headers
 from polymq.core.shared import SharedEngine, SharedQueue, SharedTopicLog, Stored
 from polymq.core.timers import TimerService
 from polymq.jetstream import api
@@ -425,8 +425,9 @@ class JetStreamLink:
         }
         if message.origin is not None:
             headers[api.HEADER_POLYMQ_ORIGIN] = message.origin
-        if message.headers:
-            headers[api.HEADER_POLYMQ_HEADERS] = json.dumps(dict(message.headers), separators=(",", ":"))
+        shown = shown_headers(message)  # a publisher's id kept apart travels among the headers
+        if shown:
+            headers[api.HEADER_POLYMQ_HEADERS] = json.dumps(dict(shown), separators=(",", ":"))
         if message.expires_at is not None:
             wall = self.clock.wall_ns() + int((message.expires_at - self.clock.now()) * 1e9)
             headers[api.HEADER_POLYMQ_EXPIRES] = str(wall)

@@ -90,6 +90,15 @@ def test_headers_read_back_from_a_record_in_place(headers: dict[str, str]) -> No
     assert records.decode_headers_at(payload, 4, len(encoded)) == (headers if encoded else None)
 
 
+
+@given(headers=st.none() | st.dictionaries(st.text(max_size=10), st.text(max_size=20), max_size=4),
+       publisher_id=st.binary(max_size=40))
+def test_an_entrys_headers_are_json_or_a_publishers_id_never_mistaken(headers: object, publisher_id: bytes) -> None:
+    # JSON never starts with the id's mark, so neither is read as the other.
+    assert records.decode_entry_headers(records.encode_headers(headers)) == (headers, None)
+    assert records.decode_entry_headers(records.PUBLISHER_ID_PREFIX + publisher_id) == (None, publisher_id)
+    assert records.encode_headers(headers)[:1] != records.PUBLISHER_ID_PREFIX
+
 def test_header_bytes_that_are_not_json_are_a_value_error() -> None:
     for damaged in (b"\x00{", b"}", b"{\"a\":"):
         with pytest.raises(ValueError):

@@ -29,7 +29,7 @@ from polymq.codecs.nsq import ServerLimits
 from polymq.core import disk_storage, records
 from polymq.core.clock import ManualClock
 from polymq.core.engine import DEAD_LETTER_TOPIC_OPTION, MADE_BY_OPTION, OWNER_RECORD_KEY, Consumer, Engine, Outcome
-from polymq.core.message import Message
+from polymq.core.message import Message, shown_headers
 
 from support import storage_files as files
 from support.gateway import GatewayProcess, running_gateway
@@ -1302,6 +1302,36 @@ def test_spilled_copies_read_back_one_at_a_time_keep_their_headers_ttl_and_origi
         else:
             assert message.expires_at == pytest.approx(published_at + ttl, abs=1e-6)
         assert message.due is None
+
+
+
+def test_publisher_ids_kept_apart_read_back_the_same_from_a_spill_and_after_a_restart(
+        open_store: Callable[..., Store]) -> None:
+    store = new_bound_store(open_store, mem_queue_size=2)
+    store.commit()
+    engine = store.engine
+    engine.publish("t", b"one", publisher_id=b"a-1", origin="mqks")
+    # A batch with ids is not a run record (a run keeps no ids).
+    engine.publish_many("t", [b"two", b"three", b"four"], each_publisher_id=[b"a-2", b"a-3", "\u00e9-4".encode()],
+                        origin="mqks")
+    engine.publish("t", b"both", headers={"k": "v"}, publisher_id=b"a-5", origin="mqks")
+    store.commit()  # the first two stay in memory, the rest is read back from the log
+    shown = [(b"one", {"msg_id": "a-1"}), (b"two", {"msg_id": "a-2"}), (b"three", {"msg_id": "a-3"}),
+             (b"four", {"msg_id": "\u00e9-4"}), (b"both", {"k": "v", "msg_id": "a-5"})]
+    # Read back, an id alone is still no dict: `headers` stays None.
+    apart = [(b"one", b"a-1"), (b"two", b"a-2"), (b"three", b"a-3"), (b"four", "\u00e9-4".encode())]
+
+    def check(got: list[Message]) -> None:
+        assert [(m.body, shown_headers(m)) for m in got] == shown
+        assert [(m.body, m.publisher_id) for m in got if m.headers is None] == apart
+
+    _consumer, got = consume(engine, "q")
+    check(got)
+    store.close()  # all in flight: back at the restart, the first two read with the log, the rest from it
+    store = open_store(mem_queue_size=2)
+    _consumer, got = consume(store.engine, "q")
+    check(got)
+    assert [m.attempts for m in got] == [2] * 5
 
 
 # -- a spilled topic backlog handed over to its first queue ------------------------------------------

@@ -66,7 +66,7 @@ class EMQPPubSub(ZmqService):
                 self.refusals.note("publish rejected", f"pub/sub: PUBLISH to {name} not queued: {refusal}")
                 continue
             # Who published is looked up only while something is traced.
-            engine.publish(name, publish.payload, drop_if_unbound=True, origin=EMQP_ORIGIN, publisher_id=message.msgid,
+            engine.publish(name, publish.payload, drop_if_unbound=True, origin=EMQP_ORIGIN, traced_id=message.msgid,
                            client=None if engine.tracer is None else identity_client(message.identity))
 
 

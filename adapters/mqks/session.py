@@ -9,8 +9,9 @@ Model (docs/architecture.md): `publish e` publishes to engine topic `e`, dropped
 bound (MQKS's rule); `consume q e1 e2` makes engine queue `q` bound to topics `e1`, `e2`. An
 MQKS consumer is an engine consumer: auto-ack ones hold a window of deliveries not yet written
 (credit comes back as the writer sends), manual-ack ones a window of unacknowledged messages.
-The publisher's msg_id travels in the message headers and the event is the message's topic;
-messages published by other protocols show the engine id (16 hex digits, as NSQ shows it).
+The publisher's msg_id travels as the message's `publisher_id` (other readers see it as the
+`msg_id` header) and the event is the message's topic; messages published by other protocols show
+their `msg_id` header if it fits a line, else the engine id (16 hex digits, as NSQ shows it).
 Consecutive publishes to one event in one read are published as one batch, and a read's run of
 plain acks (`mqks.Acks`) is finished with one engine call per consumer.
 
@@ -233,13 +234,17 @@ class MQKSServer(Listener):
 
 def msg_id_of(message: Message) -> bytes:
     """The msg_id an MQKS consumer sees for a message."""
-    headers = message.headers
-    msg_id = headers.get(MSG_ID_HEADER) if type(headers) is dict else None
-    # `str()`: headers come from any protocol, and a deliver callback must never raise. An MQKS
-    # publisher's id is one its request line carried; another protocol's (a stream writer's) with a
-    # space, a newline, another control character or a Unicode line break would break the line or
-    # its fields, so it shows the engine id instead.
-    shown = b"%016x" % message.id if msg_id is None else str(msg_id).encode()
+    shown = message.publisher_id
+    if shown is None:
+        headers = message.headers
+        msg_id = headers.get(MSG_ID_HEADER) if type(headers) is dict else None
+        if msg_id is None:
+            return b"%016x" % message.id
+        # `str()`: headers come from any protocol, and a deliver callback must never raise.
+        shown = str(msg_id).encode()
+    # An MQKS publisher's id is one its request line carried; another protocol's (a stream writer's)
+    # with a space, a newline, another control character or a Unicode line break would break the
+    # line or its fields, so it shows the engine id instead.
     if mqks.SPACE in shown or not shown or (message.origin != ORIGIN and not mqks.carries_field(shown)):
         shown = b"%016x" % message.id
     return shown
@@ -418,10 +423,10 @@ class MQKSSession(StreamSession):
         if len(requests) == 1:  # publishers that alternate events: no batch to build
             request = requests[0]
             engine.publish(event, request.data, drop_if_unbound=True, origin=ORIGIN,
-                           headers={MSG_ID_HEADER: request.request_id}, client=self.client)
+                           publisher_id=request.request_id.encode(), client=self.client)
         else:
             engine.publish_many(event, [request.data for request in requests], drop_if_unbound=True, origin=ORIGIN,
-                                each_headers=[{MSG_ID_HEADER: request.request_id} for request in requests],
+                                each_publisher_id=[request.request_id.encode() for request in requests],
                                 client=self.client)
         self.server.published += len(requests)
         self.traffic.messages_in += len(requests)

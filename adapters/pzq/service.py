@@ -147,7 +147,7 @@ class PZQServer(ZmqService):
                 replies.append([peer, *pzq.producer_refusal(parsed.producer_id, refusal.encode())])
                 continue
             # Who published is looked up only while something is traced.
-            engine.publish(topic, pzq.join_frames(parsed.bodies), origin=ORIGIN, publisher_id=parsed.producer_id,
+            engine.publish(topic, pzq.join_frames(parsed.bodies), origin=ORIGIN, traced_id=parsed.producer_id,
                            client=None if engine.tracer is None else _producer(peer))
             replies.append([peer, *pzq.producer_ack(parsed.producer_id)])
         if replies:
