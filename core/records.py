@@ -194,7 +194,7 @@ def encode_run(first_index: int, first_id: int, timestamp_ns: int, bodies: Seque
                                 RUN_HEAD.pack(first_id, timestamp_ns), lengths.tobytes(), *bodies)))
 
 
-def add_source(payload: memoryview, flags: int) -> tuple[str | None, str | None, int]:
+def add_source(payload: bytes | memoryview, flags: int) -> tuple[str | None, str | None, int]:
     """The record's topic and origin (when it names them) and the offset right after them."""
     offset = ADD_HEAD.size
     topic = origin = None
@@ -211,7 +211,7 @@ def add_source(payload: memoryview, flags: int) -> tuple[str | None, str | None,
     return topic, origin, offset
 
 
-def add_head(payload: memoryview) -> tuple[int, int, int]:
+def add_head(payload: bytes | memoryview) -> tuple[int, int, int]:
     """(first index, count, flags) of an ADD payload."""
     return ADD_HEAD.unpack_from(payload, 0)
 
@@ -236,7 +236,7 @@ def decode_add(payload: memoryview, skip: int = 0) -> Iterator[StoredEntry]:
         offset += headers_len + body_len
 
 
-def run_layout(payload: memoryview, flags: int) -> tuple[str | None, str | None, int, int, array, int]:
+def run_layout(payload: bytes | memoryview, flags: int) -> tuple[str | None, str | None, int, int, array, int]:
     """A run record's topic, origin, first id, timestamp, body lengths and the offset of its first
     body: what a reader needs to take its messages without an entry object each."""
     topic, origin, offset = add_source(payload, flags)
@@ -345,7 +345,7 @@ def decode_entry_headers(data: bytes) -> tuple[object, bytes | None]:
     return decode_headers(data), None
 
 
-def decode_headers_at(payload: memoryview, offset: int, length: int) -> object:
+def decode_headers_at(payload: bytes | memoryview, offset: int, length: int) -> object:
     """`decode_headers` of the `length` bytes at `offset`, read from the record without a copy first."""
     if not length:
         return None
