@@ -19,7 +19,7 @@ import enum
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from polymq.core.clock import Clock, SystemClock
@@ -1338,15 +1338,18 @@ class Engine:
                 return first
         topic = self.ensure_topic(topic_name, origin=origin)
         timestamp = self.clock.wall_ns()
-        if each_publisher_id is not None:
-            messages = [Message(first + index, body, timestamp, headers, None, 0, topic_name, origin, publisher_id)
-                        for index, (body, publisher_id) in enumerate(zip(bodies, each_publisher_id, strict=True))]
-        elif each_headers is None:
+        if each_headers is None and each_publisher_id is None:
             messages = [Message(first + index, body, timestamp, headers, None, 0, topic_name, origin)
                         for index, body in enumerate(bodies)]
         else:
-            messages = [Message(first + index, body, timestamp, message_headers, None, 0, topic_name, origin)
-                        for index, (body, message_headers) in enumerate(zip(bodies, each_headers, strict=True))]
+            headers_of: Sequence[Mapping[str, Any] | None] = (each_headers if each_headers is not None
+                                                              else [headers] * len(bodies))
+            ids_of: Sequence[bytes | None] = (each_publisher_id if each_publisher_id is not None
+                                              else [None] * len(bodies))
+            messages = [Message(first + index, body, timestamp, message_headers, None, 0, topic_name, origin,
+                                publisher_id)
+                        for index, (body, message_headers, publisher_id)
+                        in enumerate(zip(bodies, headers_of, ids_of, strict=True))]
         if topic.traced:
             self._trace().published(topic, messages, client)
         self._publish_messages(topic, messages)

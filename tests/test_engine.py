@@ -28,6 +28,7 @@ from polymq.core.engine import (
     Message,
     Outcome,
 )
+from polymq.core.message import shown_headers
 
 from support.sync_store import Store
 
@@ -1159,6 +1160,19 @@ def test_publish_many_keeps_order_and_ids_are_consecutive() -> None:
     topic = engine.topic("t")
     assert topic is not None and topic.message_count == 7
 
+
+
+def test_publish_many_gives_each_message_its_headers_and_its_publishers_id() -> None:
+    engine, _ = make()
+    _consumer, got = sub(engine, "t", "c", credit=100)
+    engine.publish_many("t", [b"a", b"b"], each_headers=[{"k": "1"}, {"k": "2"}], each_publisher_id=[b"p1", b"p2"])
+    engine.publish_many("t", [b"c", b"d"], headers={"k": "shared"}, each_publisher_id=[b"p3", b"p4"])
+    engine.publish_many("t", [b"e"], each_headers=[{"k": "5"}])
+    assert [(m.body, m.headers, m.publisher_id) for m in got.messages] == [
+        (b"a", {"k": "1"}, b"p1"), (b"b", {"k": "2"}, b"p2"), (b"c", {"k": "shared"}, b"p3"),
+        (b"d", {"k": "shared"}, b"p4"), (b"e", {"k": "5"}, None)]
+    assert shown_headers(got.messages[0]) == {"k": "1", "msg_id": "p1"}
+    assert shown_headers(got.messages[4]) == {"k": "5"}
 
 def test_ids_increase_and_are_never_reused() -> None:
     engine, clock = make()
