@@ -196,12 +196,13 @@ class Tracer:
         return traced
 
     def published(self, topic: Topic, messages: list[Message], client: Client | None,
-                  publisher_id: bytes | None = None) -> None:
+                  traced_id: bytes | None = None) -> None:
+        """`traced_id`: an id its publisher chose that the message does not keep (PZQ's, eMQP pub/sub's)."""
         for message in messages:
             traced = self._start(message) if topic.name in self.topics else None
             if traced is None:
                 continue
-            shown = publisher_id.decode("utf-8", "backslashreplace") if publisher_id is not None else None
+            shown = traced_id.decode("utf-8", "backslashreplace") if traced_id is not None else None
             self._record(traced, PUBLISHED, topic=topic.name, client=client, publisher_id=shown)
 
     def dropped_unbound(self, topic_name: str, body: bytes, headers: Mapping[str, Any] | None, origin: str | None,

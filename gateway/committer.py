@@ -329,8 +329,7 @@ class Committer:
     def __init__(self, storage: DiskStorage, syncs: Syncs | None = None) -> None:
         self.storage = storage
         self._wake = trio.Event()
-        storage.on_work = self._wake_task
-        self._on_work: Callable[[], None] = self._wake_task  # `_commit_at_end_of_pass` under a host loop
+        storage.on_work = self._wake_task  # `_commit_at_end_of_pass` under a host loop (`run`)
         self._host: HostLoop | None = None
         self._commit_queued = False
         self.driver = syncs if syncs is not None else open_syncs()
@@ -347,7 +346,7 @@ class Committer:
     async def run(self) -> None:
         self._host = host_loop.current()
         if self._host is not None:
-            self._on_work = self.storage.on_work = self._commit_at_end_of_pass
+            self.storage.on_work = self._commit_at_end_of_pass
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_loop)
             nursery.start_soon(self.driver.watch, self._finish)
@@ -391,7 +390,6 @@ class Committer:
             if not storage.has_work():
                 await self._wake.wait()
             self._wake = trio.Event()
-            storage.on_work = self._on_work
             try:
                 self._commit_once()
             except Exception:
