@@ -998,6 +998,18 @@ class Engine:
         self.streams_refused: str | None = None
         # Set while a topic is traced (core/trace.py); the engine calls it only where a topic or queue is.
         self.tracer: Tracer | None = None
+        # Who hears what is told to every node, by kind (`tell_every_node`: eMQP's pub/sub).
+        self.listeners: dict[str, Callable[[list[bytes]], None]] = {}
+
+    def tell_every_node(self, kind: str, frames: list[bytes]) -> None:
+        """Hand `frames` to the listener of `kind` on this node at once; an engine shared with other nodes
+        hands them to theirs too, at most once each (nothing is kept for a node that is not there)."""
+        self.told(kind, frames)
+
+    def told(self, kind: str, frames: list[bytes]) -> None:
+        listener = self.listeners.get(kind)
+        if listener is not None:
+            listener(frames)
 
     def _trace(self) -> Tracer:
         """The tracer, for a topic or queue whose `traced` says there is one."""

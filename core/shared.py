@@ -18,6 +18,7 @@ Ephemeral topics and queues stay in the node, in the embedded engine's own class
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol
@@ -103,7 +104,32 @@ class Link(Protocol):
 
     def unbound(self, queue: SharedQueue, topic: str) -> None: ...
 
-    def queue_deleted(self, queue: SharedQueue, topics: list[str]) -> None: ...
+    def queue_deleted(self, queue: SharedQueue, topics: list[str]) -> None:
+        """Deleted on every node: its consumers in the shared engine go, and the other nodes are told."""
+        ...
+
+    def queue_configured(self, queue: SharedQueue) -> None:
+        """Its settings changed: kept with it in the shared engine, for the nodes that make it next."""
+        ...
+
+    # What the engine does while it follows the shared engine (`SharedEngine.following`): the change was
+    # made elsewhere and is already there; only this node's reading of it changes.
+
+    def followed(self, queue: SharedQueue, topic: str) -> None:
+        """The queue is bound to the topic in the shared engine: this node reads that binding too."""
+        ...
+
+    def unfollowed(self, queue: SharedQueue, topic: str) -> None:
+        """The binding is gone from the shared engine (or the queue is forgotten here): this node stops reading it."""
+        ...
+
+    def topic_forgotten(self, name: str) -> None:
+        """The topic is gone from the shared engine, or this node forgets it."""
+        ...
+
+    def tell_every_node(self, kind: str, frames: list[bytes]) -> None:
+        """Hand the frames to the listener of `kind` on every other node, at most once."""
+        ...
 
     def topic_emptied(self, topic: Topic) -> None:
         """What the topic keeps for its first queue is dropped."""
@@ -300,8 +326,11 @@ class SharedQueue(Queue):
     """A queue of the shared engine, as one node sees it: its consumers, and the copies fetched for them."""
 
     def __init__(self, engine: SharedEngine, name: str, *, auto_delete: float | None,
-                 options: Mapping[str, Any] | None, owner_topic: str | None = None) -> None:
-        super().__init__(engine, name, ephemeral=False, auto_delete=auto_delete, options=options,
+                 options: Mapping[str, Any] | None, owner_topic: str | None = None, ephemeral: bool = False) -> None:
+        # An ephemeral one (an NSQ `#ephemeral` channel of a shared topic) is shared too: an NSQ client
+        # reading it through every node lookupd names gets each message once. The node forgets it when its
+        # last consumer here leaves; the shared engine, once no node reads it.
+        super().__init__(engine, name, ephemeral=ephemeral, auto_delete=auto_delete, options=options,
                          owner_topic=owner_topic)
         self.link: Link = engine.link
         self.shared_log = SharedLog(self)
@@ -436,6 +465,10 @@ class SharedQueue(Queue):
         if self.traced:
             engine._trace().dead_lettered(self, message, reason, topic)
         link = self.link
+        if topic.ephemeral:  # an ephemeral channel's letters stay on the node, as the channel's would on nsqd
+            Engine._publish_messages(engine, topic, [letter])
+            link.term(self, message)
+            return
 
         def stored(error: Exception | None) -> None:
             if error is None:
@@ -471,10 +504,16 @@ class SharedQueue(Queue):
             self.give_back()
 
     def _auto_delete(self) -> None:
-        """Unused on this node: forgotten here, kept in the shared engine (another node may use it)."""
+        """Unused on this node: forgotten here (the topic it takes with it too), kept in the shared engine,
+        where another node may use it."""
+        engine = self.engine
+        assert isinstance(engine, SharedEngine)
         self.forgotten = True
-        super()._auto_delete()
-        if not self.deleted:
+        with engine.following():
+            super()._auto_delete()
+        if self.deleted and not self.ephemeral:
+            engine.forgotten.add(self.name)
+        else:
             self.forgotten = False
 
     def set_paused(self, paused: bool) -> None:
@@ -552,6 +591,26 @@ class SharedEngine(Engine):
         self.hold_refresh_s = DEFAULT_HOLD_REFRESH_S
         self.ids = IdSource(self.clock.wall_ns(), node)
         self._refresh_timer: Timer | None = None  # while shared queues exist (`_refresh_in_flight`)
+        # Set while the engine applies what another node (or the shared engine itself) changed: the node's
+        # topics and queues follow it without telling the shared engine again (`following`).
+        self._following = 0
+        # Queues this node forgot (unused here for their auto-delete time) and that the shared engine
+        # keeps: not made again here until a client names one or it changes in the shared engine.
+        self.forgotten: set[str] = set()
+
+    @property
+    def is_following(self) -> bool:
+        return bool(self._following)
+
+    @contextlib.contextmanager
+    def following(self) -> Iterator[None]:
+        """Topics and queues made, bound, unbound and deleted inside are this node's view of what the shared
+        engine already holds (another node's change, or this node forgetting what it no longer uses)."""
+        self._following += 1
+        try:
+            yield
+        finally:
+            self._following -= 1
 
     def _refresh_in_flight(self) -> None:
         """Every hold_refresh_s, deliveries held longer than that are reported worked on."""
@@ -565,12 +624,14 @@ class SharedEngine(Engine):
 
     def _new_queue(self, name: str, ephemeral: bool, auto_delete: float | None, options: Mapping[str, Any] | None,
                    owner_topic: str | None) -> Queue:
-        if ephemeral:
-            return super()._new_queue(name, ephemeral, auto_delete, options, owner_topic)
+        owner = self.topics.get(owner_topic) if owner_topic is not None else None
+        if ephemeral and (owner is None or owner.ephemeral):
+            return super()._new_queue(name, ephemeral, auto_delete, options, owner_topic)  # the node's own
         if self._refresh_timer is None:
             self._refresh_timer = self.timers.schedule(self.clock.now() + self.hold_refresh_s,
                                                        self._refresh_in_flight)
-        return SharedQueue(self, name, auto_delete=auto_delete, options=options, owner_topic=owner_topic)
+        return SharedQueue(self, name, auto_delete=auto_delete, options=options, owner_topic=owner_topic,
+                           ephemeral=ephemeral)
 
     def ensure_topic(self, name: str, *, ephemeral: bool = False, origin: str | None = None) -> Topic:
         made = name not in self.topics
@@ -587,8 +648,15 @@ class SharedEngine(Engine):
         queue = super().ensure_queue(name, ephemeral=ephemeral, auto_delete=auto_delete, options=options,
                                     origin=origin, owner_topic=owner_topic)
         if made and isinstance(queue, SharedQueue):
+            if not self._following:
+                self.forgotten.discard(name)  # named by a client: followed again
             self.link.queue_made(queue)
         return queue
+
+    def configure_queue(self, queue: Queue, *, auto_delete: float | None, options: Mapping[str, Any]) -> None:
+        super().configure_queue(queue, auto_delete=auto_delete, options=options)
+        if isinstance(queue, SharedQueue) and not self._following:
+            self.link.queue_configured(queue)
 
     def bind(self, queue_name: str, topic_name: str, *, ephemeral_topic: bool = False) -> Queue:
         queue = self.queues[queue_name]
@@ -597,17 +665,34 @@ class SharedEngine(Engine):
         topic = self.topics.get(topic_name)
         if new and isinstance(queue, SharedQueue) and topic is not None and not topic.ephemeral:
             backlog = topic.log
-            if isinstance(backlog, SharedTopicLog) and len(topic.queues) == 1:
+            if isinstance(backlog, SharedTopicLog) and len(topic.queues) == 1 and not queue.ephemeral:
                 queue.shared_log.spilled += backlog.spilled  # the first queue takes the backlog
                 backlog.spilled = 0
-            self.link.bound(queue, topic_name, self.barrier.issue())
+            if self._following:
+                self.link.followed(queue, topic_name)
+            else:
+                self.link.bound(queue, topic_name, self.barrier.issue())
         return queue
+
+    def set_bindings(self, queue_name: str, topic_names: Iterable[str]) -> None:
+        """As the embedded engine's, but the new bindings are made before the old ones go: another node
+        following the change never sees the queue bound to nothing (and forgets it) on the way."""
+        wanted = list(dict.fromkeys(topic_names))
+        queue = self.queues[queue_name]
+        for topic_name in wanted:
+            self.bind(queue_name, topic_name)
+        for topic_name in list(queue.topics):
+            if topic_name not in wanted:
+                self.unbind(queue_name, topic_name)
 
     def _unbind(self, queue: Queue, topic_name: str) -> None:
         bound = topic_name in queue.topics
         super()._unbind(queue, topic_name)
-        if bound and isinstance(queue, SharedQueue) and not queue.deleted:
-            self.link.unbound(queue, topic_name)
+        if bound and isinstance(queue, SharedQueue):
+            if self._following:
+                self.link.unfollowed(queue, topic_name)
+            elif not queue.deleted:
+                self.link.unbound(queue, topic_name)
 
     def delete_queue(self, name: str) -> bool:
         queue = self.queues.get(name)
@@ -615,7 +700,8 @@ class SharedEngine(Engine):
         if isinstance(queue, SharedQueue):
             queue.give_back()
         deleted = super().delete_queue(name)
-        if deleted and isinstance(queue, SharedQueue):
+        if deleted and isinstance(queue, SharedQueue) and not self._following:
+            self.forgotten.discard(name)
             self.link.queue_deleted(queue, topics)
         return deleted
 
@@ -623,7 +709,10 @@ class SharedEngine(Engine):
         topic = self.topics.get(name)
         deleted = super().delete_topic(name)
         if deleted and topic is not None and not topic.ephemeral:
-            self.link.topic_deleted(name)
+            if self._following:
+                self.link.topic_forgotten(name)
+            else:
+                self.link.topic_deleted(name)
         return deleted
 
     # -- publishing: to the shared engine, never straight into the node's queues -----------------
@@ -662,6 +751,10 @@ class SharedEngine(Engine):
             return (f"{order.held_bytes} bytes of this client's publishes wait for the shared engine to store "
                     f"its earlier ones (the limit is {MAX_HELD_BYTES})")
         return super().publish_refusal(topic_name, count, client)
+
+    def tell_every_node(self, kind: str, frames: list[bytes]) -> None:
+        super().tell_every_node(kind, frames)
+        self.link.tell_every_node(kind, frames)
 
     def backend(self) -> dict[str, Any]:
         return {**self.link.describe(), "node": self.node, "publishes": self.barrier.publish_count,

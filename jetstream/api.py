@@ -100,6 +100,36 @@ def token(name: str) -> str:
     return "".join(out)
 
 
+def untoken(token_: str) -> str:
+    """The name `token` made: `_XX` back to its byte (ValueError for what `token` never makes)."""
+    out = bytearray()
+    index = 0
+    while index < len(token_):
+        char = token_[index]
+        if char == "_":
+            digits = token_[index + 1:index + 3]
+            if len(digits) != 2 or digits.upper() != digits:
+                raise ValueError(f"not a token of a name: {token_!r}")
+            out.append(int(digits, 16))
+            index += 3
+        elif _SAFE.fullmatch(char.encode()):
+            out += char.encode()
+            index += 1
+        else:
+            raise ValueError(f"not a token of a name: {token_!r}")
+    return out.decode()
+
+
+def topic_of_stream(stream: str) -> str | None:
+    """The topic whose stream this is, or None for another stream (polymq's buckets, other clients')."""
+    if not stream.startswith(STREAM_PREFIX):
+        return None
+    try:
+        return untoken(stream[len(STREAM_PREFIX):])
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
 def topic_subject(topic: str) -> str:
     return SUBJECT_PREFIX + token(topic)
 
@@ -201,12 +231,28 @@ def requeue_subject(topic: str, queue: str) -> str:
     return f"{REQUEUE_PREFIX}{token(topic)}.{token(queue)}"
 
 
+# Consumer metadata: the queue a consumer is (its name as given; the consumer's name is its token), the
+# queue's settings as JSON (`Engine._queue_options`: what another node needs to make the same queue), and
+# "1" for an NSQ ephemeral channel's consumer (in memory, gone once no node reads it).
+QUEUE_METADATA = "polymq_queue"
+OPTIONS_METADATA = "polymq_options"
+EPHEMERAL_METADATA = "polymq_ephemeral"
+# An ephemeral channel's consumer that no node has asked anything of for this long is deleted by the
+# servers (a node that died with its clients leaves none behind). A node whose last client of it leaves
+# deletes it at once when no other node reads it.
+EPHEMERAL_INACTIVE_S = 30.0
+
+
 def consumer_config(name: str, *, topic: str, ack_wait_s: float, deliver_all: bool,
-                    queue: str | None = None) -> dict[str, Any]:
+                    queue: str | None = None, options: str | None = None, ephemeral: bool = False) -> dict[str, Any]:
     """A queue's consumer reads the topic's subject and its own requeue subject; the backlog's (no `queue`)
-    the topic's subject only."""
+    the topic's subject only. An ephemeral channel's keeps its state in memory (its replicas must be the
+    stream's: JetStream refuses fewer on a stream with interest retention)."""
     filters = [topic_subject(topic)] if queue is None else [topic_subject(topic), requeue_subject(topic, queue)]
-    return {
+    metadata = {QUEUE_METADATA: queue if queue is not None else ""}
+    if options is not None:
+        metadata[OPTIONS_METADATA] = options
+    config: dict[str, Any] = {
         "durable_name": name,
         "filter_subjects": filters,
         "ack_policy": "explicit",
@@ -216,25 +262,65 @@ def consumer_config(name: str, *, topic: str, ack_wait_s: float, deliver_all: bo
         "replay_policy": "instant",
         "max_ack_pending": -1,
         "max_waiting": 512,  # pull requests waiting at once (nats-server's default)
-        "metadata": {"polymq_queue": queue if queue is not None else ""},
+        "metadata": metadata,
     }
+    if ephemeral:
+        metadata[EPHEMERAL_METADATA] = "1"
+        config["mem_storage"] = True
+        config["inactive_threshold"] = int(EPHEMERAL_INACTIVE_S * 1e9)
+    return config
 
 
 async def consumer_names(connection: NatsConnection, topic: str) -> list[str]:
     """The consumers of the topic's stream, as the meta leader knows them (no consumer leader needed)."""
-    try:
-        answer = await api(connection, f"CONSUMER.NAMES.{topic_stream(topic)}", {"offset": 0})
-    except JetStreamError as error:
-        if error.err_code == ERR_STREAM_NOT_FOUND:
-            return []
-        raise
-    return list(answer.get("consumers") or [])
+    names: list[str] = []
+    while True:
+        try:
+            answer = await api(connection, f"CONSUMER.NAMES.{topic_stream(topic)}", {"offset": len(names)})
+        except JetStreamError as error:
+            if error.err_code == ERR_STREAM_NOT_FOUND:
+                return names
+            raise
+        page = list(answer.get("consumers") or [])
+        names += page
+        if not page or len(names) >= int(answer.get("total", 0)):
+            return names
 
 
-async def consumer_list(connection: NatsConnection, topic: str) -> list[dict[str, Any]]:
-    """Every consumer of the topic's stream with its counts (num_pending: messages it has not been given)."""
-    answer = await api(connection, f"CONSUMER.LIST.{topic_stream(topic)}", {"offset": 0})
-    return list(answer.get("consumers") or [])
+async def stream_names(connection: NatsConnection, subject: str) -> list[str]:
+    """Every stream that takes messages on `subject` (wildcards allowed), page by page."""
+    names: list[str] = []
+    while True:
+        answer = await api(connection, "STREAM.NAMES", {"offset": len(names), "subject": subject})
+        page = list(answer.get("streams") or [])
+        names += page
+        if not page or len(names) >= int(answer.get("total", 0)):
+            return names
+
+
+async def consumer_list(connection: NatsConnection, topic: str) -> list[dict[str, Any]] | None:
+    """Every consumer of the topic's stream with its settings and counts (num_pending: messages it has not
+    been given), page by page; None when the stream does not exist."""
+    consumers: list[dict[str, Any]] = []
+    while True:
+        try:
+            answer = await api(connection, f"CONSUMER.LIST.{topic_stream(topic)}", {"offset": len(consumers)})
+        except JetStreamError as error:
+            if error.err_code == ERR_STREAM_NOT_FOUND:
+                return None
+            raise
+        page = list(answer.get("consumers") or [])
+        consumers += page
+        if not page or len(consumers) >= int(answer.get("total", 0)):
+            break
+    if not consumers:  # JetStream lists no consumers, without an error, for a stream that does not exist
+        try:
+            await api(connection, f"STREAM.INFO.{topic_stream(topic)}")
+        except JetStreamError as error:
+            if error.err_code == ERR_STREAM_NOT_FOUND:
+                return None
+            raise
+    return consumers
 
 
 async def ensure_consumer(connection: NatsConnection, topic: str, name: str, config: Mapping[str, Any]) -> None:

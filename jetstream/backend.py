@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,20 +41,26 @@ from polymq.jetstream.nats_connection import (
     RequestTimeout,
 )
 from polymq.jetstream.schedules import SharedScheduleKeeper
+from polymq.jetstream.topology import Topology
 
 log = logging.getLogger("polymq.jetstream")
 
 # Subject on which a node forwards an ack by id it cannot serve itself (`polymq.ack.<queue token>`).
 ACK_FORWARD_PREFIX = "polymq.ack."
-# Depths are asked of JetStream for this many topics every REFRESH_S (one request a topic).
-REFRESH_S = 1.0
-REFRESH_TOPICS = 20
-# Subjects on which a node tells the others a queue was emptied (`polymq.emptied.<queue token>`), or
-# paused or unpaused (`polymq.paused.<queue token>`, payload 1 or 0).
+# Subjects on which a node tells the others a queue was emptied (`polymq.emptied.<queue token>`), paused
+# or unpaused (`polymq.paused.<queue token>`, payload 1 or 0), or deleted (`polymq.deleted.<queue token>`,
+# payload the deleting node's number: its own notice is not for it).
 EMPTIED_PREFIX = "polymq.emptied."
 PAUSED_PREFIX = "polymq.paused."
-# JetStream's advisories of consumers made and deleted, on any node.
+DELETED_PREFIX = "polymq.deleted."
+# What a node tells every node (`SharedEngine.tell_every_node`: eMQP's pub/sub), as plain NATS messages at
+# most once: `polymq.told.<kind token>`, the telling node's number in a header (its own are not for it),
+# the frames each after its length (4 bytes, big-endian).
+TOLD_PREFIX = "polymq.told."
+HEADER_NODE = "Polymq-Node"
+# JetStream's advisories of consumers and streams made and deleted, by any node.
 CONSUMER_ADVISORIES = "$JS.EVENT.ADVISORY.CONSUMER.*.*.*"
+STREAM_ADVISORIES = "$JS.EVENT.ADVISORY.STREAM.*.*"
 # A pull request lasts this long; a queue whose consumers go quiet gets its unused credit back then.
 PULL_EXPIRES_S = 5.0
 # A pull request sent while its consumer has no leader (a killed one being replaced) is answered at once
@@ -152,8 +159,13 @@ class JetStreamLink:
         self._control_send, self._control_receive = trio.open_memory_channel[Callable[[], Any]](float("inf"))
         self.publish_latency = PublishLatency()  # from a publish to JetStream's last answer for it
         self.deferred = DeferredMover(self)
-        self._refresh_from = 0  # the next topic `_refresh` asks about
+        self.topology = Topology(self)
+        # This node's changes the cluster has not finished yet, which a read of the cluster must not undo:
+        # bindings made, removed or deleted by (queue, topic), and streams made or deleted by topic.
+        self.pending: Counter[tuple[str, str]] = Counter()
+        self.pending_topics: Counter[str] = Counter()
         self.forwarded_acks = 0
+        self.told_dropped = 0  # what this node could not tell the others (the link down and its buffer full)
         self._down_since: float | None = None  # while the link to the cluster is down: since when
         self.progress_reports = 0  # `+WPI`s sent: deliveries and held copies still worked on
         self.schedule_keeper: SharedScheduleKeeper | None = None  # set at start
@@ -163,8 +175,13 @@ class JetStreamLink:
     async def start(self, nursery: trio.Nursery) -> None:
         self.connection.subscribe(ACK_FORWARD_PREFIX + "*", self._on_forwarded_ack)
         self.connection.subscribe(CONSUMER_ADVISORIES, self._on_consumer_advisory)
+        self.connection.subscribe(STREAM_ADVISORIES, self._on_stream_advisory)
         self.connection.subscribe(EMPTIED_PREFIX + "*", self._on_emptied)
         self.connection.subscribe(PAUSED_PREFIX + "*", self._on_paused)
+        self.connection.subscribe(DELETED_PREFIX + "*", self._on_deleted)
+        self.connection.subscribe(TOLD_PREFIX + "*", self._on_told)
+        if self.engine is not None:
+            await self.topology.load()  # after the advisories' subscriptions: a change meanwhile is read again
         await self.deferred.prepare(self.settings.replicas)
         if self.engine is not None:
             self.schedule_keeper = SharedScheduleKeeper(self, self.engine.schedules, self.engine.node)
@@ -173,7 +190,8 @@ class JetStreamLink:
             nursery.start_soon(self.schedule_keeper.run)
         nursery.start_soon(self._control)
         nursery.start_soon(self.deferred.run)
-        nursery.start_soon(self._refresh)
+        if self.engine is not None:
+            nursery.start_soon(self.topology.run)
 
     async def _control(self) -> None:
         """Run the API calls in the order the engine asked for them; a failed one is logged and skipped."""
@@ -195,10 +213,25 @@ class JetStreamLink:
         state = self.topics.get(name)
         if state is None:
             state = self.topics[name] = self.streams[api.topic_stream(name)] = TopicState()
+            self.pending_topics[name] += 1
             self._later(lambda: self._make_stream(name, state))
         return state
 
+    def known_topic(self, name: str) -> TopicState:
+        """The state of a topic whose stream the cluster was just read to hold."""
+        state = self.topics.get(name)
+        if state is None:
+            state = self.topics[name] = self.streams[api.topic_stream(name)] = TopicState(ready=True, queues=set())
+            state.made.set()
+        return state
+
     async def _make_stream(self, name: str, state: TopicState) -> None:
+        try:
+            await self._make_stream_now(name, state)
+        finally:
+            _done(self.pending_topics, name)
+
+    async def _make_stream_now(self, name: str, state: TopicState) -> None:
         try:
             await api.ensure_stream(self.connection, name, self.stream_settings)
             names = await api.consumer_names(self.connection, name)
@@ -237,18 +270,32 @@ class JetStreamLink:
             self._publish_now(name, state, messages, stored, drop_if_unbound)
 
     def _on_consumer_advisory(self, msg: Msg) -> None:
-        """`$JS.EVENT.ADVISORY.CONSUMER.CREATED.<stream>.<consumer>` (or DELETED): which topics have queues."""
+        """`$JS.EVENT.ADVISORY.CONSUMER.CREATED.<stream>.<consumer>` (or DELETED): which topics have queues
+        (at once, for MQKS's rule), and the topic read again (`Topology`)."""
         parts = msg.subject.split(".")
         if len(parts) != 7:
             return
         action, stream, consumer = parts[4], parts[5], parts[6]
-        state = self.streams.get(stream)
-        if state is None or state.queues is None or consumer == api.BACKLOG_CONSUMER:
+        topic = api.topic_of_stream(stream)
+        if topic is None or consumer == api.BACKLOG_CONSUMER:
             return
-        if action == "CREATED":
-            state.queues.add(consumer)
-        elif action == "DELETED":
-            state.queues.discard(consumer)
+        state = self.streams.get(stream)
+        if state is not None and state.queues is not None:
+            if action == "CREATED":
+                state.queues.add(consumer)
+            elif action == "DELETED":
+                state.queues.discard(consumer)
+        if action in ("CREATED", "DELETED"):
+            self.topology.changed(topic)
+
+    def _on_stream_advisory(self, msg: Msg) -> None:
+        """`$JS.EVENT.ADVISORY.STREAM.CREATED.<stream>` (or DELETED): a topic made or deleted by any node."""
+        parts = msg.subject.split(".")
+        if len(parts) != 6 or parts[4] not in ("CREATED", "DELETED"):
+            return
+        topic = api.topic_of_stream(parts[5])
+        if topic is not None:
+            self.topology.changed(topic)
 
     async def _has_consumers(self, topic: str) -> bool:
         return bool(await api.consumer_names(self.connection, topic))
@@ -259,9 +306,20 @@ class JetStreamLink:
         await api.ensure_consumer(self.connection, topic, api.BACKLOG_CONSUMER, config)
 
     def topic_deleted(self, name: str) -> None:
+        self.topic_forgotten(name)
+        self.pending_topics[name] += 1
+
+        async def delete() -> None:
+            try:
+                await api.delete_stream(self.connection, name)
+            finally:
+                _done(self.pending_topics, name)
+
+        self._later(delete)
+
+    def topic_forgotten(self, name: str) -> None:
         self.topics.pop(name, None)
         self.streams.pop(api.topic_stream(name), None)
-        self._later(lambda: api.delete_stream(self.connection, name))
 
     # -- publishing -------------------------------------------------------------------------
 
@@ -277,7 +335,7 @@ class JetStreamLink:
 
     def _counting_deferred(self, topic: Topic, stored: Stored) -> Stored:
         """`stored`, once the deferred message is kept: counted in this node's queues of the topic until it is
-        due (`_refresh` counts every node's)."""
+        due."""
 
         def counted(error: Exception | None) -> None:
             if error is None:
@@ -355,7 +413,7 @@ class JetStreamLink:
 
     def _count_stored(self, topic: str) -> None:
         """One more message waits in the topic: in each of this node's queues bound to it, or in its backlog.
-        (The node's view: `_refresh` sets what JetStream says of every node's publishes and deliveries.)"""
+        (The node's view: `Topology` sets what JetStream says of every node's publishes and deliveries.)"""
         engine = self.engine
         found = engine.topics.get(topic) if engine is not None else None
         if found is None:
@@ -368,34 +426,6 @@ class JetStreamLink:
             state = self.topics.get(topic)
             if state is None or not state.queues:
                 found.log.spilled += 1
-
-    async def _refresh(self) -> None:
-        """What JetStream says each queue and backlog holds, a few topics at a time (depths for /stats, the
-        admin page and /metrics, whatever node published or consumed)."""
-        while True:
-            await trio.sleep(REFRESH_S)
-            engine = self.engine
-            if engine is None:
-                continue
-            names = [name for name, state in self.topics.items() if state.ready]
-            for name in names[self._refresh_from:self._refresh_from + REFRESH_TOPICS]:
-                try:
-                    consumers = await api.consumer_list(self.connection, name)
-                except NatsError:
-                    continue
-                for info in consumers:
-                    pending = int(info.get("num_pending", 0))
-                    consumer = str(info.get("name", ""))
-                    if consumer == api.BACKLOG_CONSUMER:
-                        topic = engine.topics.get(name)
-                        if topic is not None and isinstance(topic.log, SharedTopicLog):
-                            topic.log.spilled = pending
-                        continue
-                    queue = engine.queues.get(self.queue_tokens.get(consumer, ""))
-                    if isinstance(queue, SharedQueue) and len(queue.topics) == 1:
-                        queue.shared_log.spilled = pending
-            self._refresh_from = self._refresh_from + REFRESH_TOPICS if len(names) > self._refresh_from + \
-                REFRESH_TOPICS else 0
 
     def _publish_one(self, subject: str, body: bytes, headers: dict[str, str], deadline: float,
                      answered: Callable[[Msg | NatsError], None]) -> None:
@@ -438,9 +468,17 @@ class JetStreamLink:
     def queue_made(self, queue: SharedQueue) -> None:
         self.queue_tokens[api.token(queue.name)] = queue.name
 
+    def _options(self, queue: SharedQueue) -> str:
+        """What another node needs to make the same queue, kept in its consumers' metadata."""
+        engine = self.engine
+        assert engine is not None
+        return json.dumps(engine._queue_options(queue), separators=(",", ":"), sort_keys=True)
+
     def bound(self, queue: SharedQueue, topic: str, done: Stored) -> None:
         state = self._topic_state(topic)
         self.binding += 1
+        key = (queue.name, topic)
+        self.pending[key] += 1
 
         async def attach() -> None:
             error: Exception | None = None
@@ -450,6 +488,7 @@ class JetStreamLink:
                 error = failure
                 raise
             finally:
+                _done(self.pending, key)
                 self.binding -= 1
                 done(error)
                 for name, waiting in list(self.topics.items()):
@@ -466,9 +505,11 @@ class JetStreamLink:
         names = await api.consumer_names(self.connection, topic)
         floor = 0  # a consumer made now has emptied nothing yet
         if name not in names:
-            first = api.BACKLOG_CONSUMER in names
+            # The first queue of a topic takes its backlog (from the stream's first message); an ephemeral
+            # channel starts at its subscription and leaves the backlog to the first durable queue.
+            first = api.BACKLOG_CONSUMER in names and not queue.ephemeral
             config = api.consumer_config(name, topic=topic, ack_wait_s=self.settings.ack_wait_s, deliver_all=first,
-                                         queue=queue.name)
+                                         queue=queue.name, options=self._options(queue), ephemeral=queue.ephemeral)
             await api.ensure_consumer(self.connection, topic, name, config)
             if first:  # this queue took the backlog over (from the stream's first message)
                 await api.delete_consumer(self.connection, topic, api.BACKLOG_CONSUMER)
@@ -479,11 +520,59 @@ class JetStreamLink:
                 queue.paused_here(True)
         if queue.deleted or topic not in queue.topics:
             return
+        self._add_puller(queue, topic, floor)
+
+    def _add_puller(self, queue: SharedQueue, topic: str, floor: int) -> None:
+        self._stop_puller(queue, topic)
+        name = api.queue_consumer(queue.name)
         inbox = self.connection.new_inbox()
         puller = Puller(queue, topic, name, api.pull_subject(topic, name), inbox, floor=floor)
         puller.sid = self.connection.subscribe(inbox + ".*", lambda msg: self._on_pulled(puller, msg))
         self.pullers.setdefault(queue.name, []).append(puller)
         self.want(queue)
+
+    def followed(self, queue: SharedQueue, topic: str) -> None:
+        """Bound in the cluster (by another node, or before this node started): read with what the topology
+        read of its consumer."""
+        state = self.known_topic(topic)
+        name = api.queue_consumer(queue.name)
+        if state.queues is not None:
+            state.queues.add(name)
+        consumer = self.topology.consumer(topic, queue.name)
+        if consumer is not None and consumer.paused and not queue.paused:
+            queue.paused_here(True)
+        self._add_puller(queue, topic, consumer.floor if consumer is not None else 0)
+
+    def unfollowed(self, queue: SharedQueue, topic: str) -> None:
+        self._stop_puller(queue, topic)
+        if queue.deleted:
+            self.queue_tokens.pop(api.token(queue.name), None)
+            if queue.ephemeral:
+                self._later(lambda: self._drop_ephemeral(queue.name, topic))
+
+    async def _drop_ephemeral(self, queue_name: str, topic: str) -> None:
+        """An ephemeral channel's last client on this node left: its consumer goes unless another node reads it
+        (pull requests waiting there, this node's last ones expired or answered by now)."""
+        engine = self.engine
+        if engine is not None and queue_name in engine.queues:
+            return  # a client of it came back meanwhile
+        try:
+            info = await api.consumer_info(self.connection, topic, api.queue_consumer(queue_name))
+        except api.JetStreamError as error:
+            if error.err_code in (api.ERR_CONSUMER_NOT_FOUND, api.ERR_STREAM_NOT_FOUND):
+                return
+            raise
+        if int(info.get("num_waiting", 0)) == 0 and (engine is None or queue_name not in engine.queues):
+            await api.delete_consumer(self.connection, topic, api.queue_consumer(queue_name))
+
+    def bind_again(self, queue: SharedQueue, topic: str) -> None:
+        """An ephemeral channel with clients here whose consumer is gone (no node read it for a while): made
+        again, from now on."""
+        self._stop_puller(queue, topic)
+        self.bound(queue, topic, lambda error: None)
+
+    def floor_read(self, queue_name: str, topic: str, floor: int) -> None:
+        self._floor(queue_name, api.topic_stream(topic), floor)
 
     def _stop_puller(self, queue: SharedQueue, topic: str) -> None:
         pullers = self.pullers.get(queue.name, [])
@@ -496,7 +585,19 @@ class JetStreamLink:
 
     def unbound(self, queue: SharedQueue, topic: str) -> None:
         self._stop_puller(queue, topic)
-        self._later(lambda: self._drop_consumer(queue.name, topic))
+        self._drop_later(queue.name, topic)
+
+    def _drop_later(self, queue_name: str, topic: str, notice: bool = False) -> None:
+        key = (queue_name, topic)
+        self.pending[key] += 1
+
+        async def drop() -> None:
+            try:
+                await self._drop_consumer(queue_name, topic)
+            finally:
+                _done(self.pending, key)
+
+        self._later(drop)
 
     async def _drop_consumer(self, queue_name: str, topic: str) -> None:
         await api.delete_consumer(self.connection, topic, api.queue_consumer(queue_name))
@@ -507,10 +608,36 @@ class JetStreamLink:
         self.queue_tokens.pop(api.token(queue.name), None)
         for topic in topics:
             self._stop_puller(queue, topic)
-        if queue.forgotten_empty or queue.forgotten:
-            return
         for topic in topics:
-            self._later(lambda topic=topic: self._drop_consumer(queue.name, topic))
+            self._drop_later(queue.name, topic)
+        node = self.engine.node if self.engine is not None else 0
+        # Told once its consumers are gone: a node that reads the cluster then finds no binding to undo.
+        self._later(lambda: self._tell(DELETED_PREFIX + api.token(queue.name), b"%d" % node))
+
+    async def _tell(self, subject: str, payload: bytes) -> None:
+        self.connection.publish(subject, payload)
+
+    def _on_deleted(self, msg: Msg) -> None:
+        """Another node deleted a queue: deleted here too, its consumers here told as a deletion here tells them."""
+        engine = self.engine
+        name = self.queue_tokens.get(msg.subject[len(DELETED_PREFIX):])
+        if engine is None or name is None or msg.payload == b"%d" % engine.node:
+            return
+        queue = engine.queues.get(name)
+        if not isinstance(queue, SharedQueue) or any(key[0] == name for key, count in self.pending.items() if count):
+            return  # this node binds it again meanwhile: a client here named it after the deletion
+        with engine.following():
+            engine.delete_queue(name)
+
+    def queue_configured(self, queue: SharedQueue) -> None:
+        topics = [topic for topic in queue.topics if topic in self.topics]
+        name, options = api.queue_consumer(queue.name), self._options(queue)
+
+        async def keep() -> None:
+            for topic in topics:
+                await api.set_metadata(self.connection, topic, name, {api.OPTIONS_METADATA: options})
+
+        self._later(keep)
 
     def topic_emptied(self, topic: Topic) -> None:
         """The backlog's consumer made again from the stream's next message: nothing else wants the old
@@ -736,6 +863,36 @@ class JetStreamLink:
             if queue.ack_forwarded(message_id):
                 self.forwarded_acks += 1
 
+    # -- told to every node -------------------------------------------------------------------
+
+    def tell_every_node(self, kind: str, frames: list[bytes]) -> None:
+        node = self.engine.node if self.engine is not None else 0
+        payload = b"".join(len(frame).to_bytes(4, "big") + frame for frame in frames)
+        try:
+            self.connection.publish(TOLD_PREFIX + api.token(kind), payload, headers={HEADER_NODE: str(node)})
+        except NatsError:
+            self.told_dropped += 1  # at most once: nothing is kept for later
+
+    def _on_told(self, msg: Msg) -> None:
+        engine = self.engine
+        if engine is None or (msg.headers or {}).get(HEADER_NODE) == str(engine.node):
+            return
+        try:
+            kind = api.untoken(msg.subject[len(TOLD_PREFIX):])
+        except (ValueError, UnicodeDecodeError):
+            return
+        frames: list[bytes] = []
+        payload, index = msg.payload, 0
+        while index + 4 <= len(payload):
+            size = int.from_bytes(payload[index:index + 4], "big")
+            index += 4
+            if index + size > len(payload):
+                return  # not a node's: cut short
+            frames.append(payload[index:index + size])
+            index += size
+        if index == len(payload):
+            engine.told(kind, frames)
+
     # -- the link itself ----------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
@@ -758,8 +915,11 @@ class JetStreamLink:
             self.engine.barrier.failure = "the JetStream cluster cannot be reached"
 
     def reconnected(self) -> None:
-        """Pull requests die with the link: every consumer asks again."""
+        """Pull requests die with the link: every consumer asks again. Advisories sent meanwhile are lost:
+        every topic is read again."""
         self._down_since = None
+        for name in self.topics:
+            self.topology.changed(name)
         if self.engine is not None:
             self.engine.barrier.failure = None
         for pullers in list(self.pullers.values()):
@@ -768,6 +928,12 @@ class JetStreamLink:
                 puller.outstanding = 0
             if pullers:
                 self.want(pullers[0].queue)
+
+
+def _done(pending: Counter[Any], key: Any) -> None:
+    pending[key] -= 1
+    if pending[key] <= 0:
+        del pending[key]
 
 
 async def node_number(connection: NatsConnection, replicas: int) -> int:

@@ -1,7 +1,9 @@
 """EventMQ's pub/sub device: PUBLISH in on a ROUTER, `[topic, body]` out on a PUB socket.
 
 As the original `emq-pubsub`: no ACK, no heartbeats, subscribers filter by topic prefix (ZeroMQ's
-SUB), and nothing is kept for a subscriber that is not there. On top of it, each PUBLISH is also
+SUB), and nothing is kept for a subscriber that is not there. Nodes sharing their queues (JetStream) tell
+each other every PUBLISH, so a subscriber of any node hears what any node's publishers send, at most once,
+as the original's subscribers do. On top of it, each PUBLISH is also
 published to the engine topic of that name, so NSQ channels, MQKS queues and PHPMQ, PZQ or eMQP
 consumers of it get their copy; a topic no queue is bound to keeps nothing (fan-out only). The depth
 policy (`--max-queue-depth`) applies to those copies: with `reject` a PUBLISH that would take a queue
@@ -22,6 +24,9 @@ from polymq.core.engine import Engine
 
 log = logging.getLogger("polymq.emqp")
 
+# What the pub/sub device tells every node (`Engine.tell_every_node`): the `[topic, body]` it sends out.
+TOLD_KIND = "emqp-pubsub"
+
 
 class EMQPPubSub(ZmqService):
     # At shutdown what is queued for the subscribers gets this long to go out, in ms.
@@ -34,6 +39,8 @@ class EMQPPubSub(ZmqService):
         self.rejected = 0  # PUBLISHes not queued: a queue of their topic was full (the depth policy)
         self.incoming = self.add_pump("emqp-pubsub-in", sockets.get("emqp-pubsub-in"), self._publish)
         self.outgoing = self.add_pump("emqp-pubsub-out", sockets.get("emqp-pubsub-out"), _nothing_comes_in)
+        if self.outgoing is not None:
+            engine.listeners[TOLD_KIND] = self.outgoing.send_delivery
 
     def _publish(self, batch: list[Frames]) -> None:
         engine = self.engine
@@ -51,10 +58,9 @@ class EMQPPubSub(ZmqService):
                 log.info("pub/sub: %s", publish.reason)
                 continue
             self.published += 1
-            if self.outgoing is not None:
-                # Out once the burst's copies for the queues are written: a subscriber never sees
-                # a message the queues then forget in a crash.
-                self.outgoing.send_delivery(emqp.published(publish.topic, publish.payload))
+            # Out once the burst's copies for the queues are written: a subscriber never sees a message the
+            # queues then forget in a crash. Every node's subscribers hear it.
+            engine.tell_every_node(TOLD_KIND, emqp.published(publish.topic, publish.payload))
             name = emqp.queue_name(publish.topic)
             if not isinstance(name, str) or storage.failure is not None:
                 continue

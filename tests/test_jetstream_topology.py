@@ -1,0 +1,166 @@
+"""A node's topics and queues follow the cluster's (jetstream/topology.py): what any node sets up — a queue, a
+binding, a re-binding, a deletion, a pause, an ephemeral channel — serves the clients of every node, and a
+node started later knows it all before it serves. Two nodes in one trio run on the real three-server
+cluster, as in test_jetstream_backend.py."""
+
+from __future__ import annotations
+
+import trio
+from test_jetstream_backend import attached, name, node, until
+
+from polymq.core.engine import MAX_ATTEMPTS_OPTION
+from polymq.core.message import Message
+from polymq.core.shared import SharedQueue
+from polymq.jetstream import api
+
+from support.nats_cluster import NatsCluster
+
+
+async def test_a_queue_bound_on_one_node_is_the_same_queue_on_the_other_for_any_protocol(
+        nats_cluster: NatsCluster) -> None:
+    """An MQKS-style queue `billing` bound to `orders` on A; B's client names `billing` as PHPMQ does (the
+    queue of its own name, bound to the topic of its name): it gets what A publishes to `orders`."""
+    orders, billing = name("orders"), name("billing")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        a.engine.ensure_queue(billing, options={MAX_ATTEMPTS_OPTION: 3})
+        a.engine.bind(billing, orders)
+        _, stored = a.publish(orders, b"bound")  # stored once the binding is: the queue has it
+        await stored.wait()
+        await until(lambda: billing in b.engine.queues and orders in b.engine.queues[billing].topics,
+                    "the binding followed on the other node")
+        queue = b.engine.queues[billing]
+        assert isinstance(queue, SharedQueue) and queue.max_attempts == 3  # its settings came with it
+        consumer, got = b.consumer(billing, billing)  # PHPMQ's `002 billing` on B
+        await until(lambda: len(got) == 1, "the message published to orders on A")
+        assert got[0].body == b"bound" and got[0].topic == orders
+        assert b.engine.queues[billing].topics == [orders, billing]
+        consumer.finish(got[0].id)
+        b.engine.delete_queue(billing)
+
+
+async def test_a_node_started_later_knows_every_queue_and_binding_before_it_serves(nats_cluster: NatsCluster) -> None:
+    orders, billing = name("orders"), name("billing")
+    async with node(nats_cluster) as a:
+        a.engine.ensure_queue(billing)
+        a.engine.bind(billing, orders)
+        for index in range(3):
+            _, stored = a.publish(orders, b"early %d" % index)
+        await stored.wait()
+        a.engine.queues[billing].set_paused(True)
+        await until(lambda: a.link.topology.consumer(orders, billing) is not None
+                    and a.link.topology.consumer(orders, billing).paused, "the pause kept in the cluster")
+    async with node(nats_cluster) as later:
+        queue = later.engine.queues.get(billing)  # known at once: no client of this node named it yet
+        assert isinstance(queue, SharedQueue) and queue.topics == [orders] and queue.paused
+        assert orders in later.engine.topics
+        assert queue.depth == 3  # what the cluster holds for it, as read at start
+        _, got = later.consumer(billing, billing)
+        await trio.sleep(0.5)
+        assert got == []  # paused in the cluster: paused here
+        queue.set_paused(False)
+        await until(lambda: len(got) == 3, "the three messages once unpaused")
+        assert [m.body for m in got] == [b"early 0", b"early 1", b"early 2"]
+        later.engine.delete_queue(billing)
+
+
+async def test_a_rebinding_on_one_node_is_followed_by_the_other(nats_cluster: NatsCluster) -> None:
+    old, new, queue_name = name("old"), name("new"), name("rebound")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        a.engine.ensure_queue(queue_name)
+        a.engine.bind(queue_name, old)
+        _, got = b.consumer(queue_name, old)
+        await attached(b, queue_name)
+        a.engine.set_bindings(queue_name, [new])
+        await until(lambda: b.engine.queues[queue_name].topics == [new], "the new binding on the other node")
+        _, stored_old = a.publish(old, b"to the old topic")
+        _, stored_new = a.publish(new, b"to the new topic")
+        await stored_old.wait()
+        await stored_new.wait()
+        await until(lambda: len(got) == 1, "the message of the new topic")
+        await trio.sleep(0.3)
+        assert [m.body for m in got] == [b"to the new topic"]
+        b.engine.delete_queue(queue_name)
+
+
+async def test_a_deletion_on_one_node_deletes_the_queue_on_the_other(nats_cluster: NatsCluster) -> None:
+    topic, queue_name = name("topic"), name("deleted")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        closed: list[str] = []
+        a.engine.ensure_queue(queue_name)
+        a.engine.bind(queue_name, topic)
+        b.engine.ensure_queue(queue_name)
+        b.engine.bind(queue_name, topic)
+        b.engine.attach(queue_name, lambda message: None, credit=10, on_close=closed.append)
+        await attached(b, queue_name)
+        a.engine.delete_queue(queue_name)
+        await until(lambda: queue_name not in b.engine.queues, "the queue deleted on the other node")
+        assert closed == ["queue deleted"]
+        with trio.fail_after(30):
+            while api.queue_consumer(queue_name) in await api.consumer_names(a.link.connection, topic):
+                await trio.sleep(0.05)
+
+
+async def test_a_topic_deleted_on_one_node_goes_from_the_other(nats_cluster: NatsCluster) -> None:
+    topic, queue_name = name("gone"), name("its-queue")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        a.engine.ensure_queue(queue_name)
+        a.engine.bind(queue_name, topic)
+        await until(lambda: queue_name in b.engine.queues, "the queue on the other node")
+        a.engine.delete_topic(topic)
+        await until(lambda: topic not in b.engine.topics, "the topic gone from the other node")
+        # Bound to nothing in the cluster and used by no client of B: B keeps nothing of it (A, where it was made,
+        # keeps it unbound, as the embedded engine keeps a queue whose topic went).
+        assert queue_name not in b.engine.queues
+        assert a.engine.queues[queue_name].topics == []
+
+
+async def test_a_queue_forgotten_on_one_node_stays_in_the_cluster_with_its_topic(nats_cluster: NatsCluster) -> None:
+    """PHPMQ's forgetting of an empty, unused queue (its topic with it) is the node's own: the other node's
+    queue, and the stream, stay."""
+    from polymq.adapters.named_queue import named_queue
+
+    queue_name = name("forget")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        named_queue(a.engine, queue_name, origin="phpmq", forget_empty_after=0.0)
+        await attached(a, queue_name)
+        consumer = a.engine.attach(queue_name, lambda message: None, credit=1)
+        await until(lambda: queue_name in b.engine.queues, "the queue on the other node")
+        _, got = b.consumer(queue_name, queue_name)
+        consumer.detach()  # empty and unused on A: forgotten there
+        assert queue_name not in a.engine.queues and queue_name not in a.engine.topics
+        _, stored = b.publish(queue_name, b"still served")
+        await stored.wait()
+        await until(lambda: len(got) == 1, "the message, on the node that still uses the queue")
+        assert queue_name not in a.engine.queues  # not made again on A by its reading of the cluster
+        await trio.sleep(1.5)  # a refresh of every topic
+        assert queue_name not in a.engine.queues
+
+
+async def test_an_ephemeral_channel_of_a_shared_topic_gets_what_any_node_publishes_and_goes_with_its_clients(
+        nats_cluster: NatsCluster) -> None:
+    topic = name("tail")
+    channel = f"{topic}/tail{name('x').replace('-', '')}#ephemeral"
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        b.engine.ensure_topic(topic)
+        b.engine.ensure_queue(channel, ephemeral=True, owner_topic=topic)
+        b.engine.bind(channel, topic)
+        got: list[Message] = []
+        consumer = b.engine.attach(channel, got.append, credit=10, msg_timeout=30.0)
+        settled = trio.Event()
+        b.engine.settled(lambda error: settled.set())
+        with trio.fail_after(30):
+            await settled.wait()
+        _, stored = a.publish(topic, b"from the other node")
+        _, stored_here = b.publish(topic, b"from its own node")
+        await stored.wait()
+        await stored_here.wait()
+        await until(lambda: len(got) == 2, "both publishes")
+        assert sorted(m.body for m in got) == [b"from its own node", b"from the other node"]
+        assert channel not in a.engine.queues  # an ephemeral channel is followed where its clients are
+        for message in got:
+            consumer.finish(message.id)
+        consumer.detach()
+        assert channel not in b.engine.queues
+        with trio.fail_after(30):  # its consumer goes once no node reads it
+            while api.queue_consumer(channel) in await api.consumer_names(b.link.connection, topic):
+                await trio.sleep(0.1)
