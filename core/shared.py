@@ -55,6 +55,11 @@ class Link(Protocol):
         """The queue's consumers can take `queue.wanted()` more copies than it holds or has asked for."""
         ...
 
+    def call_off(self, queue: SharedQueue) -> None:
+        """No consumer of the queue is left on this node: what it asked for and was not given yet is asked
+        for no more (a copy fetched for nobody would count one more attempt when given back)."""
+        ...
+
     def ack(self, queue: SharedQueue, message: Message) -> None:
         """The copy is done with: gone from the queue."""
         ...
@@ -391,6 +396,7 @@ class SharedQueue(Queue):
         self.fetched_count += len(messages)
         if not self.consumers:
             self.give_back()  # asked for while a consumer had credit; nobody here takes anything now
+            self.link.call_off(self)
             return
         if not self.paused:
             self._dispatch()
@@ -502,6 +508,8 @@ class SharedQueue(Queue):
         super()._detach(consumer, requeue=requeue, to_tail=to_tail)
         if not self.consumers:
             self.give_back()
+            if not self.deleted:
+                self.link.call_off(self)
 
     def _auto_delete(self) -> None:
         """Unused on this node: forgotten here (the topic it takes with it too), kept in the shared engine,

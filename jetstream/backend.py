@@ -61,6 +61,11 @@ HEADER_NODE = "Polymq-Node"
 # JetStream's advisories of consumers and streams made and deleted, by any node.
 CONSUMER_ADVISORIES = "$JS.EVENT.ADVISORY.CONSUMER.*.*.*"
 STREAM_ADVISORIES = "$JS.EVENT.ADVISORY.STREAM.*.*"
+# A queue auto-deleted on a node (no consumer left there) is deleted from the cluster once its consumers show
+# no node reading them: asked this many times, this far apart (the node's own pull requests and copies given
+# back take a moment to leave the counts).
+UNUSED_CHECKS = 5
+UNUSED_CHECK_PAUSE_S = 0.2
 # A pull request lasts this long; a queue whose consumers go quiet gets its unused credit back then.
 PULL_EXPIRES_S = 5.0
 # A pull request sent while its consumer has no leader (a killed one being replaced) is answered at once
@@ -160,11 +165,13 @@ class JetStreamLink:
         self.publish_latency = PublishLatency()  # from a publish to JetStream's last answer for it
         self.deferred = DeferredMover(self)
         self.topology = Topology(self)
-        # This node's changes the cluster has not finished yet, which a read of the cluster must not undo:
-        # bindings made, removed or deleted by (queue, topic), and streams made or deleted by topic.
-        self.pending: Counter[tuple[str, str]] = Counter()
-        self.pending_topics: Counter[str] = Counter()
+        # This node's changes to the cluster, which a read of the cluster taken before one finished must not
+        # undo: bindings made, removed or deleted, by (queue, topic); streams made or deleted, by topic.
+        self.pending: Counter[Any] = Counter()  # asked for, not finished
+        self.changes = 0  # changes finished so far
+        self.finished: dict[Any, int] = {}  # when (in `changes`) each one's latest change finished
         self.forwarded_acks = 0
+        self._nursery: trio.Nursery | None = None  # the link's tasks' (set at start)
         self.told_dropped = 0  # what this node could not tell the others (the link down and its buffer full)
         self._down_since: float | None = None  # while the link to the cluster is down: since when
         self.progress_reports = 0  # `+WPI`s sent: deliveries and held copies still worked on
@@ -173,6 +180,7 @@ class JetStreamLink:
     # -- start ------------------------------------------------------------------------------
 
     async def start(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
         self.connection.subscribe(ACK_FORWARD_PREFIX + "*", self._on_forwarded_ack)
         self.connection.subscribe(CONSUMER_ADVISORIES, self._on_consumer_advisory)
         self.connection.subscribe(STREAM_ADVISORIES, self._on_stream_advisory)
@@ -213,9 +221,20 @@ class JetStreamLink:
         state = self.topics.get(name)
         if state is None:
             state = self.topics[name] = self.streams[api.topic_stream(name)] = TopicState()
-            self.pending_topics[name] += 1
+            self.pending[name] += 1
             self._later(lambda: self._make_stream(name, state))
         return state
+
+    def _done(self, key: Any) -> None:
+        self.pending[key] -= 1
+        if self.pending[key] <= 0:
+            del self.pending[key]
+        self.changes += 1
+        self.finished[key] = self.changes
+
+    def unsettled(self, key: Any, since: int) -> bool:
+        """This node changed it in the cluster after a read taken when `changes` was `since`, or is changing it."""
+        return bool(self.pending.get(key)) or self.finished.get(key, 0) > since
 
     def known_topic(self, name: str) -> TopicState:
         """The state of a topic whose stream the cluster was just read to hold."""
@@ -229,7 +248,7 @@ class JetStreamLink:
         try:
             await self._make_stream_now(name, state)
         finally:
-            _done(self.pending_topics, name)
+            self._done(name)
 
     async def _make_stream_now(self, name: str, state: TopicState) -> None:
         try:
@@ -307,13 +326,13 @@ class JetStreamLink:
 
     def topic_deleted(self, name: str) -> None:
         self.topic_forgotten(name)
-        self.pending_topics[name] += 1
+        self.pending[name] += 1
 
         async def delete() -> None:
             try:
                 await api.delete_stream(self.connection, name)
             finally:
-                _done(self.pending_topics, name)
+                self._done(name)
 
         self._later(delete)
 
@@ -488,7 +507,7 @@ class JetStreamLink:
                 error = failure
                 raise
             finally:
-                _done(self.pending, key)
+                self._done(key)
                 self.binding -= 1
                 done(error)
                 for name, waiting in list(self.topics.items()):
@@ -545,25 +564,36 @@ class JetStreamLink:
 
     def unfollowed(self, queue: SharedQueue, topic: str) -> None:
         self._stop_puller(queue, topic)
-        if queue.deleted:
-            self.queue_tokens.pop(api.token(queue.name), None)
-            if queue.ephemeral:
-                self._later(lambda: self._drop_ephemeral(queue.name, topic))
+        if not queue.deleted:
+            return
+        self.queue_tokens.pop(api.token(queue.name), None)
+        if queue.forgotten and not queue.forgotten_empty and self._nursery is not None:
+            # Deleted here for want of consumers (MQKS's --delete-queue-when-unused, an NSQ ephemeral channel's
+            # last client gone): deleted from the cluster too, unless another node's clients read it.
+            self._nursery.start_soon(self._drop_if_unused, queue.name, topic)
 
-    async def _drop_ephemeral(self, queue_name: str, topic: str) -> None:
-        """An ephemeral channel's last client on this node left: its consumer goes unless another node reads it
-        (pull requests waiting there, this node's last ones expired or answered by now)."""
-        engine = self.engine
-        if engine is not None and queue_name in engine.queues:
-            return  # a client of it came back meanwhile
-        try:
-            info = await api.consumer_info(self.connection, topic, api.queue_consumer(queue_name))
-        except api.JetStreamError as error:
-            if error.err_code in (api.ERR_CONSUMER_NOT_FOUND, api.ERR_STREAM_NOT_FOUND):
+    async def _drop_if_unused(self, queue_name: str, topic: str) -> None:
+        """The queue's consumer in the topic goes unless some node reads it: pull requests waiting, or copies
+        given out and not acknowledged. This node's own last ones are gone within a moment (its pull requests
+        lost their subscriber, its copies were given back), so a count above zero is asked again a few times."""
+        name = api.queue_consumer(queue_name)
+        for _ in range(UNUSED_CHECKS):
+            engine = self.engine
+            if engine is None or queue_name in engine.queues:
+                return  # a client of this node named it again meanwhile
+            try:
+                info = await api.consumer_info(self.connection, topic, name)
+            except NatsError as error:
+                if isinstance(error, api.JetStreamError) and error.err_code in (
+                        api.ERR_CONSUMER_NOT_FOUND, api.ERR_STREAM_NOT_FOUND):
+                    return
+                log.warning("could not tell whether queue %r is used on other nodes: %s", queue_name, error)
                 return
-            raise
-        if int(info.get("num_waiting", 0)) == 0 and (engine is None or queue_name not in engine.queues):
-            await api.delete_consumer(self.connection, topic, api.queue_consumer(queue_name))
+            if not int(info.get("num_waiting", 0)) and not int(info.get("num_ack_pending", 0)):
+                if self.engine is not None and queue_name not in self.engine.queues:
+                    self._drop_later(queue_name, topic)
+                return
+            await trio.sleep(UNUSED_CHECK_PAUSE_S)
 
     def bind_again(self, queue: SharedQueue, topic: str) -> None:
         """An ephemeral channel with clients here whose consumer is gone (no node read it for a while): made
@@ -578,7 +608,7 @@ class JetStreamLink:
         pullers = self.pullers.get(queue.name, [])
         for puller in [p for p in pullers if p.topic == topic]:
             puller.active = False
-            self.connection.unsubscribe(puller.sid)
+            self.connection.unsubscribe(puller.sid, late=self._give_back_late)
             pullers.remove(puller)
         if not pullers:
             self.pullers.pop(queue.name, None)
@@ -595,7 +625,7 @@ class JetStreamLink:
             try:
                 await self._drop_consumer(queue_name, topic)
             finally:
-                _done(self.pending, key)
+                self._done(key)
 
         self._later(drop)
 
@@ -624,7 +654,7 @@ class JetStreamLink:
         if engine is None or name is None or msg.payload == b"%d" % engine.node:
             return
         queue = engine.queues.get(name)
-        if not isinstance(queue, SharedQueue) or any(key[0] == name for key, count in self.pending.items() if count):
+        if not isinstance(queue, SharedQueue) or any(isinstance(key, tuple) and key[0] == name for key in self.pending):
             return  # this node binds it again meanwhile: a client here named it after the deletion
         with engine.following():
             engine.delete_queue(name)
@@ -731,6 +761,19 @@ class JetStreamLink:
                                     reply=f"{puller.inbox}.{request}")
             count -= batch
 
+    def call_off(self, queue: SharedQueue) -> None:
+        """JetStream cannot take a pull request back, but it gives nothing to one whose reply subject lost its
+        subscriber: each of the queue's pullers with requests waiting reads a new inbox from now on; what
+        was already on its way to the old one is still taken (and given back, or delivered, as it comes)."""
+        for puller in self.pullers.get(queue.name, ()):
+            if not puller.requests:
+                continue
+            self.connection.unsubscribe(puller.sid, late=lambda msg, late=puller: self._on_late(late, msg))
+            puller.requests = {}
+            puller.outstanding = 0
+            puller.inbox = self.connection.new_inbox()
+            puller.sid = self.connection.subscribe(puller.inbox + ".*", lambda msg, p=puller: self._on_pulled(p, msg))
+
     def _on_pulled(self, puller: Puller, msg: Msg) -> None:
         if not puller.active:
             return
@@ -746,6 +789,20 @@ class JetStreamLink:
                 del requests[request]
             break
         puller.outstanding = max(puller.outstanding - 1, 0)
+        self._delivered(puller, msg)
+
+    def _on_late(self, puller: Puller, msg: Msg) -> None:
+        """What came for a pull request called off (`call_off`): a delivery is taken as any; the rest is moot."""
+        if puller.active and msg.status is None and msg.reply is not None:
+            self._delivered(puller, msg)
+
+    def _give_back_late(self, msg: Msg) -> None:
+        """A copy that came for a reading this node stopped goes back to the queue at once."""
+        if msg.status is None and msg.reply is not None:
+            self.connection.publish(msg.reply, api.NAK)
+
+    def _delivered(self, puller: Puller, msg: Msg) -> None:
+        assert msg.reply is not None
         try:
             delivery = api.parse_ack_subject(msg.reply)
             if delivery.stream_seq <= puller.floor:
@@ -928,12 +985,6 @@ class JetStreamLink:
                 puller.outstanding = 0
             if pullers:
                 self.want(pullers[0].queue)
-
-
-def _done(pending: Counter[Any], key: Any) -> None:
-    pending[key] -= 1
-    if pending[key] <= 0:
-        del pending[key]
 
 
 async def node_number(connection: NatsConnection, replicas: int) -> int:

@@ -186,10 +186,16 @@ class _PongWaiter:
 
     event: trio.Event = attrs.field(factory=trio.Event)
     error: NatsError | None = None
+    then: Callable[[], None] | None = None  # called at the PONG, or once the link is lost
+
+    def done(self) -> None:
+        self.event.set()
+        if self.then is not None:
+            self.then()
 
     def fail(self, error: NatsError) -> None:
         self.error = error
-        self.event.set()
+        self.done()
 
 
 @attrs.define(slots=True, eq=False)
@@ -238,6 +244,7 @@ class NatsConnection:
         self._pings_in_out = 0
         self._wake_writer = trio.Event()
         self._pongs: deque[_PongWaiter | None] = deque()  # one per PING on the link, in order
+        self._late: dict[int, Callable[[Msg], None]] = {}  # unsubscribed, still taking what was on its way
         self._pings_out = 0  # the pinger's PINGs since the last PONG
         self._subs: dict[int, _Subscription] = {}
         self._sids = itertools.count(1)
@@ -322,9 +329,14 @@ class NatsConnection:
             self._queue(data)
         return sid
 
-    def unsubscribe(self, sid: int) -> None:
+    def unsubscribe(self, sid: int, *, late: Callable[[Msg], None] | None = None) -> None:
+        """Unsubscribe. `late`, when given, gets what the server sent the subscription before it read the
+        UNSUB (until the PONG of a PING sent after it); otherwise such messages are dropped."""
         if self._subs.pop(sid, None) is not None and not self._closed:
             self._queue(codec.unsub(sid))  # also while disconnected: a SUB may still be buffered
+            if late is not None and self._link is not None:
+                self._late[sid] = late
+                self._ping(_PongWaiter(then=lambda: self._late.pop(sid, None)))
 
     # --- requests ---------------------------------------------------------------------------------------
 
@@ -494,11 +506,12 @@ class NatsConnection:
         for event in events:
             if isinstance(event, Msg):
                 sub = subs.get(event.sid)
-                if sub is not None:  # else unsubscribed while it was on its way
+                callback = sub.callback if sub is not None else self._late.get(event.sid)
+                if callback is not None:  # else unsubscribed while it was on its way
                     try:
-                        sub.callback(event)
+                        callback(event)
                     except Exception:
-                        log.exception("subscription callback %r failed", sub.callback)
+                        log.exception("subscription callback %r failed", callback)
             elif isinstance(event, codec.Ping):
                 self.server_pings += 1
                 self._queue(codec.PONG)
@@ -516,7 +529,7 @@ class NatsConnection:
         self._pings_out = 0
         waiter = self._pongs.popleft() if self._pongs else None
         if waiter is not None:
-            waiter.event.set()
+            waiter.done()
 
     def _fail_pongs(self, reason: str) -> None:
         pongs, self._pongs = self._pongs, deque()

@@ -10,8 +10,8 @@ every few seconds, so an advisory missed while the link was down is made good, a
 What a read finds is applied to the node's engine while it follows (`SharedEngine.following`): a queue the
 cluster binds to a topic is made and bound here (its consumer read by this node too), a binding gone from
 the cluster is removed here, a deleted stream's topic is deleted here. None of it is sent back to the
-cluster. A change this node has asked for and the cluster has not finished yet is left alone (the link's
-`pending`), so a read taken just before it never undoes it.
+cluster. A change this node has asked for and the cluster has not finished, or finished after the read
+was taken, is left alone (`JetStreamLink.unsettled`), so a read never undoes what the node did meanwhile.
 """
 
 from __future__ import annotations
@@ -114,11 +114,12 @@ class Topology:
             async with limiter:
                 found[topic] = await api.consumer_list(self.link.connection, topic)
 
+        since = self.link.changes
         async with trio.open_nursery() as nursery:
             for topic in topics:
                 nursery.start_soon(read, topic)
         for topic in topics:
-            self.apply(topic, found[topic])
+            self.apply(topic, found[topic], since)
 
     def changed(self, topic: str) -> None:
         """JetStream said the topic's stream, or one of its consumers, was made or deleted: read it again."""
@@ -136,12 +137,13 @@ class Topology:
             while self._dirty:
                 topic = next(iter(self._dirty))
                 del self._dirty[topic]
+                since = self.link.changes
                 try:
                     consumers = await api.consumer_list(self.link.connection, topic)
                 except NatsError as error:
                     log.warning("could not read topic %r of the JetStream cluster: %s", topic, error)
                     continue
-                self.apply(topic, consumers)
+                self.apply(topic, consumers, since)
 
     def _refresh_some(self) -> None:
         names = list(self.link.topics)
@@ -153,14 +155,15 @@ class Topology:
 
     # -- applying --------------------------------------------------------------------------------
 
-    def apply(self, topic: str, infos: list[dict[str, Any]] | None) -> None:
-        """Make the node's topic and its bindings what the cluster holds (None: the topic's stream is gone)."""
+    def apply(self, topic: str, infos: list[dict[str, Any]] | None, since: int) -> None:
+        """Make the node's topic and its bindings what the cluster held when `link.changes` was `since` (None:
+        the topic's stream was gone)."""
         self.reads += 1
         link, engine = self.link, self.engine
         if infos is None:
             self.read.pop(topic, None)
-            if link.pending_topics.get(topic):
-                return  # this node is making it, or deleting it
+            if link.unsettled(topic, since):
+                return  # this node made it, or deleted it, after the read
             with engine.following():
                 if not engine.delete_topic(topic):
                     link.topic_forgotten(topic)
@@ -174,15 +177,15 @@ class Topology:
             if isinstance(made.log, SharedTopicLog) and backlog is not None:
                 made.log.spilled = backlog
             for name, consumer in consumers.items():
-                self._follow(topic, name, consumer)
+                if not link.unsettled((name, topic), since):
+                    self._follow(topic, name, consumer)
             for queue in list(made.queues):
-                if isinstance(queue, SharedQueue) and queue.name not in consumers:
+                if isinstance(queue, SharedQueue) and queue.name not in consumers \
+                        and not link.unsettled((queue.name, topic), since):
                     self._lost(topic, queue)
 
     def _follow(self, topic: str, name: str, consumer: BoundConsumer) -> None:
         link, engine = self.link, self.engine
-        if link.pending.get((name, topic)):
-            return
         queue = engine.queues.get(name)
         if queue is None:
             if consumer.ephemeral or name in engine.forgotten:
@@ -204,8 +207,6 @@ class Topology:
     def _lost(self, topic: str, queue: SharedQueue) -> None:
         """The queue is bound to the topic here, and no longer in the cluster."""
         link, engine = self.link, self.engine
-        if link.pending.get((queue.name, topic)):
-            return
         if queue.ephemeral and queue.consumers:
             link.bind_again(queue, topic)  # its clients are here: its consumer is made again, from now on
             return
