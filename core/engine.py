@@ -1006,6 +1006,10 @@ class Engine:
         hands them to theirs too, at most once each (nothing is kept for a node that is not there)."""
         self.told(kind, frames)
 
+    def tell_maker_of(self, message_id: int, kind: str, frames: list[bytes]) -> None:
+        """Hand `frames` to the listener of `kind` on the node that made the message (here: this one)."""
+        self.told(kind, frames)
+
     def told(self, kind: str, frames: list[bytes]) -> None:
         listener = self.listeners.get(kind)
         if listener is not None:

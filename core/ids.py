@@ -22,6 +22,11 @@ _NODE_SHIFT: Final = ID_BITS - NODE_BITS
 _NODE_COUNTER_BITS: Final = 11  # 2,048 ids a millisecond on average before the counter runs into the clock's bits
 
 
+def node_of(message_id: int) -> int:
+    """The number of the node that made an id of a shared engine (`IdSource(..., node)`)."""
+    return message_id >> _NODE_SHIFT
+
+
 class IdSource:
     def __init__(self, wall_ns: int, node: int | None = None) -> None:
         """Ids from the wall clock; with `node` (0 to 4,095), ids no other node numbered otherwise makes."""

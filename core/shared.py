@@ -25,7 +25,7 @@ from typing import Any, Final, Protocol
 
 from polymq.core.clock import Clock
 from polymq.core.engine import Consumer, Engine, Outcome, Queue, Topic
-from polymq.core.ids import IdSource
+from polymq.core.ids import IdSource, node_of
 from polymq.core.message import Message
 from polymq.core.storage import OwnerLog, Snapshot, SyncCallback
 from polymq.core.timers import Timer, TimerService
@@ -34,6 +34,10 @@ from polymq.core.trace import Client
 # Copies a node holds for credit are reported worked on this often unless the link says otherwise (half
 # of nsqd's 60 s msg_timeout, the ack wait's default).
 DEFAULT_HOLD_REFRESH_S: Final = 30.0
+
+# Copies fetched for consumers that left wait this long for another consumer on the node before they go back,
+# unless the link says otherwise (its pull requests' lifetime and a margin).
+DEFAULT_IDLE_HOLD_S: Final = 6.0
 
 # The bodies a client's publishes held for its order (`PublisherOrder`) may weigh before its next publish is
 # refused: as much as the NATS link buffers for a slow writer (nats-server's default max_pending, 64 MiB).
@@ -53,11 +57,6 @@ class Link(Protocol):
 
     def want(self, queue: SharedQueue) -> None:
         """The queue's consumers can take `queue.wanted()` more copies than it holds or has asked for."""
-        ...
-
-    def call_off(self, queue: SharedQueue) -> None:
-        """No consumer of the queue is left on this node: what it asked for and was not given yet is asked
-        for no more (a copy fetched for nobody would count one more attempt when given back)."""
         ...
 
     def ack(self, queue: SharedQueue, message: Message) -> None:
@@ -134,6 +133,10 @@ class Link(Protocol):
 
     def tell_every_node(self, kind: str, frames: list[bytes]) -> None:
         """Hand the frames to the listener of `kind` on every other node, at most once."""
+        ...
+
+    def tell_node(self, node: int, kind: str, frames: list[bytes]) -> None:
+        """Hand the frames to the listener of `kind` on the node of that number, at most once."""
         ...
 
     def topic_emptied(self, topic: Topic) -> None:
@@ -344,6 +347,7 @@ class SharedQueue(Queue):
         self.handles: dict[int, Any] = {}
         self.fetched_count = 0
         self._hold_timer: Timer | None = None  # while fetched copies wait here for credit (`_hold`)
+        self._give_back_timer: Timer | None = None  # while copies wait for a consumer here (`_give_back_soon`)
         # Deferred publishes to its topics the shared engine keeps until they are due (NSQ's DPUB).
         self.deferred_elsewhere = 0
         # Deleted on this node only (unused here for its auto-delete time): other nodes may still use it.
@@ -395,8 +399,8 @@ class SharedQueue(Queue):
                 self.message_count += 1  # a copy put in the queue, counted once, as the embedded queue does
         self.fetched_count += len(messages)
         if not self.consumers:
-            self.give_back()  # asked for while a consumer had credit; nobody here takes anything now
-            self.link.call_off(self)
+            # Asked for while a consumer had credit, which left: kept a moment for a consumer coming back.
+            self._give_back_soon()
             return
         if not self.paused:
             self._dispatch()
@@ -429,6 +433,22 @@ class SharedQueue(Queue):
             if message is not None:
                 self.link.progress(self, message)
         self._in_flight_seen = set(in_flight)
+
+    def _give_back_soon(self) -> None:
+        """No consumer of the queue is left on this node. What it fetched and what its pull requests still
+        bring (they cannot be taken back) wait here for `idle_hold_s`: a consumer that comes back meanwhile gets
+        them without an attempt more; then they go back to the shared engine (an attempt counted)."""
+        engine = self.engine
+        assert isinstance(engine, SharedEngine)
+        if self.ready:
+            self._hold()
+        if self._give_back_timer is None:
+            self._give_back_timer = engine.timers.schedule(engine.clock.now() + engine.idle_hold_s, self._idle)
+
+    def _idle(self) -> None:
+        self._give_back_timer = None
+        if not self.consumers and not self.deleted:
+            self.give_back()
 
     def give_back(self) -> None:
         """Every fetched copy no consumer here took goes back to the shared engine at once (what pull
@@ -506,10 +526,8 @@ class SharedQueue(Queue):
 
     def _detach(self, consumer: Consumer, *, requeue: bool, to_tail: bool = False) -> None:
         super()._detach(consumer, requeue=requeue, to_tail=to_tail)
-        if not self.consumers:
-            self.give_back()
-            if not self.deleted:
-                self.link.call_off(self)
+        if not self.consumers and not self.deleted:
+            self._give_back_soon()
 
     def _auto_delete(self) -> None:
         """Unused on this node: forgotten here (the topic it takes with it too), kept in the shared engine,
@@ -597,6 +615,9 @@ class SharedEngine(Engine):
                                 "reads): read the topic as a stream, or through a gateway on the embedded store")
         # How often copies held for credit are reported as still worked on (well inside the ack wait).
         self.hold_refresh_s = DEFAULT_HOLD_REFRESH_S
+        # How long copies fetched for consumers that left wait for another one here (`SharedQueue._give_back_soon`):
+        # as long as the node's pull requests may still bring some (the link says).
+        self.idle_hold_s = DEFAULT_IDLE_HOLD_S
         self.ids = IdSource(self.clock.wall_ns(), node)
         self._refresh_timer: Timer | None = None  # while shared queues exist (`_refresh_in_flight`)
         # Set while the engine applies what another node (or the shared engine itself) changed: the node's
@@ -763,6 +784,13 @@ class SharedEngine(Engine):
     def tell_every_node(self, kind: str, frames: list[bytes]) -> None:
         super().tell_every_node(kind, frames)
         self.link.tell_every_node(kind, frames)
+
+    def tell_maker_of(self, message_id: int, kind: str, frames: list[bytes]) -> None:
+        node = node_of(message_id)
+        if node == self.node:
+            self.told(kind, frames)
+        else:
+            self.link.tell_node(node, kind, frames)
 
     def backend(self) -> dict[str, Any]:
         return {**self.link.describe(), "node": self.node, "publishes": self.barrier.publish_count,

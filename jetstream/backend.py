@@ -58,16 +58,21 @@ DELETED_PREFIX = "polymq.deleted."
 # the frames each after its length (4 bytes, big-endian).
 TOLD_PREFIX = "polymq.told."
 HEADER_NODE = "Polymq-Node"
+# What a node tells one node (`SharedEngine.tell_maker_of`): `polymq.to.<node>.<kind token>`, framed as above.
+TO_NODE_PREFIX = "polymq.to."
 # JetStream's advisories of consumers and streams made and deleted, by any node.
 CONSUMER_ADVISORIES = "$JS.EVENT.ADVISORY.CONSUMER.*.*.*"
 STREAM_ADVISORIES = "$JS.EVENT.ADVISORY.STREAM.*.*"
 # A queue auto-deleted on a node (no consumer left there) is deleted from the cluster once its consumers show
 # no node reading them: asked this many times, this far apart (the node's own pull requests and copies given
 # back take a moment to leave the counts).
-UNUSED_CHECKS = 5
-UNUSED_CHECK_PAUSE_S = 0.2
+UNUSED_CHECKS = 3
+UNUSED_CHECK_PAUSE_S = 0.05
 # A pull request lasts this long; a queue whose consumers go quiet gets its unused credit back then.
 PULL_EXPIRES_S = 5.0
+# What a node's pull requests bring once the queue's last consumer there left waits for another consumer there
+# until they have ended, and this much more (a loaded machine's late answers).
+IDLE_HOLD_MARGIN_S = 1.0
 # A pull request sent while its consumer has no leader (a killed one being replaced) is answered at once
 # with "503 No Responders"; it is asked again after this long, not at once (that loops as fast as the
 # link goes: 20-25 thousand requests a second measured, for the seconds an election takes).
@@ -171,7 +176,6 @@ class JetStreamLink:
         self.changes = 0  # changes finished so far
         self.finished: dict[Any, int] = {}  # when (in `changes`) each one's latest change finished
         self.forwarded_acks = 0
-        self._nursery: trio.Nursery | None = None  # the link's tasks' (set at start)
         self.told_dropped = 0  # what this node could not tell the others (the link down and its buffer full)
         self._down_since: float | None = None  # while the link to the cluster is down: since when
         self.progress_reports = 0  # `+WPI`s sent: deliveries and held copies still worked on
@@ -180,7 +184,6 @@ class JetStreamLink:
     # -- start ------------------------------------------------------------------------------
 
     async def start(self, nursery: trio.Nursery) -> None:
-        self._nursery = nursery
         self.connection.subscribe(ACK_FORWARD_PREFIX + "*", self._on_forwarded_ack)
         self.connection.subscribe(CONSUMER_ADVISORIES, self._on_consumer_advisory)
         self.connection.subscribe(STREAM_ADVISORIES, self._on_stream_advisory)
@@ -188,6 +191,9 @@ class JetStreamLink:
         self.connection.subscribe(PAUSED_PREFIX + "*", self._on_paused)
         self.connection.subscribe(DELETED_PREFIX + "*", self._on_deleted)
         self.connection.subscribe(TOLD_PREFIX + "*", self._on_told)
+        if self.engine is not None:
+            own = f"{TO_NODE_PREFIX}{self.engine.node}."
+            self.connection.subscribe(own + "*", lambda msg: self._hand_told(msg, len(own)))
         if self.engine is not None:
             await self.topology.load()  # after the advisories' subscriptions: a change meanwhile is read again
         await self.deferred.prepare(self.settings.replicas)
@@ -567,33 +573,38 @@ class JetStreamLink:
         if not queue.deleted:
             return
         self.queue_tokens.pop(api.token(queue.name), None)
-        if queue.forgotten and not queue.forgotten_empty and self._nursery is not None:
+        if queue.forgotten and not queue.forgotten_empty:
             # Deleted here for want of consumers (MQKS's --delete-queue-when-unused, an NSQ ephemeral channel's
-            # last client gone): deleted from the cluster too, unless another node's clients read it.
-            self._nursery.start_soon(self._drop_if_unused, queue.name, topic)
+            # last client gone): deleted from the cluster too, unless another node's clients read it. In the
+            # order of this node's other changes: a client naming the queue again meanwhile makes a new one.
+            key = (queue.name, topic)
+            self.pending[key] += 1
+
+            async def drop() -> None:
+                try:
+                    await self._drop_if_unused(queue.name, topic)
+                finally:
+                    self._done(key)
+
+            self._later(drop)
 
     async def _drop_if_unused(self, queue_name: str, topic: str) -> None:
         """The queue's consumer in the topic goes unless some node reads it: pull requests waiting, or copies
         given out and not acknowledged. This node's own last ones are gone within a moment (its pull requests
-        lost their subscriber, its copies were given back), so a count above zero is asked again a few times."""
+        lost their subscriber, its copies were given back), so a count above zero is asked again."""
         name = api.queue_consumer(queue_name)
-        for _ in range(UNUSED_CHECKS):
-            engine = self.engine
-            if engine is None or queue_name in engine.queues:
-                return  # a client of this node named it again meanwhile
+        for check in range(UNUSED_CHECKS):
+            if check:
+                await trio.sleep(UNUSED_CHECK_PAUSE_S)
             try:
                 info = await api.consumer_info(self.connection, topic, name)
-            except NatsError as error:
-                if isinstance(error, api.JetStreamError) and error.err_code in (
-                        api.ERR_CONSUMER_NOT_FOUND, api.ERR_STREAM_NOT_FOUND):
+            except api.JetStreamError as error:
+                if error.err_code in (api.ERR_CONSUMER_NOT_FOUND, api.ERR_STREAM_NOT_FOUND):
                     return
-                log.warning("could not tell whether queue %r is used on other nodes: %s", queue_name, error)
-                return
+                raise
             if not int(info.get("num_waiting", 0)) and not int(info.get("num_ack_pending", 0)):
-                if self.engine is not None and queue_name not in self.engine.queues:
-                    self._drop_later(queue_name, topic)
+                await self._drop_consumer(queue_name, topic)
                 return
-            await trio.sleep(UNUSED_CHECK_PAUSE_S)
 
     def bind_again(self, queue: SharedQueue, topic: str) -> None:
         """An ephemeral channel with clients here whose consumer is gone (no node read it for a while): made
@@ -761,19 +772,6 @@ class JetStreamLink:
                                     reply=f"{puller.inbox}.{request}")
             count -= batch
 
-    def call_off(self, queue: SharedQueue) -> None:
-        """JetStream cannot take a pull request back, but it gives nothing to one whose reply subject lost its
-        subscriber: each of the queue's pullers with requests waiting reads a new inbox from now on; what
-        was already on its way to the old one is still taken (and given back, or delivered, as it comes)."""
-        for puller in self.pullers.get(queue.name, ()):
-            if not puller.requests:
-                continue
-            self.connection.unsubscribe(puller.sid, late=lambda msg, late=puller: self._on_late(late, msg))
-            puller.requests = {}
-            puller.outstanding = 0
-            puller.inbox = self.connection.new_inbox()
-            puller.sid = self.connection.subscribe(puller.inbox + ".*", lambda msg, p=puller: self._on_pulled(p, msg))
-
     def _on_pulled(self, puller: Puller, msg: Msg) -> None:
         if not puller.active:
             return
@@ -790,11 +788,6 @@ class JetStreamLink:
             break
         puller.outstanding = max(puller.outstanding - 1, 0)
         self._delivered(puller, msg)
-
-    def _on_late(self, puller: Puller, msg: Msg) -> None:
-        """What came for a pull request called off (`call_off`): a delivery is taken as any; the rest is moot."""
-        if puller.active and msg.status is None and msg.reply is not None:
-            self._delivered(puller, msg)
 
     def _give_back_late(self, msg: Msg) -> None:
         """A copy that came for a reading this node stopped goes back to the queue at once."""
@@ -924,18 +917,29 @@ class JetStreamLink:
 
     def tell_every_node(self, kind: str, frames: list[bytes]) -> None:
         node = self.engine.node if self.engine is not None else 0
+        self._tell_frames(TOLD_PREFIX + api.token(kind), frames, {HEADER_NODE: str(node)})
+
+    def tell_node(self, node: int, kind: str, frames: list[bytes]) -> None:
+        self._tell_frames(f"{TO_NODE_PREFIX}{node}.{api.token(kind)}", frames, None)
+
+    def _tell_frames(self, subject: str, frames: list[bytes], headers: dict[str, str] | None) -> None:
         payload = b"".join(len(frame).to_bytes(4, "big") + frame for frame in frames)
         try:
-            self.connection.publish(TOLD_PREFIX + api.token(kind), payload, headers={HEADER_NODE: str(node)})
+            self.connection.publish(subject, payload, headers=headers)
         except NatsError:
             self.told_dropped += 1  # at most once: nothing is kept for later
 
     def _on_told(self, msg: Msg) -> None:
         engine = self.engine
-        if engine is None or (msg.headers or {}).get(HEADER_NODE) == str(engine.node):
+        if engine is not None and (msg.headers or {}).get(HEADER_NODE) != str(engine.node):
+            self._hand_told(msg, len(TOLD_PREFIX))
+
+    def _hand_told(self, msg: Msg, prefix: int) -> None:
+        engine = self.engine
+        if engine is None:
             return
         try:
-            kind = api.untoken(msg.subject[len(TOLD_PREFIX):])
+            kind = api.untoken(msg.subject[prefix:])
         except (ValueError, UnicodeDecodeError):
             return
         frames: list[bytes] = []
@@ -1052,6 +1056,7 @@ async def open_shared_engine(settings: JetStreamSettings, nursery: trio.Nursery,
     link_box.append(link)
     engine = SharedEngine(link, node=number, clock=clock, timers=timers)
     engine.hold_refresh_s = settings.ack_wait_s / 2  # held copies' +WPI well before the ack wait ends
+    engine.idle_hold_s = PULL_EXPIRES_S + IDLE_HOLD_MARGIN_S  # until the last pull requests have ended
     link.engine = engine
     await link.start(nursery)
     return engine, link

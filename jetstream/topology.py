@@ -164,9 +164,13 @@ class Topology:
             self.read.pop(topic, None)
             if link.unsettled(topic, since):
                 return  # this node made it, or deleted it, after the read
+            known = engine.topics.get(topic)
+            bound = [queue for queue in known.queues if isinstance(queue, SharedQueue)] if known is not None else []
             with engine.following():
                 if not engine.delete_topic(topic):
                     link.topic_forgotten(topic)
+                for queue in bound:
+                    self._unused(queue)
             return
         consumers, backlog = bound_consumers(infos)
         self.read[topic] = consumers
@@ -211,5 +215,9 @@ class Topology:
             link.bind_again(queue, topic)  # its clients are here: its consumer is made again, from now on
             return
         engine.unbind(queue.name, topic)
-        if not queue.topics and not queue.consumers:
-            engine.delete_queue(queue.name)
+        self._unused(queue)
+
+    def _unused(self, queue: SharedQueue) -> None:
+        """A queue bound to nothing in the cluster and read by no client of this node: nothing of it is left."""
+        if not queue.deleted and not queue.topics and not queue.consumers:
+            self.engine.delete_queue(queue.name)

@@ -29,7 +29,7 @@ import json
 import logging
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -52,9 +52,13 @@ from polymq.core.schedules import FOREVER, InvalidSchedule, Schedule
 from polymq.core.timers import Timer
 from polymq.core.trace import Client
 
-# Requests answered "dispatched" on shared queues whose worker is still to be counted (STATUS's
-# processed_messages_by_worker); past it the oldest are forgotten: another node's worker took them.
+# Requests of this node's clients on shared queues (JetStream) still waiting to hear whether a worker, on any
+# node, took them as they arrived (their "dispatched" REPLY); past it the oldest are forgotten (a request that
+# waited for a READY never hears).
 DISPATCHED_KEPT: Final = 10_000
+# What a node whose worker took a request as it arrived tells the node its client sent it to
+# (`Engine.tell_maker_of`): the message's id, in decimal.
+DISPATCHED_KIND: Final = "emqp-dispatched"
 
 log = logging.getLogger("polymq.emqp")
 
@@ -147,6 +151,9 @@ class Worker:
     by_msgid: dict[bytes, Message] = attrs.Factory(dict)
     readies: int = 0  # READYs it sent
     ended: int = 0  # jobs it finished (by a REPLY or a READY) or that left it (their queue deleted)
+    # When each of its free slots came (wall-clock ns of its READY), oldest first: a job handed to it counts as
+    # handed over as it arrived when a slot was free before the job's request was published (shared queues).
+    free_since_ns: deque[int] = attrs.Factory(deque)
 
     def take(self, message: Message) -> None:
         msgid = self.jobs.pop(message, None)
@@ -162,6 +169,7 @@ class Worker:
         self.jobs.clear()
         self.without_reply.clear()
         self.by_msgid.clear()
+        self.free_since_ns.clear()
 
 
 @attrs.define
@@ -198,14 +206,15 @@ class EMQPBroker(ZmqService):
         self.known_queues: set[str] = set()
         # Message id → worker of what was delivered while a REQUEST is published.
         self._delivered_now: dict[int, bytes] | None = None
-        # Requests answered "dispatched" on an engine that hands over later (shared queues), by id,
-        # until a worker of this node takes them (the oldest forgotten past DISPATCHED_KEPT).
-        self._dispatched: dict[int, None] = {}
+        # Requests of this node's clients on an engine that hands over later (shared queues), by id: the
+        # client's identity and msgid, for the "dispatched" REPLY a worker's node asks for (`_dispatched`).
+        self._awaiting: dict[int, tuple[bytes, bytes]] = {}
         self._timers: list[Timer] = []
         self.backend = self.add_pump("emqp-backend", sockets.get("emqp-backend"), self._backend)
         self.frontend = self.add_pump("emqp-frontend", sockets.get("emqp-frontend"), self._frontend)
         self.admin = self.add_pump("emqp-admin", sockets.get("emqp-admin"), self._admin)
         engine.schedules.on_fire = self._fired
+        engine.listeners[DISPATCHED_KIND] = self._dispatched
 
     async def run(self) -> None:
         self._schedule_heartbeat()
@@ -369,6 +378,8 @@ class EMQPBroker(ZmqService):
             if job is not None:
                 self._end_job(worker, job)
                 worker.ended += 1
+        if not self.engine.hands_over_at_once:
+            worker.free_since_ns.append(self.engine.clock.wall_ns())
         worker.pool.add(1)
 
     def _worker_reply(self, worker: Worker, message: emqp.Message) -> None:
@@ -418,8 +429,12 @@ class EMQPBroker(ZmqService):
         self.handed_out_by_queue[name] += 1
         if self._delivered_now is not None:
             self._delivered_now[message.id] = worker.identity
-        elif self._dispatched and self._dispatched.pop(message.id, 0) is None:
+        elif worker.free_since_ns and worker.free_since_ns.popleft() <= message.timestamp_ns:
+            # Shared queues: the slot was free when the request came, whichever node it came to. Counted here;
+            # its client hears "dispatched" from the node it sent the request to.
+            self.processed_by_queue[name] += 1
             self.processed_by_worker[worker.identity] += 1
+            self.engine.tell_maker_of(message.id, DISPATCHED_KIND, [b"%d" % message.id])
         assert self.backend is not None  # a worker INFORMed on it
         # A durable queue's job leaves once its attempt is on record: --emqp-max-attempts counts every run.
         self.deliver(self.backend, emqp.request(worker.identity, msgid, name.encode(), headers, message.body),
@@ -517,14 +532,23 @@ class EMQPBroker(ZmqService):
             self.processed_by_queue[name] += 1
             self.processed_by_worker[worker] += 1
             replies.append(emqp.reply(message.identity, _msgid(), message.msgid))
-        elif not engine.hands_over_at_once and any(consumer.available() > 0 for consumer in queue.consumers):
-            # Queues shared with other nodes: stored first, then fetched by a node; a worker of this node
-            # with a free slot takes it then, so it counts as handed over as it arrived.
-            self.processed_by_queue[name] += 1
-            self._dispatched[message_id] = None  # its worker is counted when the node hands it over
-            if len(self._dispatched) > DISPATCHED_KEPT:
-                del self._dispatched[next(iter(self._dispatched))]  # went to another node's worker
-            replies.append(emqp.reply(message.identity, _msgid(), message.msgid))
+        elif not engine.hands_over_at_once:
+            # Queues shared with other nodes: stored first, then fetched by the node of a worker with a free
+            # slot, which says so if the slot was free as the request came (`_dispatched`).
+            self._awaiting[message_id] = (message.identity, message.msgid)
+            if len(self._awaiting) > DISPATCHED_KEPT:
+                del self._awaiting[next(iter(self._awaiting))]  # it waited for a READY: no REPLY
+
+    def _dispatched(self, frames: list[bytes]) -> None:
+        """A worker, of this node or another, took a request of this node's client as it arrived: its REPLY."""
+        try:
+            message_id = int(frames[0])
+        except (IndexError, ValueError):
+            return
+        awaiting = self._awaiting.pop(message_id, None)
+        if awaiting is not None:
+            identity, msgid = awaiting
+            self._send_frontend(emqp.reply(identity, _msgid(), msgid))
 
     def _inform_scheduler(self, message: emqp.Message) -> None:
         inform = emqp.parse_inform(message.body)
