@@ -57,6 +57,7 @@ from polymq.gateway.config import (
 )
 from polymq.gateway.http import serve_gateway_http
 from polymq.gateway.metrics import Metrics
+from polymq.gateway.port_holder import in_use_hint
 from polymq.gateway.run_file import RunFile
 from polymq.gateway.tracing import TraceCollector, make_tracer
 from polymq.jetstream.backend import JetStreamLink
@@ -157,7 +158,7 @@ def listening_socket(name: str, host: str, port: int, flag: str) -> socket.socke
     except (OSError, OverflowError) as error:
         sock.close()
         if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
-            hint = f"stop the process using it, or choose another port with {flag} (-1 turns {name} off)"
+            hint = in_use_hint(port, flag, name)
         elif isinstance(error, OSError) and error.errno == errno.EACCES:
             hint = f"ports below 1024 need privileges: choose another with {flag}"
         elif isinstance(error, socket.gaierror | OSError) and error.errno in (
@@ -306,7 +307,7 @@ def zmq_sockets(host: str, specs: dict[str, SocketSpec], protocol: Protocol,
         flag = _flag(protocol, endpoints[name].port)
         why = os.strerror(error.errno).lower() if error.errno else str(error)
         if error.errno == errno.EADDRINUSE:
-            hint = f"stop the process using it, or choose another port with {flag} (-1 turns {name} off)"
+            hint = in_use_hint(spec.port, flag, name)
         else:
             hint = f"check --bind and {flag}"
         raise StartupError(f"cannot listen for {name} on {address}: {why}; {hint}") from error

@@ -15,8 +15,10 @@ import pytest
 import trio
 import trio.testing
 
+from polymq.clients.ports import free_ports
 from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import stream_rows
+from polymq.gateway.port_holder import Holder, holder_of
 from polymq.jetstream.backend import cluster_replicas
 from polymq.jetstream.nats_connection import NatsConnection, NatsOptions
 
@@ -154,3 +156,26 @@ async def test_a_standalone_server_gives_one_replica_at_once(nats_server: NatsSe
         with trio.fail_after(1.0):  # no waiting: the INFO names no cluster
             assert await cluster_replicas(connection, 3, wait_s=60.0) == 1
         await connection.close()
+
+
+def test_every_listener_is_bound_before_the_node_connects_to_the_cluster(tmp_path: Path) -> None:
+    """A node's own outgoing connections can never take one of its ports: they are all bound first. The NATS
+    server here accepts and says nothing, so the node waits on it; its ports listen meanwhile."""
+    mqks, nsq_tcp, emqp = free_ports(3)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(60)  # a hang becomes a failure
+        args = [sys.executable, "-m", "polymq", "serve", "--data-dir", str(tmp_path / "data"), "--nsq-http-port", "0",
+                "--phpmq-port", "0", "--phpmq-console-port", "0", "--admin-port", "0", "--no-pzq",
+                "--emqp-frontend-port", "0", "--emqp-admin-port", "0", "--emqp-pubsub-in-port", "0",
+                "--emqp-pubsub-out-port", "0", "--mqks-port", str(mqks), "--nsq-tcp-port", str(nsq_tcp),
+                "--emqp-backend-port", str(emqp), "--jetstream", f"nats://127.0.0.1:{silent.getsockname()[1]}"]
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            connection, _ = silent.accept()  # the node's NATS connection: it waits for the server's INFO
+            with connection:
+                assert [holder_of(port) for port in (mqks, nsq_tcp, emqp)] == [Holder.LISTENER] * 3
+        finally:
+            process.kill()
+            process.wait()

@@ -269,3 +269,27 @@ def test_a_missing_config_file_is_named(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == (
         f"Error: cannot read config file {tmp_path / 'missing.toml'}: No such file or directory")
+
+
+@pytest.mark.parametrize(("listener", "flag", "others"), [
+    ("mqks", "--mqks-port", ("--nsq-tcp-port", "0", "--nsq-http-port", "0", "--no-pzq", "--no-emqp")),
+    ("emqp-backend", "--emqp-backend-port", (*TCP_FREE_PORTS, "--no-pzq", "--emqp-frontend-port", "0",
+                                             "--emqp-admin-port", "0")),
+])
+def test_a_port_held_by_an_outgoing_connection_says_so_and_names_the_reserved_ports_setting(
+        tmp_path: Path, listener: str, flag: str, others: tuple[str, ...]) -> None:
+    """As when an outgoing connection of another program was given the port as its ephemeral port."""
+    with socket.socket() as server, socket.socket() as outgoing:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        outgoing.bind(("127.0.0.1", 0))  # its local port, which the gateway is then told to listen on
+        outgoing.connect(server.getsockname())
+        port = outgoing.getsockname()[1]
+        result = _serve("--data-dir", str(tmp_path / "data"), *others, flag, str(port))
+    assert result.returncode == 1
+    _no_traceback(result)
+    [line] = _error_lines(result)
+    assert line.endswith(f"gateway  cannot listen for {listener} on 127.0.0.1:{port}: address already in use; "
+                         "no server listens there: a connection holds it (an outgoing connection given it as its "
+                         "ephemeral port); reserve polymq's ports with the sysctl net.ipv4.ip_local_reserved_ports "
+                         f"(docs/operations.md), or choose another port with {flag}")
