@@ -298,10 +298,20 @@ async def stream_names(connection: NatsConnection, subject: str) -> list[str]:
             return names
 
 
-async def consumer_list(connection: NatsConnection, topic: str) -> list[dict[str, Any]] | None:
+@attrs.frozen(slots=True)
+class ConsumerListing:
+    """A stream's consumers as CONSUMER.LIST gave them: their infos, and the names of those whose leaders did
+    not answer in time or are offline (in a cluster under load the list leaves them out: they exist)."""
+
+    infos: list[dict[str, Any]]
+    unread: frozenset[str]
+
+
+async def consumer_list(connection: NatsConnection, topic: str) -> ConsumerListing | None:
     """Every consumer of the topic's stream with its settings and counts (num_pending: messages it has not
     been given), page by page; None when the stream does not exist."""
     consumers: list[dict[str, Any]] = []
+    unread: set[str] = set()
     while True:
         try:
             answer = await api(connection, f"CONSUMER.LIST.{topic_stream(topic)}", {"offset": len(consumers)})
@@ -311,16 +321,18 @@ async def consumer_list(connection: NatsConnection, topic: str) -> list[dict[str
             raise
         page = list(answer.get("consumers") or [])
         consumers += page
-        if not page or len(consumers) >= int(answer.get("total", 0)):
+        unread.update(answer.get("missing") or ())
+        unread.update(answer.get("offline") or {})
+        if not page or len(consumers) + len(unread) >= int(answer.get("total", 0)):
             break
-    if not consumers:  # JetStream lists no consumers, without an error, for a stream that does not exist
+    if not consumers and not unread:  # JetStream lists no consumers, without an error, for a missing stream
         try:
             await api(connection, f"STREAM.INFO.{topic_stream(topic)}")
         except JetStreamError as error:
             if error.err_code == ERR_STREAM_NOT_FOUND:
                 return None
             raise
-    return consumers
+    return ConsumerListing(consumers, frozenset(unread))
 
 
 async def ensure_consumer(connection: NatsConnection, topic: str, name: str, config: Mapping[str, Any]) -> None:

@@ -77,6 +77,8 @@ IDLE_HOLD_MARGIN_S = 1.0
 # with "503 No Responders"; it is asked again after this long, not at once (that loops as fast as the
 # link goes: 20-25 thousand requests a second measured, for the seconds an election takes).
 PULL_RETRY_S = 0.1
+# The status of a pull request that ended (its `expires`) before it got all it asked for.
+REQUEST_TIMEOUT = 408
 # Messages one pull request asks for at most (nats-server's default max batch of a pull consumer
 # is unlimited; smaller requests spread a queue's messages over the nodes' consumers).
 MAX_PULL_BATCH = 256
@@ -137,6 +139,8 @@ class Puller:
     active: bool = True
     floor: int = 0  # stream sequences up to it were emptied from the queue: acked, never delivered
     retry_due: bool = False  # a pull found no consumer leader: the queue asks again at PULL_RETRY_S
+    # Messages the consumer holds for the queue not given to any node yet, as last heard (at first: some).
+    pending: int = 1
 
 
 @attrs.define(slots=True, eq=False)
@@ -547,7 +551,7 @@ class JetStreamLink:
             return
         self._add_puller(queue, topic, floor)
 
-    def _add_puller(self, queue: SharedQueue, topic: str, floor: int) -> None:
+    def _add_puller(self, queue: SharedQueue, topic: str, floor: int) -> Puller:
         self._stop_puller(queue, topic)
         name = api.queue_consumer(queue.name)
         inbox = self.connection.new_inbox()
@@ -555,6 +559,7 @@ class JetStreamLink:
         puller.sid = self.connection.subscribe(inbox + ".*", lambda msg: self._on_pulled(puller, msg))
         self.pullers.setdefault(queue.name, []).append(puller)
         self.want(queue)
+        return puller
 
     def followed(self, queue: SharedQueue, topic: str) -> None:
         """Bound in the cluster (by another node, or before this node started): read with what the topology
@@ -566,7 +571,9 @@ class JetStreamLink:
         consumer = self.topology.consumer(topic, queue.name)
         if consumer is not None and consumer.paused and not queue.paused:
             queue.paused_here(True)
-        self._add_puller(queue, topic, consumer.floor if consumer is not None else 0)
+        puller = self._add_puller(queue, topic, consumer.floor if consumer is not None else 0)
+        if consumer is not None:
+            puller.pending = consumer.pending
 
     def unfollowed(self, queue: SharedQueue, topic: str) -> None:
         self._stop_puller(queue, topic)
@@ -612,8 +619,12 @@ class JetStreamLink:
         self._stop_puller(queue, topic)
         self.bound(queue, topic, lambda error: None)
 
-    def floor_read(self, queue_name: str, topic: str, floor: int) -> None:
+    def consumer_read(self, queue_name: str, topic: str, floor: int, pending: int) -> None:
+        """What a read of the cluster found in the queue's consumer of the topic: its floor, what it holds."""
         self._floor(queue_name, api.topic_stream(topic), floor)
+        for puller in self.pullers.get(queue_name, ()):
+            if puller.topic == topic:
+                puller.pending = pending
 
     def _stop_puller(self, queue: SharedQueue, topic: str) -> None:
         pullers = self.pullers.get(queue.name, [])
@@ -751,15 +762,32 @@ class JetStreamLink:
     # -- pulling ----------------------------------------------------------------------------
 
     def want(self, queue: SharedQueue) -> None:
+        """Ask for what the queue's consumers here can take. A pull request holds its share of their credit
+        until it is served or ends (5 s): a queue bound to several topics keeps one request waiting in each
+        (a message there is seen at once, even past the credit: what comes beyond it waits here), and gives
+        the rest of its credit to the topics JetStream last said hold messages for it."""
         pullers = self.pullers.get(queue.name)
         if not pullers:
             return
-        wanted = queue.wanted() - sum(p.outstanding for p in pullers)
-        if wanted <= 0:
+        room = queue.wanted()
+        if room <= 0:
             return
-        share = -(-wanted // len(pullers))
+        wanted = room - sum(p.outstanding for p in pullers)
+        if len(pullers) == 1:
+            if wanted > 0:
+                self._pull(pullers[0], wanted)
+            return
         for puller in pullers:
-            self._pull(puller, min(share, wanted))
+            if not puller.outstanding:
+                self._pull(puller, 1)
+                wanted -= 1
+        busy = [puller for puller in pullers if puller.pending > 0]
+        for index, puller in enumerate(busy):
+            if wanted <= 0:
+                return
+            share = -(-wanted // (len(busy) - index))
+            self._pull(puller, share)
+            wanted -= share
 
     def _pull(self, puller: Puller, count: int) -> None:
         while count > 0 and len(puller.requests) < MAX_PULLS_WAITING:
@@ -807,6 +835,7 @@ class JetStreamLink:
             log.error("a delivery polymq cannot read, left to JetStream: %r", str(error))
             return
         queue = puller.queue
+        puller.pending = delivery.pending
         queue.shared_log.spilled = delivery.pending
         queue.receive([(message, msg.reply)])
 
@@ -816,6 +845,8 @@ class JetStreamLink:
         request = msg.subject.rsplit(".", 1)[-1]
         owed = puller.requests.pop(request, 0)
         puller.outstanding = max(puller.outstanding - owed, 0)
+        if msg.status == REQUEST_TIMEOUT:
+            puller.pending = 0  # it waited its whole time for what was not there
         if msg.status == 409 and "deleted" in msg.description.lower():
             puller.active = False
             return

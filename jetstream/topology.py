@@ -88,6 +88,7 @@ class Topology:
         self.link = link
         self.read: dict[str, dict[str, BoundConsumer]] = {}  # topic -> its queues' consumers, as last read
         self._dirty: dict[str, None] = {}  # topics to read again, in the order they were asked for
+        self._again: dict[str, None] = {}  # topics to read again at the next turn (a consumer went unread)
         self._wake = trio.Event()
         self._refresh_from = 0
         self.reads = 0  # topics read (start-up, advisories, refreshes)
@@ -108,7 +109,7 @@ class Topology:
         streams = await api.stream_names(self.link.connection, api.SUBJECT_PREFIX + ">")
         topics = [topic for topic in map(api.topic_of_stream, streams) if topic is not None]
         limiter = trio.CapacityLimiter(LOAD_AT_ONCE)
-        found: dict[str, list[dict[str, Any]] | None] = {}
+        found: dict[str, api.ConsumerListing | None] = {}
 
         async def read(topic: str) -> None:
             async with limiter:
@@ -134,6 +135,8 @@ class Topology:
             self._wake = trio.Event()
             if not self._dirty:
                 self._refresh_some()
+                self._dirty.update(self._again)
+                self._again.clear()
             while self._dirty:
                 topic = next(iter(self._dirty))
                 del self._dirty[topic]
@@ -155,12 +158,13 @@ class Topology:
 
     # -- applying --------------------------------------------------------------------------------
 
-    def apply(self, topic: str, infos: list[dict[str, Any]] | None, since: int) -> None:
+    def apply(self, topic: str, listing: api.ConsumerListing | None, since: int) -> None:
         """Make the node's topic and its bindings what the cluster held when `link.changes` was `since` (None:
-        the topic's stream was gone)."""
+        the topic's stream was gone). A consumer the listing could not read is left as the node knows it, and
+        the topic is read again."""
         self.reads += 1
         link, engine = self.link, self.engine
-        if infos is None:
+        if listing is None:
             self.read.pop(topic, None)
             if link.unsettled(topic, since):
                 return  # this node made it, or deleted it, after the read
@@ -172,10 +176,19 @@ class Topology:
                 for queue in bound:
                     self._unused(queue)
             return
-        consumers, backlog = bound_consumers(infos)
-        self.read[topic] = consumers
+        consumers, backlog = bound_consumers(listing.infos)
+        unread = set()
+        for name in listing.unread:
+            try:
+                unread.add(api.untoken(name))
+            except (ValueError, UnicodeDecodeError):
+                continue
+        if unread:
+            self._again[topic] = None
+        self.read[topic] = {**{name: known for name, known in self.read.get(topic, {}).items() if name in unread},
+                            **consumers}
         state = link.known_topic(topic)
-        state.queues = {api.queue_consumer(name) for name in consumers}
+        state.queues = {api.queue_consumer(name) for name in consumers} | set(listing.unread)
         with engine.following():
             made = engine.ensure_topic(topic)
             if isinstance(made.log, SharedTopicLog) and backlog is not None:
@@ -184,7 +197,7 @@ class Topology:
                 if not link.unsettled((name, topic), since):
                     self._follow(topic, name, consumer)
             for queue in list(made.queues):
-                if isinstance(queue, SharedQueue) and queue.name not in consumers \
+                if isinstance(queue, SharedQueue) and queue.name not in consumers and queue.name not in unread \
                         and not link.unsettled((queue.name, topic), since):
                     self._lost(topic, queue)
 
@@ -204,7 +217,7 @@ class Topology:
             engine.bind(name, topic)  # read with the floor and pause just read (`JetStreamLink.followed`)
         if len(queue.topics) == 1:
             queue.shared_log.spilled = consumer.pending
-        link.floor_read(name, topic, consumer.floor)
+        link.consumer_read(name, topic, consumer.floor, consumer.pending)
         if consumer.paused != queue.paused:
             queue.paused_here(consumer.paused)
 

@@ -164,3 +164,30 @@ async def test_an_ephemeral_channel_of_a_shared_topic_gets_what_any_node_publish
         with trio.fail_after(30):  # its consumer goes once no node reads it
             while api.queue_consumer(channel) in await api.consumer_names(b.link.connection, topic):
                 await trio.sleep(0.1)
+
+
+async def test_a_queue_bound_to_a_busy_and_an_idle_topic_gives_its_credit_to_the_busy_one(
+        nats_cluster: NatsCluster) -> None:
+    """A pull request holds its share of the consumers' credit until it ends: the idle topic keeps one request
+    waiting, never the credit the busy topic's messages need (an MQKS binding beside a PHPMQ queue's own name)."""
+    busy, idle, queue_name = name("busy"), name("idle"), name("both")
+    async with node(nats_cluster) as a:
+        a.engine.ensure_queue(queue_name)
+        a.engine.bind(queue_name, busy)  # as PHPMQ finds a queue MQKS bound, then binds it to its own name
+        a.engine.bind(queue_name, idle)
+        got: list[Message] = []
+        consumer = a.engine.attach(queue_name, got.append, credit=4, msg_timeout=30.0)
+        await until(lambda: len(a.link.pullers.get(queue_name, ())) == 2, "both topics read")
+        for index in range(20):
+            _, stored = a.publish(busy, b"busy %d" % index)
+        await stored.wait()
+        idle_puller = next(p for p in a.link.pullers[queue_name] if p.topic == idle)
+        finished = 0
+        with trio.fail_after(60):
+            while finished < 20:
+                assert idle_puller.outstanding <= 1
+                while finished < len(got):
+                    consumer.finish(got[finished].id)
+                    finished += 1
+                await trio.sleep(0.01)
+        assert sorted(m.body for m in got) == sorted(b"busy %d" % i for i in range(20))

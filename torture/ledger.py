@@ -13,6 +13,7 @@ it is a finding.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 from collections import Counter, defaultdict
@@ -266,6 +267,10 @@ class Ledger:
             lost = sorted(self.missing)
             for _, sink in lost:
                 counts[SINKS[sink].protocol].lost += 1
+            if lost:
+                by_sink = collections.Counter(sink for _, sink in lost)
+                counted = ", ".join(f"{sink}={count}" for sink, count in sorted(by_sink.items()))
+                problems.append(f"lost by sink: {counted}")
             problems += [f"lost: {key.decode()} in {sink}, received {self.copy_receipts[(key, sink)]} times, never"
                          " acknowledged" for key, sink in lost[:EXAMPLES]]
             unexplained = []

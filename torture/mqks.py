@@ -112,3 +112,19 @@ def consumer(run: Run, sink: Sink, index: int) -> threading.Thread:
             state.end()
 
     return client_thread(run, f"mqks-consumer-{sink.name}-{index}", session, run.consuming)
+
+
+def bind_over_mqks(gateway: GatewayProcess, sinks: list[Sink]) -> None:
+    """Bind other protocols' queues to their topics as an MQKS client does: a consume that names them
+    (confirmed once the binding is shared), then the consumer's deletion, before anything is published."""
+    with mqks_blocking.Connection(gateway.addresses["mqks"], IO_TIMEOUT_S) as conn:
+        for sink in sinks:
+            consumer_id = f"b{next(_request_ids)}"
+            for request, expected in (((consumer_id, "consume",
+                                        consume_line(sink.queue, sink.bound_over_mqks, manual_ack=True)),
+                                       f"{consumer_id} ok "),
+                                      ((f"d{consumer_id}", "delete_consumer", consumer_id), f"d{consumer_id} ok ")):
+                conn.request(*request, confirm=True)
+                line = conn.next_line()
+                if line != expected.encode():
+                    raise TimeoutError(f"binding {sink.queue} over MQKS: {line!r} where {expected!r}")

@@ -125,6 +125,10 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
             cluster.start()
             cluster.wait_ready()
         gateways.start()
+        bound = [sink for sink in SINKS.values() if sink.bound_over_mqks]
+        current = gateways.current(0, JOIN_S)
+        if bound and current is not None:
+            mqks.bind_over_mqks(current[1], bound)
         run.consuming.set()
         for sink in SINKS.values():
             consumers += [CLIENTS[sink.protocol][1](run, sink, index) for index in range(options.settings.consumers)]

@@ -23,6 +23,10 @@ EMQP_QUEUE = "torture_emqp"
 # NSQ's publishes to an eMQP queue go to one of their own: a request is acknowledged only when a
 # worker is free as it comes, so eMQP's own queue is kept short.
 EMQP_QUEUE_OF_NSQ = "torture_emqp_nsq"
+# Queues PHPMQ and eMQP read that MQKS binds to another protocol's topic (a bridge between PHP and Python
+# services): made by an MQKS client before the run's clients start, never by the readers.
+PHPMQ_QUEUE_OF_MQKS = "torture_phpmq_mqks"
+EMQP_QUEUE_OF_NSQ_BOUND = "torture_emqp_bound_nsq"
 
 
 @attrs.frozen(slots=True)
@@ -31,6 +35,8 @@ class Sink:
     protocol: str  # whose consumers read it
     queue: str  # the protocol's own name: an NSQ topic (channel NSQ_CHANNEL), an MQKS queue, …
     events: tuple[str, ...] = ()  # MQKS: the events the queue is bound to
+    # Another protocol's queue bound over MQKS to these topics before the run (`mqks.bind_over_mqks`).
+    bound_over_mqks: tuple[str, ...] = ()
 
 
 @attrs.frozen(slots=True)
@@ -52,14 +58,16 @@ SINKS = {
         Sink("pzq:torture_pzq", "pzq", PZQ_QUEUE),
         Sink("emqp:torture_emqp", "emqp", EMQP_QUEUE),
         Sink("emqp:torture_emqp_nsq", "emqp", EMQP_QUEUE_OF_NSQ),
+        Sink("phpmq:torture_phpmq_mqks", "phpmq", PHPMQ_QUEUE_OF_MQKS, bound_over_mqks=(MQKS_EVENT,)),
+        Sink("emqp:torture_emqp_bound_nsq", "emqp", EMQP_QUEUE_OF_NSQ_BOUND, bound_over_mqks=(NSQ_TOPIC,)),
     )
 }
 
 FLOWS = (
-    # Each protocol into its own queues; NSQ's topic is read by an NSQ channel and an MQKS queue,
-    # MQKS's event by an MQKS queue and an NSQ channel.
-    Flow(0, "nsq", NSQ_TOPIC, ("nsq:torture_nsq/c", "mqks:torture_mqks_nsq")),
-    Flow(1, "mqks", MQKS_EVENT, ("mqks:torture_mqks", "nsq:torture_mqks/c")),
+    # Each protocol into its own queues; NSQ's topic is read by an NSQ channel, an MQKS queue and an eMQP
+    # queue MQKS bound to it; MQKS's event by an MQKS queue, an NSQ channel and a PHPMQ queue MQKS bound to it.
+    Flow(0, "nsq", NSQ_TOPIC, ("nsq:torture_nsq/c", "mqks:torture_mqks_nsq", "emqp:torture_emqp_bound_nsq")),
+    Flow(1, "mqks", MQKS_EVENT, ("mqks:torture_mqks", "nsq:torture_mqks/c", "phpmq:torture_phpmq_mqks")),
     Flow(2, "phpmq", PHPMQ_QUEUE, ("phpmq:torture_phpmq",)),
     Flow(3, "pzq", PZQ_QUEUE, ("pzq:torture_pzq",)),
     Flow(4, "emqp", EMQP_QUEUE, ("emqp:torture_emqp",)),
