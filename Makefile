@@ -48,13 +48,15 @@ interop-envs:
 
 # strace records the gateway's system calls in the fsync-order test; php-cli runs the PHP PHPMQ
 # client of the interop tests; chromium and chromium-driver run the admin page's browser test, curl
-# its documented examples (Debian's packages, installed when missing).
+# its documented examples, ip (iproute2) the loopback of the network namespace docs/cluster.md's example runs
+# in (Debian's packages, installed when missing).
 system-tools:
 	@missing=""; command -v strace >/dev/null || missing="$$missing strace"; \
 	command -v php >/dev/null || missing="$$missing php-cli"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
 lint: install
