@@ -271,31 +271,30 @@ def consumer_config(name: str, *, topic: str, ack_wait_s: float, deliver_all: bo
     return config
 
 
+async def _paged(connection: NatsConnection, subject: str, field: str, body: Mapping[str, Any]) -> list[Any]:
+    """Every item of a listing JetStream answers page by page (`offset`, `total`)."""
+    items: list[Any] = []
+    while True:
+        answer = await api(connection, subject, {**body, "offset": len(items)})
+        page = list(answer.get(field) or [])
+        items += page
+        if not page or len(items) >= int(answer.get("total", 0)):
+            return items
+
+
 async def consumer_names(connection: NatsConnection, topic: str) -> list[str]:
     """The consumers of the topic's stream, as the meta leader knows them (no consumer leader needed)."""
-    names: list[str] = []
-    while True:
-        try:
-            answer = await api(connection, f"CONSUMER.NAMES.{topic_stream(topic)}", {"offset": len(names)})
-        except JetStreamError as error:
-            if error.err_code == ERR_STREAM_NOT_FOUND:
-                return names
-            raise
-        page = list(answer.get("consumers") or [])
-        names += page
-        if not page or len(names) >= int(answer.get("total", 0)):
-            return names
+    try:
+        return await _paged(connection, f"CONSUMER.NAMES.{topic_stream(topic)}", "consumers", {})
+    except JetStreamError as error:
+        if error.err_code == ERR_STREAM_NOT_FOUND:
+            return []
+        raise
 
 
 async def stream_names(connection: NatsConnection, subject: str) -> list[str]:
-    """Every stream that takes messages on `subject` (wildcards allowed), page by page."""
-    names: list[str] = []
-    while True:
-        answer = await api(connection, "STREAM.NAMES", {"offset": len(names), "subject": subject})
-        page = list(answer.get("streams") or [])
-        names += page
-        if not page or len(names) >= int(answer.get("total", 0)):
-            return names
+    """Every stream that takes messages on `subject` (wildcards allowed)."""
+    return await _paged(connection, "STREAM.NAMES", "streams", {"subject": subject})
 
 
 @attrs.frozen(slots=True)

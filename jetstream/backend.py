@@ -16,7 +16,7 @@ import bisect
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -222,6 +222,18 @@ class JetStreamLink:
     def _later(self, operation: Callable[[], Any]) -> None:
         self._control_send.send_nowait(operation)
 
+    def _change_later(self, key: Any, change: Callable[[], Awaitable[Any]]) -> None:
+        """Run `change` in order with the node's other operations; `key` is unsettled until it has run."""
+        self.pending[key] += 1
+
+        async def run() -> None:
+            try:
+                await change()
+            finally:
+                self._done(key)
+
+        self._later(run)
+
     # -- topics -----------------------------------------------------------------------------
 
     def topic_made(self, topic: Topic) -> None:
@@ -231,8 +243,7 @@ class JetStreamLink:
         state = self.topics.get(name)
         if state is None:
             state = self.topics[name] = self.streams[api.topic_stream(name)] = TopicState()
-            self.pending[name] += 1
-            self._later(lambda: self._make_stream(name, state))
+            self._change_later(name, lambda: self._make_stream(name, state))
         return state
 
     def _done(self, key: Any) -> None:
@@ -255,12 +266,6 @@ class JetStreamLink:
         return state
 
     async def _make_stream(self, name: str, state: TopicState) -> None:
-        try:
-            await self._make_stream_now(name, state)
-        finally:
-            self._done(name)
-
-    async def _make_stream_now(self, name: str, state: TopicState) -> None:
         try:
             await api.ensure_stream(self.connection, name, self.stream_settings)
             names = await api.consumer_names(self.connection, name)
@@ -336,15 +341,7 @@ class JetStreamLink:
 
     def topic_deleted(self, name: str) -> None:
         self.topic_forgotten(name)
-        self.pending[name] += 1
-
-        async def delete() -> None:
-            try:
-                await api.delete_stream(self.connection, name)
-            finally:
-                self._done(name)
-
-        self._later(delete)
+        self._change_later(name, lambda: api.delete_stream(self.connection, name))
 
     def topic_forgotten(self, name: str) -> None:
         self.topics.pop(name, None)
@@ -506,8 +503,6 @@ class JetStreamLink:
     def bound(self, queue: SharedQueue, topic: str, done: Stored) -> None:
         state = self._topic_state(topic)
         self.binding += 1
-        key = (queue.name, topic)
-        self.pending[key] += 1
 
         async def attach() -> None:
             error: Exception | None = None
@@ -517,13 +512,12 @@ class JetStreamLink:
                 error = failure
                 raise
             finally:
-                self._done(key)
                 self.binding -= 1
                 done(error)
                 for name, waiting in list(self.topics.items()):
                     self._release(name, waiting)
 
-        self._later(attach)
+        self._change_later((queue.name, topic), attach)
 
     async def _attach_consumer(self, queue: SharedQueue, topic: str, state: TopicState) -> None:
         if not state.ready or queue.deleted or topic not in queue.topics:
@@ -584,16 +578,7 @@ class JetStreamLink:
             # Deleted here for want of consumers (MQKS's --delete-queue-when-unused, an NSQ ephemeral channel's
             # last client gone): deleted from the cluster too, unless another node's clients read it. In the
             # order of this node's other changes: a client naming the queue again meanwhile makes a new one.
-            key = (queue.name, topic)
-            self.pending[key] += 1
-
-            async def drop() -> None:
-                try:
-                    await self._drop_if_unused(queue.name, topic)
-                finally:
-                    self._done(key)
-
-            self._later(drop)
+            self._change_later((queue.name, topic), lambda: self._drop_if_unused(queue.name, topic))
 
     async def _drop_if_unused(self, queue_name: str, topic: str) -> None:
         """The queue's consumer in the topic goes unless some node reads it: pull requests waiting, or copies
@@ -639,17 +624,8 @@ class JetStreamLink:
         self._stop_puller(queue, topic)
         self._drop_later(queue.name, topic)
 
-    def _drop_later(self, queue_name: str, topic: str, notice: bool = False) -> None:
-        key = (queue_name, topic)
-        self.pending[key] += 1
-
-        async def drop() -> None:
-            try:
-                await self._drop_consumer(queue_name, topic)
-            finally:
-                self._done(key)
-
-        self._later(drop)
+    def _drop_later(self, queue_name: str, topic: str) -> None:
+        self._change_later((queue_name, topic), lambda: self._drop_consumer(queue_name, topic))
 
     async def _drop_consumer(self, queue_name: str, topic: str) -> None:
         await api.delete_consumer(self.connection, topic, api.queue_consumer(queue_name))
