@@ -41,7 +41,7 @@ from polymq.jetstream.nats_connection import (
     RequestTimeout,
 )
 from polymq.jetstream.schedules import SharedScheduleKeeper
-from polymq.jetstream.topology import Topology
+from polymq.jetstream.topology import Topology, paused_key
 
 log = logging.getLogger("polymq.jetstream")
 
@@ -253,8 +253,14 @@ class JetStreamLink:
         self.changes += 1
         self.finished[key] = self.changes
 
+    def heard(self, key: Any) -> None:
+        """Another node changed it (an advisory, a notice): a read of the cluster taken before is stale for it."""
+        self.changes += 1
+        self.finished[key] = self.changes
+
     def unsettled(self, key: Any, since: int) -> bool:
-        """This node changed it in the cluster after a read taken when `changes` was `since`, or is changing it."""
+        """This node changed it in the cluster, or heard it changed, after a read taken when `changes` was `since`;
+        or is changing it."""
         return bool(self.pending.get(key)) or self.finished.get(key, 0) > since
 
     def known_topic(self, name: str) -> TopicState:
@@ -320,6 +326,7 @@ class JetStreamLink:
             elif action == "DELETED":
                 state.queues.discard(consumer)
         if action in ("CREATED", "DELETED"):
+            self.heard(topic)
             self.topology.changed(topic)
 
     def _on_stream_advisory(self, msg: Msg) -> None:
@@ -329,6 +336,7 @@ class JetStreamLink:
             return
         topic = api.topic_of_stream(parts[5])
         if topic is not None:
+            self.heard(topic)
             self.topology.changed(topic)
 
     async def _has_consumers(self, topic: str) -> bool:
@@ -716,12 +724,14 @@ class JetStreamLink:
                 await api.set_metadata(self.connection, topic, name, {api.PAUSED_METADATA: "1" if paused else "0"})
             self.connection.publish(PAUSED_PREFIX + api.token(queue.name), b"1" if paused else b"0")
 
-        self._later(keep)
+        self._change_later(paused_key(queue.name), keep)
 
     def _on_paused(self, msg: Msg) -> None:
         name = self.queue_tokens.get(msg.subject[len(PAUSED_PREFIX):])
         engine = self.engine
         queue = engine.queues.get(name) if engine is not None and name is not None else None
+        if name is not None:
+            self.heard(paused_key(name))
         paused = msg.payload == b"1"
         if isinstance(queue, SharedQueue) and queue.paused != paused:
             queue.paused_here(paused)

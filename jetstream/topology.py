@@ -43,6 +43,11 @@ REFRESH_TOPICS = 20
 LOAD_AT_ONCE = 8
 
 
+def paused_key(queue: str) -> tuple[str, str]:
+    """What `JetStreamLink.unsettled` knows a queue's pause by (a topic by its name, a binding by (queue, topic))."""
+    return ("paused", queue)
+
+
 @attrs.frozen(slots=True)
 class BoundConsumer:
     """A queue's consumer in one topic's stream, as last read."""
@@ -176,6 +181,8 @@ class Topology:
                 for queue in bound:
                     self._unused(queue)
             return
+        if link.unsettled(topic, since):
+            return  # JetStream said it changed after the read began: read again (`changed`), that is applied
         consumers, backlog = bound_consumers(listing.infos)
         unread = set()
         for name in listing.unread:
@@ -195,13 +202,13 @@ class Topology:
                 made.log.spilled = backlog
             for name, consumer in consumers.items():
                 if not link.unsettled((name, topic), since):
-                    self._follow(topic, name, consumer)
+                    self._follow(topic, name, consumer, since)
             for queue in list(made.queues):
                 if isinstance(queue, SharedQueue) and queue.name not in consumers and queue.name not in unread \
                         and not link.unsettled((queue.name, topic), since):
                     self._lost(topic, queue)
 
-    def _follow(self, topic: str, name: str, consumer: BoundConsumer) -> None:
+    def _follow(self, topic: str, name: str, consumer: BoundConsumer, since: int) -> None:
         link, engine = self.link, self.engine
         queue = engine.queues.get(name)
         if queue is None:
@@ -218,7 +225,7 @@ class Topology:
         if len(queue.topics) == 1:
             queue.shared_log.spilled = consumer.pending
         link.consumer_read(name, topic, consumer.floor, consumer.pending)
-        if consumer.paused != queue.paused:
+        if consumer.paused != queue.paused and not link.unsettled(paused_key(name), since):
             queue.paused_here(consumer.paused)
 
     def _lost(self, topic: str, queue: SharedQueue) -> None:
