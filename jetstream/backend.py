@@ -153,6 +153,8 @@ class TopicState:
     # advisories tell; None until the stream is known.
     queues: set[str] | None = None
     made: trio.Event = attrs.Factory(trio.Event)  # set once the stream is made, or making it failed
+    # MQKS publishes waiting while the cluster is asked whether the topic has queues (`_unbound`).
+    asking: list[tuple[list[Message], Stored]] | None = None
 
 
 class JetStreamLink:
@@ -410,11 +412,37 @@ class JetStreamLink:
 
     def _publish_now(self, name: str, state: TopicState, messages: list[Message], stored: Stored,
                      drop_if_unbound: bool) -> None:
-        if drop_if_unbound and not state.queues and self.engine is not None:
-            self.engine.dropped_count += len(messages)  # MQKS's rule: no queue on any node
-            stored(None)
+        if drop_if_unbound and (not state.queues or state.asking is not None) and self.engine is not None:
+            self._unbound(name, state, messages, stored)  # behind those asked about, in their order
             return
         self._send(name, messages, stored)
+
+    def _unbound(self, name: str, state: TopicState, messages: list[Message], stored: Stored) -> None:
+        """MQKS's rule: a publish to a topic no queue on any node is bound to is dropped. The advisory of a queue
+        bound a moment ago may still be on its way here, so the cluster is asked before anything is dropped
+        (once for every such publish that comes meanwhile): a publish made after a confirmed consume reaches
+        the queue, whichever node took either."""
+        if state.asking is not None:
+            state.asking.append((messages, stored))
+            return
+        state.asking = [(messages, stored)]
+
+        async def ask() -> None:
+            queues: set[str] | None = None
+            try:
+                queues = set(await api.consumer_names(self.connection, name)) - {api.BACKLOG_CONSUMER}
+            finally:
+                asking, state.asking = state.asking or [], None
+                if queues:
+                    state.queues = (state.queues or set()) | queues
+                for waiting, waiting_stored in asking:
+                    if queues is None or queues:
+                        self._send(name, waiting, waiting_stored)  # bound after all (or the cluster is away)
+                    elif self.engine is not None:
+                        self.engine.dropped_count += len(waiting)
+                        waiting_stored(None)
+
+        self._later(ask)
 
     def _send(self, topic: str, messages: list[Message], stored: Stored) -> None:
         subject = api.topic_subject(topic)

@@ -191,3 +191,29 @@ async def test_a_queue_bound_to_a_busy_and_an_idle_topic_gives_its_credit_to_the
                     finished += 1
                 await trio.sleep(0.01)
         assert sorted(m.body for m in got) == sorted(b"busy %d" % i for i in range(20))
+
+
+async def test_an_mqks_publish_right_after_a_binding_elsewhere_is_kept_though_no_advisory_came_yet(
+        nats_cluster: NatsCluster) -> None:
+    """MQKS's rule drops a publish to an event no queue is bound to; a node whose advisories are late asks the
+    cluster before it drops one (here: it never hears them)."""
+    event, queue_name = name("event"), name("late")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        _, stored = a.publish(event, b"nobody", drop_if_unbound=True)
+        await stored.wait()
+        assert a.engine.dropped_count == 1  # the stream exists now; no queue anywhere
+        for sid, subscription in list(a.link.connection._subs.items()):  # A hears no advisory from now on
+            if subscription.subject.startswith("$JS.EVENT.ADVISORY."):
+                a.link.connection.unsubscribe(sid)
+        b.engine.ensure_queue(queue_name)
+        b.engine.bind(queue_name, event)
+        bound = trio.Event()
+        b.engine.settled(lambda error: bound.set())
+        with trio.fail_after(30):
+            await bound.wait()
+        _, stored = a.publish(event, b"kept", drop_if_unbound=True)
+        await stored.wait()
+        assert stored.errors == [None] and a.engine.dropped_count == 1
+        _, got = b.consumer(queue_name, event)
+        await until(lambda: len(got) == 1, "the publish made after the binding")
+        assert got[0].body == b"kept"
