@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -77,6 +77,10 @@ IDLE_HOLD_MARGIN_S = 1.0
 # with "503 No Responders"; it is asked again after this long, not at once (that loops as fast as the
 # link goes: 20-25 thousand requests a second measured, for the seconds an election takes).
 PULL_RETRY_S = 0.1
+# A pull request with no end heard this long after its lifetime (JetStream answers 408 at its end) was lost;
+# pull requests are checked for that this often (`_forget_lost_pulls`).
+PULL_LOST_AFTER_S = 2.0
+PULL_LOST_CHECK_S = 1.0
 # The status of a pull request that ended (its `expires`) before it got all it asked for.
 REQUEST_TIMEOUT = 408
 # Messages one pull request asks for at most (nats-server's default max batch of a pull consumer
@@ -141,6 +145,7 @@ class Puller:
     retry_due: bool = False  # a pull found no consumer leader: the queue asks again at PULL_RETRY_S
     # Messages the consumer holds for the queue not given to any node yet, as last heard (at first: some).
     pending: int = 1
+    issued: deque[tuple[float, str]] = attrs.Factory(deque)  # (when it is lost if unanswered, token), in order
 
 
 @attrs.define(slots=True, eq=False)
@@ -182,6 +187,7 @@ class JetStreamLink:
         self.changes = 0  # changes finished so far
         self.finished: dict[Any, int] = {}  # when (in `changes`) each one's latest change finished
         self.forwarded_acks = 0
+        self.lost_pulls = 0  # pull requests that ended unheard (`_forget_lost_pulls`)
         self.told_dropped = 0  # what this node could not tell the others (the link down and its buffer full)
         self._down_since: float | None = None  # while the link to the cluster is down: since when
         self.progress_reports = 0  # `+WPI`s sent: deliveries and held copies still worked on
@@ -212,6 +218,7 @@ class JetStreamLink:
         nursery.start_soon(self.deferred.run)
         if self.engine is not None:
             nursery.start_soon(self.topology.run)
+            self.engine.timers.schedule(self.clock.now() + PULL_LOST_CHECK_S, self._forget_lost_pulls)
 
     async def _control(self) -> None:
         """Run the API calls in the order the engine asked for them; a failed one is logged and skipped."""
@@ -810,9 +817,31 @@ class JetStreamLink:
             request = str(puller.counter)
             puller.requests[request] = batch
             puller.outstanding += batch
+            puller.issued.append((self.clock.now() + PULL_EXPIRES_S + PULL_LOST_AFTER_S, request))
             self.connection.publish(puller.subject, api.pull_request(batch, PULL_EXPIRES_S),
                                     reply=f"{puller.inbox}.{request}")
             count -= batch
+
+    def _forget_lost_pulls(self) -> None:
+        """A pull request JetStream ends with a status (served, expired, its consumer's leader gone); one that
+        never hears one was lost (made on a link that died unseen, held by a server that forgot it) and still
+        holds its share of the consumers' credit here: past its lifetime and a margin it is let go, and the
+        queue asks again. Checked every `PULL_LOST_CHECK_S`."""
+        now = self.clock.now()
+        for pullers in list(self.pullers.values()):
+            lost = False
+            for puller in pullers:
+                issued = puller.issued
+                while issued and issued[0][0] <= now:
+                    owed = puller.requests.pop(issued.popleft()[1], 0)
+                    if owed:
+                        puller.outstanding = max(puller.outstanding - owed, 0)
+                        self.lost_pulls += 1
+                        lost = True
+            if lost and pullers:
+                self.want(pullers[0].queue)
+        if self.engine is not None:
+            self.engine.timers.schedule(now + PULL_LOST_CHECK_S, self._forget_lost_pulls)
 
     def _on_pulled(self, puller: Puller, msg: Msg) -> None:
         if not puller.active:
@@ -1007,7 +1036,7 @@ class JetStreamLink:
                 "ack_wait_s": self.settings.ack_wait_s,
                 "publish_ack_buckets_s": list(PUBLISH_ACK_BUCKETS_S),
                 "publish_ack_counts": list(self.publish_latency.counts),
-                "publish_ack_total_s": self.publish_latency.total_s}
+                "publish_ack_total_s": self.publish_latency.total_s, "lost_pull_requests": self.lost_pulls}
 
     def disconnected(self) -> None:
         """The link to one server is gone; the connection tries the others. Publishes wait for it (each up to
@@ -1031,6 +1060,7 @@ class JetStreamLink:
         for pullers in list(self.pullers.values()):
             for puller in pullers:
                 puller.requests.clear()
+                puller.issued.clear()
                 puller.outstanding = 0
             if pullers:
                 self.want(pullers[0].queue)

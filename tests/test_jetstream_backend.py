@@ -491,3 +491,30 @@ async def test_a_queue_whose_consumer_elects_a_leader_asks_again_at_a_pace(nats_
         finally:
             leader.start()
             await trio.to_thread.run_sync(nats_cluster.wait_ready)
+
+
+async def test_a_pull_request_that_never_hears_its_end_is_let_go_and_asked_again(nats_cluster: NatsCluster) -> None:
+    """A pull request holds its share of the consumers' credit until JetStream says it ended; one lost on the
+    way (a link that died unseen, a server that forgot it) hears nothing: past its lifetime the node asks
+    again, and the queue delivers."""
+    topic, queue = name("lost-pull"), name("waits")
+    async with node(nats_cluster) as a:
+        connection = a.link.connection
+        publish = connection.publish
+        lose = [True]
+
+        def losing(subject: str, payload: bytes, **kwargs: object) -> None:
+            if lose[0] and subject.startswith("$JS.API.CONSUMER.MSG.NEXT."):
+                return  # sent, as far as the node knows, and lost
+            publish(subject, payload, **kwargs)  # type: ignore[arg-type]
+
+        connection.publish = losing  # type: ignore[method-assign]
+        _, got = a.consumer(queue, topic, credit=1)
+        await attached(a, queue)
+        [puller] = a.link.pullers[queue]
+        assert puller.outstanding == 1  # the node's whole credit, in a request JetStream never had
+        lose[0] = False
+        _, stored = a.publish(topic, b"after the loss")
+        await stored.wait()
+        await until(lambda: len(got) == 1, "the delivery once the lost request was let go")
+        assert got[0].body == b"after the loss" and a.link.lost_pulls >= 1
