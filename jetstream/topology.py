@@ -152,11 +152,18 @@ class Topology:
                     log.warning("could not read topic %r of the JetStream cluster: %s", topic, error)
                     continue
                 self.apply(topic, consumers, since)
+            # No read is under way: a later one is taken after every change known now, so what tells a read
+            # taken before a change from one taken after is done with (it would grow with every name changed).
+            self.link.finished.clear()
 
     def _refresh_some(self) -> None:
         names = list(self.link.topics)
         if self._refresh_from >= len(names):
             self._refresh_from = 0
+            # Every topic was read since: a forgotten queue no topic has any more is not kept in mind.
+            forgotten = self.engine.forgotten
+            if forgotten:
+                forgotten &= {queue for consumers in self.read.values() for queue in consumers}
         for name in names[self._refresh_from:self._refresh_from + REFRESH_TOPICS]:
             self._dirty[name] = None
         self._refresh_from += REFRESH_TOPICS
