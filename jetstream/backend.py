@@ -186,6 +186,10 @@ class JetStreamLink:
         self.pending: Counter[Any] = Counter()  # asked for, not finished
         self.changes = 0  # changes finished so far
         self.finished: dict[Any, int] = {}  # when (in `changes`) each one's latest change finished
+        # Pause and empty notices about queues this node does not follow yet: a read of the cluster taken
+        # before them may be what makes the queue here, so they are applied then. Let go with `finished`.
+        self.noticed_paused: dict[str, bool] = {}
+        self.noticed_floors: dict[tuple[str, str], int] = {}  # (queue, stream) -> floor
         self.forwarded_acks = 0
         self.lost_pulls = 0  # pull requests that ended unheard (`_forget_lost_pulls`)
         self.told_dropped = 0  # what this node could not tell the others (the link down and its buffer full)
@@ -606,9 +610,12 @@ class JetStreamLink:
         if state.queues is not None:
             state.queues.add(name)
         consumer = self.topology.consumer(topic, queue.name)
-        if consumer is not None and consumer.paused and not queue.paused:
+        paused = self.noticed_paused.get(queue.name, consumer is not None and consumer.paused)
+        if paused and not queue.paused:
             queue.paused_here(True)
-        puller = self._add_puller(queue, topic, consumer.floor if consumer is not None else 0)
+        floor = max(consumer.floor if consumer is not None else 0,
+                    self.noticed_floors.get((queue.name, api.topic_stream(topic)), 0))
+        puller = self._add_puller(queue, topic, floor)
         if consumer is not None:
             puller.pending = consumer.pending
 
@@ -761,24 +768,42 @@ class JetStreamLink:
 
         self._change_later(paused_key(queue.name), keep)
 
-    def _on_paused(self, msg: Msg) -> None:
-        name = self.queue_tokens.get(msg.subject[len(PAUSED_PREFIX):])
-        engine = self.engine
-        queue = engine.queues.get(name) if engine is not None and name is not None else None
+    def _queue_named(self, token: str) -> str | None:
+        name = self.queue_tokens.get(token)
         if name is not None:
-            self.heard(paused_key(name))
+            return name
+        try:
+            return api.untoken(token)
+        except (ValueError, UnicodeDecodeError):
+            return None
+
+    def _on_paused(self, msg: Msg) -> None:
+        name = self._queue_named(msg.subject[len(PAUSED_PREFIX):])
+        engine = self.engine
+        if name is None or engine is None:
+            return
+        self.heard(paused_key(name))
         paused = msg.payload == b"1"
-        if isinstance(queue, SharedQueue) and queue.paused != paused:
-            queue.paused_here(paused)
+        queue = engine.queues.get(name)
+        if isinstance(queue, SharedQueue):
+            if queue.paused != paused:
+                queue.paused_here(paused)
+        else:
+            self.noticed_paused[name] = paused
 
     def _on_emptied(self, msg: Msg) -> None:
-        name = self.queue_tokens.get(msg.subject[len(EMPTIED_PREFIX):])
+        name = self._queue_named(msg.subject[len(EMPTIED_PREFIX):])
         try:
-            stream, floor = msg.payload.decode().split(" ")
-            if name is not None:
-                self._floor(name, stream, int(floor))
+            stream, floor_text = msg.payload.decode().split(" ")
+            floor = int(floor_text)
         except ValueError:
             return
+        if name is None:
+            return
+        if not any(api.topic_stream(puller.topic) == stream for puller in self.pullers.get(name, ())):
+            key = (name, stream)
+            self.noticed_floors[key] = max(self.noticed_floors.get(key, 0), floor)
+        self._floor(name, stream, floor)
 
     # -- pulling ----------------------------------------------------------------------------
 

@@ -155,6 +155,8 @@ class Topology:
             # No read is under way: a later one is taken after every change known now, so what tells a read
             # taken before a change from one taken after is done with (it would grow with every name changed).
             self.link.finished.clear()
+            self.link.noticed_paused.clear()
+            self.link.noticed_floors.clear()
 
     def _refresh_some(self) -> None:
         names = list(self.link.topics)

@@ -5,6 +5,9 @@ cluster, as in test_jetstream_backend.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import trio
 from test_jetstream_backend import attached, name, node, until
 
@@ -217,3 +220,50 @@ async def test_an_mqks_publish_right_after_a_binding_elsewhere_is_kept_though_no
         _, got = b.consumer(queue_name, event)
         await until(lambda: len(got) == 1, "the publish made after the binding")
         assert got[0].body == b"kept"
+
+
+async def test_an_empty_and_a_pause_heard_while_a_read_of_the_queue_was_on_its_way_are_kept(
+        nats_cluster: NatsCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A's channel is emptied and paused while B's read of its topic (taken before) is on its way: B makes the
+    queue from that read, and still keeps it paused and delivers nothing emptied (nsqd's /channel/empty and
+    /channel/pause over HTTP on one node, a consumer on the other)."""
+    topic, queue_name = name("race"), name("raced")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        for sid, subscription in list(b.link.connection._subs.items()):  # B reads the topic only when told below
+            if subscription.subject.startswith("$JS.EVENT.ADVISORY."):
+                b.link.connection.unsubscribe(sid)
+        a.engine.ensure_queue(queue_name)
+        a.engine.bind(queue_name, topic)
+        for body in (b"c1", b"c2"):
+            _, stored = a.publish(topic, body)
+        await stored.wait()
+        real_list = api.consumer_list
+        taken, heard = trio.Event(), trio.Event()
+
+        async def stale_list(connection: Any, listed: str) -> api.ConsumerListing | None:
+            listing = await real_list(connection, listed)
+            if connection is b.link.connection and listed == topic:
+                taken.set()
+                with trio.fail_after(30):
+                    await heard.wait()  # the empty and the pause came after the read was taken
+            return listing
+
+        monkeypatch.setattr(api, "consumer_list", stale_list)
+        b.link.topology.changed(topic)
+        with trio.fail_after(30):
+            await taken.wait()
+        shared = a.engine.queues[queue_name]
+        shared.empty()
+        shared.set_paused(True)
+        floor_key = (queue_name, api.topic_stream(topic))
+        await until(lambda: b.link.noticed_paused.get(queue_name) is True and floor_key in b.link.noticed_floors,
+                    "B hearing the empty and the pause")
+        heard.set()
+        await until(lambda: queue_name in b.engine.queues, "the queue made on B from its stale read")
+        assert b.engine.queues[queue_name].paused
+        _, got = b.consumer(queue_name, topic)
+        _, stored = a.publish(topic, b"after")
+        await stored.wait()
+        shared.set_paused(False)
+        await until(lambda: len(got) == 1, "the delivery after the unpause")
+        assert got[0].body == b"after"  # c1 and c2 were emptied
