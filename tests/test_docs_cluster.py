@@ -4,38 +4,24 @@ show), the stop. The first time, the split conformance run of the page's "Split 
 every check passes but those its table lists, each with its reason.
 
 The blocks use fixed ports (the servers', every protocol's defaults), so they run in a network namespace of
-their own (root has one at once; anyone else in a user namespace of their own): nothing else on the machine
-holds those ports, and no connection of another test is given one as its ephemeral port."""
+their own (tests/support/namespace.py)."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import signal
-import subprocess
-import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from support.namespace import namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "cluster.md"
 EXAMPLE = ("### One machine: three NATS servers, two nodes", "### Options")
 SPLIT = ("#### Split across two nodes", "### Tests")
 BLOCK = re.compile(r"^```sh\n(.*?)^```$", re.MULTILINE | re.DOTALL)
-AS_ROOT = os.geteuid() == 0
-NAMESPACE = ("unshare", "--net", *(() if AS_ROOT else ("--user", "--map-root-user")))
-ENTER = () if AS_ROOT else ("-U", "--preserve-credentials")
-# A block starts processes and waits for them (`polymq wait`); the conformance run takes about two minutes.
-# These only turn a hang into a failure.
-BLOCK_TIMEOUT_S = 120
+# The conformance run takes about two minutes; this only turns a hang into a failure.
 CONFORMANCE_TIMEOUT_S = 900
-STOP_TIMEOUT_S = 30
-PID_FILES = ("node1.pid", "node2.pid", "js/n1.pid", "js/n2.pid", "js/n3.pid")
 
 
 def _section(text: str, bounds: tuple[str, str]) -> str:
@@ -57,66 +43,6 @@ def split_block_and_exceptions() -> tuple[str, set[tuple[str, str]]]:
 def expected_output(block: str) -> str:
     """What the demo prints: the comment after each print."""
     return "".join(line.split("# ", 1)[1].rstrip() + "\n" for line in block.splitlines() if "print(" in line)
-
-
-class Namespace:
-    """A network namespace with its loopback up, held open by a sleeping process, and a folder to run in
-    (its `.venv` this checkout's)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        (folder / ".venv").symlink_to(ROOT / ".venv")
-        self.holder = subprocess.Popen([*NAMESPACE, "sh", "-c", "ip link set lo up && exec sleep 3600"])
-        deadline = time.monotonic() + 10
-        while self._run("ip -o link show lo").stdout.find("UP") < 0:
-            assert self.holder.poll() is None and time.monotonic() < deadline, "the namespace did not come up"
-            time.sleep(0.05)
-
-    def _run(self, script: str, timeout: float = BLOCK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["nsenter", *ENTER, f"--net=/proc/{self.holder.pid}/ns/net", "--", "bash", "-c",
-                               script], cwd=self.folder, capture_output=True, text=True, timeout=timeout)
-
-    def run(self, script: str, timeout: float = BLOCK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-        result = self._run(script, timeout)
-        assert result.returncode == 0, f"{script}\nexit {result.returncode}\n{result.stdout}\n{result.stderr}"
-        return result
-
-    def pids(self) -> list[int]:
-        return [int(path.read_text()) for name in PID_FILES if (path := self.folder / name).exists()]
-
-    def wait_gone(self, pids: list[int]) -> None:
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while any(_alive(pid) for pid in pids):
-            assert time.monotonic() < deadline, f"still running after the stop: {[p for p in pids if _alive(p)]}"
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        for pid in self.pids():  # whatever a failed block left running, by its PID
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        self.holder.kill()
-        self.holder.wait()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
-
-
-@contextmanager
-def namespace() -> Iterator[Namespace]:
-    if shutil.which("unshare") is None or shutil.which("nsenter") is None or shutil.which("ip") is None:
-        pytest.fail("the cluster example needs unshare, nsenter (util-linux) and ip (iproute2): make system-tools")
-    folder = Path(tempfile.mkdtemp(prefix="polymq-docs-cluster-"))
-    space = Namespace(folder)
-    try:
-        yield space
-    finally:
-        space.close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -1,0 +1,98 @@
+"""A network namespace of its own for docs blocks that use fixed ports (every protocol's defaults, the NATS
+servers'): nothing else on the machine holds those ports, and no connection of another test is given one as
+its ephemeral port. Root gets one at once; anyone else in a user namespace of their own.
+
+The blocks run in a folder of their own whose entries are links to this checkout's (its `.venv`, `Makefile`,
+`tools`, …), so what they write (logs, pid files, a `./data`) stays there."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+AS_ROOT = os.geteuid() == 0
+NAMESPACE = ("unshare", "--net", *(() if AS_ROOT else ("--user", "--map-root-user")))
+ENTER = () if AS_ROOT else ("-U", "--preserve-credentials")
+# A block starts processes and waits for them (`polymq wait`); this only turns a hang into a failure.
+BLOCK_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 30
+# What a block writes in its folder rather than the checkout's: left out of the links.
+NOT_LINKED = {".git", "data", ".pytest_cache", ".ruff_cache", ".hypothesis"}
+
+
+class Namespace:
+    """A network namespace with its loopback up, held open by a sleeping process, and a folder to run in."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        for entry in ROOT.iterdir():
+            if entry.name not in NOT_LINKED and not entry.name.endswith((".log", ".pid")):
+                (folder / entry.name).symlink_to(entry)
+        self.holder = subprocess.Popen([*NAMESPACE, "sh", "-c", "ip link set lo up && exec sleep 3600"])
+        deadline = time.monotonic() + 10
+        while self._run("ip -o link show lo").stdout.find("UP") < 0:
+            assert self.holder.poll() is None and time.monotonic() < deadline, "the namespace did not come up"
+            time.sleep(0.05)
+
+    def _run(self, script: str, timeout: float = BLOCK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["nsenter", *ENTER, f"--net=/proc/{self.holder.pid}/ns/net", "--", "bash", "-c",
+                               script], cwd=self.folder, capture_output=True, text=True, timeout=timeout)
+
+    def run(self, script: str, timeout: float = BLOCK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        result = self._run(script, timeout)
+        assert result.returncode == 0, f"{script}\nexit {result.returncode}\n{result.stdout}\n{result.stderr}"
+        return result
+
+    def pids(self) -> list[int]:
+        """The processes the blocks wrote pid files for (`… & echo $! > x.pid`), in its folder and below."""
+        found = []
+        for path in self.folder.rglob("*.pid"):
+            try:
+                found.append(int(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def wait_gone(self, pids: list[int]) -> None:
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while any(alive(pid) for pid in pids):
+            assert time.monotonic() < deadline, f"still running after the stop: {[p for p in pids if alive(p)]}"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        for pid in self.pids():  # whatever a failed block left running, by its PID
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        self.holder.kill()
+        self.holder.wait()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+@contextmanager
+def namespace() -> Iterator[Namespace]:
+    if shutil.which("unshare") is None or shutil.which("nsenter") is None or shutil.which("ip") is None:
+        pytest.fail("the docs blocks need unshare, nsenter (util-linux) and ip (iproute2): make system-tools")
+    folder = Path(tempfile.mkdtemp(prefix="polymq-docs-"))
+    space = Namespace(folder)
+    try:
+        yield space
+    finally:
+        space.close()
+        shutil.rmtree(folder, ignore_errors=True)
