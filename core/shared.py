@@ -143,8 +143,9 @@ class Link(Protocol):
         """What the topic keeps for its first queue is dropped."""
         ...
 
-    def queue_paused(self, queue: SharedQueue, paused: bool) -> None:
-        """Kept with the queue and told to every node, so none delivers from it while it is paused."""
+    def queue_paused(self, queue: SharedQueue, paused: bool, done: Stored) -> None:
+        """Kept with the queue and told to every node, so none delivers from it while it is paused; `done`
+        once the shared engine holds it."""
         ...
 
     def queue_emptied(self, queue: SharedQueue, done: Stored) -> None:
@@ -545,7 +546,9 @@ class SharedQueue(Queue):
     def set_paused(self, paused: bool) -> None:
         """Paused or unpaused on every node: the shared engine keeps it and tells the others."""
         self.paused_here(paused)
-        self.link.queue_paused(self, paused)
+        engine = self.engine
+        assert isinstance(engine, SharedEngine)
+        self.link.queue_paused(self, paused, engine.barrier.issue())
 
     def paused_here(self, paused: bool) -> None:
         """Paused or unpaused on this node only (another node told so). What the node fetched waits here."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -367,6 +368,19 @@ FLOOR_METADATA = "polymq_floor"
 
 # Consumer metadata: "1" while the queue is paused (`set_metadata`).
 PAUSED_METADATA = "polymq_paused"
+# A paused queue's consumer is paused in JetStream (nats-server 2.11+) until unpaused: a pause needs a
+# deadline, this far ahead (Go's durations end at 292 years).
+PAUSE_FOR_S = 100 * 365 * 86400
+
+
+async def pause_consumer(connection: NatsConnection, topic: str, name: str, paused: bool) -> None:
+    """The cluster's own pause: no node is given the consumer's messages while it holds (pull requests
+    wait), from the answer on."""
+    body: dict[str, Any] = {}
+    if paused:
+        until = time.time() + PAUSE_FOR_S
+        body["pause_until"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
+    await api(connection, f"CONSUMER.PAUSE.{topic_stream(topic)}.{name}", body)
 
 
 async def metadata(connection: NatsConnection, topic: str, name: str) -> dict[str, str]:

@@ -757,14 +757,25 @@ class JetStreamLink:
             if api.topic_stream(puller.topic) == stream:
                 puller.floor = max(puller.floor, floor)
 
-    def queue_paused(self, queue: SharedQueue, paused: bool) -> None:
+    def queue_paused(self, queue: SharedQueue, paused: bool, done: Stored) -> None:
+        """Paused in JetStream itself (no node is given its messages from the answer on), kept in its
+        consumers' metadata for the nodes that read it, and told to the others at once."""
         topics = list(queue.topics)
         name = api.queue_consumer(queue.name)
 
         async def keep() -> None:
-            for topic in topics:
-                await api.set_metadata(self.connection, topic, name, {api.PAUSED_METADATA: "1" if paused else "0"})
-            self.connection.publish(PAUSED_PREFIX + api.token(queue.name), b"1" if paused else b"0")
+            error: Exception | None = None
+            try:
+                for topic in topics:
+                    await api.pause_consumer(self.connection, topic, name, paused)
+                    await api.set_metadata(self.connection, topic, name,
+                                           {api.PAUSED_METADATA: "1" if paused else "0"})
+                self.connection.publish(PAUSED_PREFIX + api.token(queue.name), b"1" if paused else b"0")
+            except NatsError as failure:
+                error = failure
+                raise
+            finally:
+                done(error)
 
         self._change_later(paused_key(queue.name), keep)
 

@@ -267,3 +267,40 @@ async def test_an_empty_and_a_pause_heard_while_a_read_of_the_queue_was_on_its_w
         shared.set_paused(False)
         await until(lambda: len(got) == 1, "the delivery after the unpause")
         assert got[0].body == b"after"  # c1 and c2 were emptied
+
+
+async def test_a_pause_once_answered_holds_every_pull_request_of_the_cluster(nats_cluster: NatsCluster) -> None:
+    """nsqd's /channel/pause through A: once answered, JetStream's own consumer is paused, so a pull request of
+    any node (one that has not heard of the pause yet) waits beside the message and ends unserved."""
+    topic, queue_name = name("held"), name("paused-at-once")
+    async with node(nats_cluster) as a:
+        a.engine.ensure_queue(queue_name)
+        a.engine.bind(queue_name, topic)
+        a.engine.queues[queue_name].set_paused(True)
+        paused = trio.Event()
+        a.engine.settled(lambda error: paused.set())  # the HTTP answer waits for this
+        with trio.fail_after(30):
+            await paused.wait()
+        _, stored = a.publish(topic, b"held")
+        await stored.wait()
+        connection = a.link.connection
+        answers: list[Any] = []
+        answered = trio.Event()
+
+        def heard(msg: Any) -> None:
+            answers.append(msg)
+            answered.set()
+
+        inbox = connection.new_inbox()
+        connection.subscribe(inbox, heard)
+        subject = api.pull_subject(topic, api.queue_consumer(queue_name))
+        connection.publish(subject, api.pull_request(1, expires_s=1.0), reply=inbox)
+        with trio.fail_after(30):
+            await answered.wait()
+        assert [msg.status for msg in answers] == [408]  # the request's end: no message given
+        info = await api.consumer_info(connection, topic, api.queue_consumer(queue_name))
+        assert info["paused"] is True and info["num_pending"] == 1
+        a.engine.queues[queue_name].set_paused(False)
+        _, got = a.consumer(queue_name, topic)
+        await until(lambda: len(got) == 1, "the delivery after the unpause")
+        assert got[0].body == b"held"
