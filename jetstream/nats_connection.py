@@ -9,7 +9,9 @@ polymq is a trio program and nats-py is asyncio-only, so this is our own small c
   callback runs in the reader task, once per message).
 - Requests share one wildcard inbox subscription, `_INBOX.<random>.*`, a token per request; one task
   serves every request's timeout from a heap.
-- A lost link (EOF, an error, a fatal `-ERR`, or `max_pings_out` PINGs unanswered) calls
+- A lost link (EOF, an error, a fatal `-ERR`, or silence: nothing at all from the server, not even the
+  PONG of any of `max_pings_out` PINGs sent `ping_interval` apart — a link stalled without a FIN, a
+  paused server — so silence is noticed within STALE_LINK_S) calls
   `on_disconnected`, fails the pending requests with ConnectionLost and tries the servers again, round
   robin: the configured ones, then those the servers announced in INFO's `connect_urls`, with
   `reconnect_wait` between full rounds. Once one answers: CONNECT, every subscription again under its
@@ -95,6 +97,15 @@ class NoResponders(NatsError):
     """Nothing subscribes to the request's subject (the server answered with status 503)."""
 
 
+# A link the server sends nothing on (no message, no PONG) for this long is left and another server tried:
+# the pinger's check comes every PING_INTERVAL_S, and the link goes at the check after MAX_PINGS_OUT PINGs
+# sent in silence (nats.go's 2 PINGs out, at a far shorter interval than its 2 minutes, so that a stalled
+# link costs seconds; a busy link carries data, which counts as an answer).
+PING_INTERVAL_S = 2.0
+MAX_PINGS_OUT = 2
+STALE_LINK_S = PING_INTERVAL_S * (MAX_PINGS_OUT + 1)
+
+
 @attrs.define(slots=True)
 class NatsOptions:
     """How to reach the servers: URLs `nats://host:port`, `tls://host:port` or `host:port`, with
@@ -107,8 +118,8 @@ class NatsOptions:
     token: str | None = None
     tls: ssl.SSLContext | None = None  # TLS to every server; also used for tls:// URLs and tls_required
     connect_timeout: float = 2.0  # per server: TCP, INFO, TLS, CONNECT and its PONG
-    ping_interval: float = 10.0
-    max_pings_out: int = 2  # unanswered PINGs after which the link counts as lost
+    ping_interval: float = PING_INTERVAL_S
+    max_pings_out: int = MAX_PINGS_OUT  # PINGs sent in silence after which the link counts as lost
     reconnect_wait: float = 0.5  # between two full rounds over the servers
     max_reconnect_attempts: int = -1  # full rounds before giving up; -1: never give up
     request_timeout: float = 5.0  # request() and flush() without a timeout of their own
@@ -245,7 +256,7 @@ class NatsConnection:
         self._wake_writer = trio.Event()
         self._pongs: deque[_PongWaiter | None] = deque()  # one per PING on the link, in order
         self._late: dict[int, Callable[[Msg], None]] = {}  # unsubscribed, still taking what was on its way
-        self._pings_out = 0  # the pinger's PINGs since the last PONG
+        self._pings_out = 0  # the pinger's PINGs since the server last sent anything
         self._subs: dict[int, _Subscription] = {}
         self._sids = itertools.count(1)
         self._inbox_prefix: str | None = None  # `_INBOX.<random>.`, subscribed at the first request
@@ -489,6 +500,7 @@ class NatsConnection:
                 data = await link.stream.receive_some(RECV_BYTES)
                 if not data:
                     return link.kill_reason or "the server closed the connection"
+                self._pings_out = 0  # the link is alive: silence is what the pinger looks for
                 link.parser.receive_data(data)
                 reason = self._dispatch(link, link.parser.next_events())
             return reason
@@ -598,7 +610,7 @@ class NatsConnection:
             if link is None:
                 continue
             if self._pings_out >= self.options.max_pings_out:
-                await self._kill(link, f"stale connection: {self._pings_out} PINGs unanswered")
+                await self._kill(link, f"stale connection: nothing from the server through {self._pings_out} PINGs")
                 continue
             self._pings_out += 1
             self._ping(None)

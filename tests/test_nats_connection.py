@@ -32,6 +32,7 @@ from polymq.jetstream.nats_connection import (
     NoServers,
     RequestTimeout,
 )
+from polymq.torture.link_proxy import LinkProxy
 
 from support.nats_cluster import NatsCluster, NatsServer
 
@@ -283,6 +284,33 @@ async def test_a_server_that_stops_answering_pings_is_left(nats_server: NatsServ
         with trio.fail_after(DEADLINE_S):
             await hooks.reconnected.wait()
         await connection.flush()
+
+
+async def test_a_link_stalled_without_a_fin_is_left_after_its_silence_and_made_again_after_the_heal(
+        nats_server: NatsServer) -> None:
+    """A switch that drops every packet: nothing closes, nothing comes. The link is left once the server has
+    said nothing through `max_pings_out` PINGs; after the heal (the stalled connections reset) the
+    connection is back with its subscriptions."""
+    hooks = Hooks()
+    host, port = nats_server.url.removeprefix("nats://").rsplit(":", 1)
+    with LinkProxy((host, int(port))) as proxy:
+        async with connected([proxy.url], hooks, ping_interval=0.2, max_pings_out=2, connect_timeout=0.5,
+                             reconnect_wait=0.1) as connection:
+            inbox = Inbox()
+            connection.subscribe("stalled", inbox)
+            connection.publish("stalled", b"before")
+            await inbox.wait_for(1)
+            proxy.cut()
+            cut_at = trio.current_time()
+            with trio.fail_after(DEADLINE_S):
+                await hooks.disconnected.wait()
+            assert trio.current_time() - cut_at >= 0.2 * 2  # not before two PINGs went unanswered
+            connection.publish("stalled", b"while cut")  # kept for the next link
+            proxy.heal()
+            with trio.fail_after(DEADLINE_S):
+                await hooks.reconnected.wait()
+            assert [msg.payload for msg in await inbox.wait_for(2)] == [b"before", b"while cut"]
+    assert proxy.resets >= 1
 
 
 async def test_close_sends_what_is_buffered_and_fails_what_is_pending(nats_server: NatsServer) -> None:
