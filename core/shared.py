@@ -143,6 +143,12 @@ class Link(Protocol):
         """What the topic keeps for its first queue is dropped."""
         ...
 
+    def lapsed(self) -> None:
+        """The node said nothing for a whole ack wait (paused, or starved): what its requests for copies made
+        before bring from now on was given again elsewhere meanwhile, or will be, and is not taken; the
+        queues ask again."""
+        ...
+
     def queue_paused(self, queue: SharedQueue, paused: bool, done: Stored) -> None:
         """Kept with the queue and told to every node, so none delivers from it while it is paused; `done`
         once the shared engine holds it."""
@@ -357,6 +363,8 @@ class SharedQueue(Queue):
         self.twin_count = 0  # second stored copies of a message this node held, discarded
         # Deliveries in flight at the last refresh: still held at the next, they are reported worked on.
         self._in_flight_seen: set[int] = set()
+        # Deliveries and copies the shared engine gave again while this node said nothing of them (`take_back`).
+        self.taken_back_count = 0
 
     def wanted(self) -> int:
         """Copies the consumers here could take now beyond those already fetched."""
@@ -424,6 +432,50 @@ class SharedQueue(Queue):
         for message in self.ready:
             self.link.progress(self, message)
         self._hold()
+
+    def take_back(self) -> None:
+        """The last refresh came a whole ack wait ago (the node was paused, or starved): every delivery in
+        flight and every copy waiting here came before (what comes, and every dispatch, catches up first), and
+        the shared engine has given them again, maybe to another node, or will, as nothing reports them.
+        Forgotten here without a word to it, deliveries as timed out: a consumer's late FIN of one is
+        answered as one of an id it does not hold, and nothing is acknowledged for, or handed out of, a
+        delivery that is no longer the live one."""
+        for message in self.ready:
+            self.handles.pop(message.id, None)
+            self.taken_back_count += 1
+        self.ready.clear()
+        in_flight = self.in_flight
+        changed: list[Consumer] = []
+        for message_id in list(in_flight):
+            message = in_flight.pop(message_id)
+            consumer = message.owner
+            if isinstance(consumer, Consumer):
+                consumer.in_flight.pop(message_id, None)
+                consumer.timeout_count += 1
+                if consumer not in changed:
+                    changed.append(consumer)
+                if self.traced:
+                    self.engine._trace().timed_out(self, consumer, message)
+            message.owner = None
+            message.deadline = None
+            self.timeout_count += 1
+            self.taken_back_count += 1
+            self.handles.pop(message_id, None)
+        self._in_flight_seen = set()
+        for consumer in changed:
+            self._consumer_changed(consumer)
+
+    def _dispatch(self) -> None:
+        engine = self.engine
+        assert isinstance(engine, SharedEngine)
+        engine.catch_up()  # after a pause: copies the shared engine gave again are not handed out here
+        super()._dispatch()
+
+    def _take_in_flight(self, consumer: Consumer, message_id: int) -> Message | Outcome:
+        engine = self.engine
+        assert isinstance(engine, SharedEngine)
+        engine.catch_up()  # a FIN after a pause: of a delivery the shared engine gave again, it fails
+        return super()._take_in_flight(consumer, message_id)
 
     def refresh_in_flight(self) -> None:
         """A delivery its consumer has held since the last refresh is reported worked on (`+WPI`): the
@@ -618,6 +670,9 @@ class SharedEngine(Engine):
                                 "reads): read the topic as a stream, or through a gateway on the embedded store")
         # How often copies held for credit are reported as still worked on (well inside the ack wait).
         self.hold_refresh_s = DEFAULT_HOLD_REFRESH_S
+        # The shared engine's ack wait: what the node said nothing of for this long, it gave again (None: never).
+        self.ack_wait_s: float | None = None
+        self._refreshed_at = self.clock.now()  # the last round of `_refresh_in_flight`
         # How long copies fetched for consumers that left wait for another one here (`SharedQueue._give_back_soon`):
         # as long as the node's pull requests may still bring some (the link says).
         self.idle_hold_s = DEFAULT_IDLE_HOLD_S
@@ -644,10 +699,32 @@ class SharedEngine(Engine):
         finally:
             self._following -= 1
 
+    def overdue(self, since: float, now: float) -> bool:
+        """Whether a report made at `since` is a whole ack wait old."""
+        return self.ack_wait_s is not None and now - since >= self.ack_wait_s
+
+    def catch_up(self) -> None:
+        """The rounds of reports, at once if the last one is a whole ack wait old (the node was paused, or
+        starved, and its timers are late): what the shared engine gave again is taken back before anything
+        else is done with it."""
+        now = self.clock.now()
+        if not self.overdue(self._refreshed_at, now):
+            return
+        if self._refresh_timer is not None:
+            self._refresh_timer.cancel()
+        self._refresh_in_flight()
+
     def _refresh_in_flight(self) -> None:
         """Every hold_refresh_s, deliveries held longer than that are reported worked on."""
         self._refresh_timer = None
+        now = self.clock.now()
+        lapsed = self.overdue(self._refreshed_at, now)
+        self._refreshed_at = now
         shared = [queue for queue in self.queues.values() if isinstance(queue, SharedQueue)]
+        if lapsed:
+            self.link.lapsed()
+            for queue in shared:
+                queue.take_back()
         for queue in shared:
             queue.refresh_in_flight()
         if shared:
@@ -660,6 +737,7 @@ class SharedEngine(Engine):
         if ephemeral and (owner is None or owner.ephemeral):
             return super()._new_queue(name, ephemeral, auto_delete, options, owner_topic)  # the node's own
         if self._refresh_timer is None:
+            self._refreshed_at = self.clock.now()
             self._refresh_timer = self.timers.schedule(self.clock.now() + self.hold_refresh_s,
                                                        self._refresh_in_flight)
         return SharedQueue(self, name, auto_delete=auto_delete, options=options, owner_topic=owner_topic,

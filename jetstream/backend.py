@@ -146,6 +146,9 @@ class Puller:
     # Messages the consumer holds for the queue not given to any node yet, as last heard (at first: some).
     pending: int = 1
     issued: deque[tuple[float, str]] = attrs.Factory(deque)  # (when it is lost if unanswered, token), in order
+    # Requests made before the node lapsed (`JetStreamLink.lapsed`): still first in `requests` (JetStream serves
+    # them in order), not counted in `outstanding`, what they bring is not taken.
+    stale: set[str] = attrs.Factory(set)
 
 
 @attrs.define(slots=True, eq=False)
@@ -847,7 +850,7 @@ class JetStreamLink:
             wanted -= share
 
     def _pull(self, puller: Puller, count: int) -> None:
-        while count > 0 and len(puller.requests) < MAX_PULLS_WAITING:
+        while count > 0 and len(puller.requests) - len(puller.stale) < MAX_PULLS_WAITING:
             batch = min(count, MAX_PULL_BATCH)
             puller.counter += 1
             request = str(puller.counter)
@@ -863,13 +866,19 @@ class JetStreamLink:
         never hears one was lost (made on a link that died unseen, held by a server that forgot it) and still
         holds its share of the consumers' credit here: past its lifetime and a margin it is let go, and the
         queue asks again. Checked every `PULL_LOST_CHECK_S`."""
+        if self.engine is not None:
+            self.engine.catch_up()  # after a pause, what the requests made before bring is not taken
         now = self.clock.now()
         for pullers in list(self.pullers.values()):
             lost = False
             for puller in pullers:
                 issued = puller.issued
                 while issued and issued[0][0] <= now:
-                    owed = puller.requests.pop(issued.popleft()[1], 0)
+                    token = issued.popleft()[1]
+                    owed = puller.requests.pop(token, 0)
+                    if token in puller.stale:
+                        puller.stale.discard(token)
+                        continue
                     if owed:
                         puller.outstanding = max(puller.outstanding - owed, 0)
                         self.lost_pulls += 1
@@ -879,9 +888,23 @@ class JetStreamLink:
         if self.engine is not None:
             self.engine.timers.schedule(now + PULL_LOST_CHECK_S, self._forget_lost_pulls)
 
+    def lapsed(self) -> None:
+        queues = []
+        for pullers in self.pullers.values():
+            for puller in pullers:
+                puller.stale = set(puller.requests)
+                puller.outstanding = 0
+            if pullers:
+                queues.append(pullers[0].queue)
+        for queue in queues:
+            self.want(queue)
+
     def _on_pulled(self, puller: Puller, msg: Msg) -> None:
         if not puller.active:
             return
+        engine = self.engine
+        if engine is not None:
+            engine.catch_up()  # after a pause: copies for the requests made before it are not taken
         if msg.status is not None:
             self._on_status(puller, msg)
             return
@@ -892,6 +915,11 @@ class JetStreamLink:
             requests[request] -= 1
             if requests[request] <= 0:
                 del requests[request]
+            if puller.stale and request in puller.stale:
+                if request not in requests:
+                    puller.stale.discard(request)
+                puller.queue.taken_back_count += 1  # left to its ack wait: no word to JetStream about it
+                return
             break
         puller.outstanding = max(puller.outstanding - 1, 0)
         self._delivered(puller, msg)
@@ -923,7 +951,10 @@ class JetStreamLink:
             return
         request = msg.subject.rsplit(".", 1)[-1]
         owed = puller.requests.pop(request, 0)
-        puller.outstanding = max(puller.outstanding - owed, 0)
+        if request in puller.stale:
+            puller.stale.discard(request)  # counted in nothing since the lapse
+        else:
+            puller.outstanding = max(puller.outstanding - owed, 0)
         if msg.status == REQUEST_TIMEOUT:
             puller.pending = 0  # it waited its whole time for what was not there
         if msg.status == 409 and "deleted" in msg.description.lower():
@@ -1167,6 +1198,7 @@ async def open_shared_engine(settings: JetStreamSettings, nursery: trio.Nursery,
     link_box.append(link)
     engine = SharedEngine(link, node=number, clock=clock, timers=timers)
     engine.hold_refresh_s = settings.ack_wait_s / 2  # held copies' +WPI well before the ack wait ends
+    engine.ack_wait_s = settings.ack_wait_s
     engine.idle_hold_s = PULL_EXPIRES_S + IDLE_HOLD_MARGIN_S  # until the last pull requests have ended
     link.engine = engine
     await link.start(nursery)

@@ -7,6 +7,7 @@ Nothing a client heard acknowledged may be lost."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import urllib.request
@@ -228,6 +229,57 @@ def test_a_killed_gateways_deliveries_go_to_the_other_gateway(
     assert sorted(m.body for m in again) == sorted(m.body for m in held)
     assert sorted(m.msg_id for m in again) == sorted(m.msg_id for m in held)
     assert {m.attempts for m in again} == {2}
+
+
+def test_a_paused_gateways_deliveries_go_to_the_other_and_its_late_fins_fail_as_nsqd_s_do(
+        gateways: tuple[GatewayProcess, GatewayProcess], nats_cluster: NatsCluster) -> None:
+    """A gateway SIGSTOPped past the ack wait while its client holds deliveries (a VM stalled, a process
+    swapping): the other gateway's consumer gets them again; once it runs again, its client's late FINs are
+    answered as nsqd answers a FIN of a message no longer in flight, and what it held, or was brought while
+    it stood still, is not handed out again there."""
+    _, survivor = gateways
+    with running_gateway(*_gateway_args(nats_cluster)) as paused:
+        holder = nsq_blocking.Connection(paused.nsq_tcp, CLIENT_TIMEOUT_S)
+        holder.send(nsq_client.sub("paused-gateway", "work"))
+        holder.wait_for_ok("SUB")
+        holder.send(nsq_client.rdy(10))
+        with nsq_blocking.Connection(paused.nsq_tcp, CLIENT_TIMEOUT_S) as producer:
+            for index in range(3):
+                producer.send(nsq_client.pub("paused-gateway", b"job %d" % index))
+                frame = producer.next_frame()
+                assert frame is not None and frame.data == b"OK"
+        held = [nsq_client.decode_message(holder.next_frame().data) for _ in range(3)]  # type: ignore[union-attr]
+        os.kill(paused.process.pid, signal.SIGSTOP)
+        try:
+            with nsq_blocking.Connection(survivor.nsq_tcp, CLIENT_TIMEOUT_S) as taker:
+                taker.send(nsq_client.sub("paused-gateway", "work"))
+                taker.wait_for_ok("SUB")
+                taker.send(nsq_client.rdy(10))
+                again = [nsq_client.decode_message(taker.next_frame().data)  # type: ignore[union-attr]
+                         for _ in range(3)]
+                for message in again:
+                    taker.send(nsq_client.fin(message.msg_id))
+                taker.send(nsq_client.rdy(0))
+        finally:
+            os.kill(paused.process.pid, signal.SIGCONT)
+        assert sorted(m.msg_id for m in again) == sorted(m.msg_id for m in held)
+        # The paused gateway's pull requests were still held by the cluster: they may have had them meanwhile.
+        assert min(m.attempts for m in again) >= 2
+        for message in held:
+            holder.send(nsq_client.fin(message.msg_id))
+            frame = holder.next_frame()
+            assert frame is not None and frame.is_error, frame
+            assert frame.data == b"E_FIN_FAILED FIN %s failed ID not in flight" % message.msg_id, frame
+        with nsq_blocking.Connection(survivor.nsq_tcp, CLIENT_TIMEOUT_S) as producer:
+            producer.send(nsq_client.pub("paused-gateway", b"marker"))
+            frame = producer.next_frame()
+            assert frame is not None and frame.data == b"OK"
+        frame = holder.next_frame()  # the next it gets is new: nothing of before is handed out again
+        assert frame is not None and not frame.is_error, frame
+        marker = nsq_client.decode_message(frame.data)
+        assert marker.body == b"marker", marker
+        holder.send(nsq_client.fin(marker.msg_id))
+        holder.close()
 
 
 def test_a_lost_cluster_fails_publishes_within_the_bound_and_service_resumes(
