@@ -203,20 +203,27 @@ def test_killed_servers_and_a_wiped_store_lose_nothing_acknowledged(
         assert acked <= got[protocol], f"{protocol}: acknowledged and lost: {sorted(acked - got[protocol])[:5]}"
 
 
+def _holding(gateway: GatewayProcess, topic: str, count: int) -> tuple[nsq_blocking.Connection,
+                                                                        list[nsq_client.Message]]:
+    """An NSQ consumer of channel `work` on the gateway holding `count` jobs published there, unfinished."""
+    holder = nsq_blocking.Connection(gateway.nsq_tcp, CLIENT_TIMEOUT_S)
+    holder.send(nsq_client.sub(topic, "work"))
+    holder.wait_for_ok("SUB")
+    holder.send(nsq_client.rdy(10))
+    with nsq_blocking.Connection(gateway.nsq_tcp, CLIENT_TIMEOUT_S) as producer:
+        for index in range(count):
+            producer.send(nsq_client.pub(topic, b"job %d" % index))
+            frame = producer.next_frame()
+            assert frame is not None and frame.data == b"OK"
+    held = [nsq_client.decode_message(holder.next_frame().data) for _ in range(count)]  # type: ignore[union-attr]
+    return holder, held
+
+
 def test_a_killed_gateways_deliveries_go_to_the_other_gateway(
         gateways: tuple[GatewayProcess, GatewayProcess], nats_cluster: NatsCluster) -> None:
     _, survivor = gateways
     with running_gateway(*_gateway_args(nats_cluster)) as doomed:
-        holder = nsq_blocking.Connection(doomed.nsq_tcp, CLIENT_TIMEOUT_S)
-        holder.send(nsq_client.sub("killed-gateway", "work"))
-        holder.wait_for_ok("SUB")
-        holder.send(nsq_client.rdy(10))
-        with nsq_blocking.Connection(doomed.nsq_tcp, CLIENT_TIMEOUT_S) as producer:
-            for index in range(5):
-                producer.send(nsq_client.pub("killed-gateway", b"job %d" % index))
-                frame = producer.next_frame()
-                assert frame is not None and frame.data == b"OK"
-        held = [nsq_client.decode_message(holder.next_frame().data) for _ in range(5)]  # type: ignore[union-attr]
+        holder, held = _holding(doomed, "killed-gateway", 5)
         doomed.stop(signal.SIGKILL)
         holder.close()
     with nsq_blocking.Connection(survivor.nsq_tcp, CLIENT_TIMEOUT_S) as taker:
@@ -239,16 +246,7 @@ def test_a_paused_gateways_deliveries_go_to_the_other_and_its_late_fins_fail_as_
     it stood still, is not handed out again there."""
     _, survivor = gateways
     with running_gateway(*_gateway_args(nats_cluster)) as paused:
-        holder = nsq_blocking.Connection(paused.nsq_tcp, CLIENT_TIMEOUT_S)
-        holder.send(nsq_client.sub("paused-gateway", "work"))
-        holder.wait_for_ok("SUB")
-        holder.send(nsq_client.rdy(10))
-        with nsq_blocking.Connection(paused.nsq_tcp, CLIENT_TIMEOUT_S) as producer:
-            for index in range(3):
-                producer.send(nsq_client.pub("paused-gateway", b"job %d" % index))
-                frame = producer.next_frame()
-                assert frame is not None and frame.data == b"OK"
-        held = [nsq_client.decode_message(holder.next_frame().data) for _ in range(3)]  # type: ignore[union-attr]
+        holder, held = _holding(paused, "paused-gateway", 3)
         os.kill(paused.process.pid, signal.SIGSTOP)
         try:
             with nsq_blocking.Connection(survivor.nsq_tcp, CLIENT_TIMEOUT_S) as taker:
