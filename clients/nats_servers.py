@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from polymq.clients.link_proxy import LinkProxy
 from polymq.clients.ports import restartable_ports
 
 # A loaded 2-core machine: JetStream's meta leader may take a while to be elected.
@@ -29,6 +30,9 @@ POLL_INTERVAL_S = 0.1
 STOP_TIMEOUT_S = 30.0
 CLUSTER_NAME = "polymq"
 LOG_TAIL_LINES = 40
+# A port nothing listens on (TCP port 1, tcpmux, unassigned on Linux): what servers whose routes go through
+# proxies advertise, so gossip gives no way around the proxies.
+NOWHERE_PORT = 1
 # The largest message the servers take: NATS's recommended maximum, above nsqd's 1 MiB and its headers.
 MAX_PAYLOAD = "8MB"
 
@@ -73,13 +77,22 @@ class NatsServer:
         self.config_file = directory / "nats.conf"
         self.log_file = directory / "nats.log"
         self.cluster_name: str | None = None
-        self.routes: list[int] = []  # the cluster ports of the other servers
+        self.routes: list[int] = []  # the cluster ports of the other servers (or of proxies to them)
+        # What the server tells the others to reach it at (gossip): set when its routes go through proxies,
+        # so that no server learns a way to another around them.
+        self.route_advertise: str | None = None
+        self.client_proxy: LinkProxy | None = None  # what clients reach it through, when set (and it says so)
         self.process: subprocess.Popen[bytes] | None = None
         self.down = True  # not started, or stopped or killed on purpose (wait_ready leaves it out)
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        """Where clients reach it (its proxy's address, when it has one)."""
+        return f"nats://127.0.0.1:{self.client_port}"
+
+    @property
+    def client_port(self) -> int:
+        return self.client_proxy.port if self.client_proxy is not None else self.port
 
     @property
     def pid(self) -> int | None:
@@ -95,13 +108,18 @@ class NatsServer:
                  f"max_payload: {MAX_PAYLOAD}"]
         if self.ping_interval_s is not None:
             lines.append(f'ping_interval: "{self.ping_interval_s}s"')
+        if self.client_proxy is not None:  # clients told of this server reach it through its proxy
+            lines.append(f'client_advertise: "127.0.0.1:{self.client_proxy.port}"')
         if self.jetstream:
             sync = ", sync_interval: always" if self.sync_always else ""
             lines.append(f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))}{sync} }}")
         if self.cluster_name is not None:
             routes = ", ".join(f"nats://127.0.0.1:{port}" for port in self.routes)
+            advertise = ""
+            if self.route_advertise is not None:
+                advertise = f", advertise: {json.dumps(self.route_advertise)}"
             lines.append(f"cluster {{ name: {self.cluster_name}, listen: 127.0.0.1:{self.cluster_port}, "
-                         f"routes: [{routes}] }}")
+                         f"routes: [{routes}]{advertise} }}")
         if self.extra_config:
             lines.append(self.extra_config)
         return "\n".join(lines) + "\n"
@@ -191,14 +209,41 @@ class NatsCluster:
     """`size` servers: 1 is a standalone server (no cluster block), more are routed to one another."""
 
     def __init__(self, directory: Path, size: int = 3, *, jetstream: bool = True, sync_always: bool = False,
-                 ping_interval_s: float | None = None, extra_config: str = "") -> None:
+                 ping_interval_s: float | None = None, extra_config: str = "", proxied: bool = False) -> None:
         self.servers = [NatsServer(f"n{index + 1}", directory / f"n{index + 1}", jetstream=jetstream,
                                    sync_always=sync_always, ping_interval_s=ping_interval_s, extra_config=extra_config)
                         for index in range(size)]
+        # With `proxied`, server a reaches server b only through `route_proxies[a.name, b.name]`, and clients
+        # reach a server only through its `client_proxy` (its `url`, and what the servers tell clients): a run
+        # cuts them to part a server from the rest (`cut_off`).
+        self.route_proxies: dict[tuple[str, str], LinkProxy] = {}
         if size > 1:
             for server in self.servers:
                 server.cluster_name = CLUSTER_NAME
-                server.routes = [other.cluster_port for other in self.servers if other is not server]
+                others = [other for other in self.servers if other is not server]
+                if proxied:
+                    server.client_proxy = LinkProxy(("127.0.0.1", server.port))
+                    for other in others:
+                        self.route_proxies[server.name, other.name] = LinkProxy(("127.0.0.1", other.cluster_port))
+                    server.routes = [self.route_proxies[server.name, other.name].port for other in others]
+                    server.route_advertise = f"127.0.0.1:{NOWHERE_PORT}"
+                else:
+                    server.routes = [other.cluster_port for other in others]
+
+    def cut_off(self, server: NatsServer) -> None:
+        """Every link to and from `server` held silent (routes both ways, its clients' proxies), as a switch
+        port that drops everything: nothing closes."""
+        for proxy in self._links_of(server):
+            proxy.cut()
+
+    def heal(self, server: NatsServer) -> None:
+        """Its links reset (as the peers' kernels answer a segment of a connection they forgot) and usable."""
+        for proxy in self._links_of(server):
+            proxy.heal()
+
+    def _links_of(self, server: NatsServer) -> list[LinkProxy]:
+        links = [proxy for (a, b), proxy in self.route_proxies.items() if server.name in (a, b)]
+        return links + ([server.client_proxy] if server.client_proxy is not None else [])
 
     @property
     def urls(self) -> list[str]:
@@ -212,10 +257,17 @@ class NatsCluster:
         for server in self.servers:
             server.stop()
 
+    def close_proxies(self) -> None:
+        for proxy in self.route_proxies.values():
+            proxy.close()
+        for server in self.servers:
+            if server.client_proxy is not None:
+                server.client_proxy.close()
+
     def server_at(self, url: str | None) -> NatsServer:
         """The server a client says it talks to (`NatsConnection.connected_url`)."""
         for server in self.servers:
-            if url is not None and url.rstrip("/").endswith(f"127.0.0.1:{server.port}"):
+            if url is not None and url.rstrip("/").endswith(f"127.0.0.1:{server.client_port}"):
                 return server
         raise LookupError(f"no server of the cluster at {url!r}")
 
@@ -234,7 +286,7 @@ class NatsCluster:
                     self._wait_or_fail(server, deadline, timeout, "knowing a JetStream meta leader that is up")
             if len(self.servers) > 1:
                 # Every server up in what it tells a client: a node sizes its streams' replicas by that.
-                addresses = {f"127.0.0.1:{other.port}" for other in up}
+                addresses = {f"127.0.0.1:{other.client_port}" for other in up}
                 while not addresses <= server.client_urls():
                     self._wait_or_fail(server, deadline, timeout, "telling clients of every server up")
 
@@ -257,3 +309,4 @@ class NatsCluster:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+        self.close_proxies()

@@ -1,20 +1,27 @@
 """Faults quieter than a kill on the shared path: a node's link to its server cut as a failing switch cuts it
-(held silent, no FIN: torture/link_proxy.py). Two nodes in one trio run on the real three-server cluster, as
+(held silent, no FIN: clients/link_proxy.py). Two nodes in one trio run on the real three-server cluster, as
 in test_jetstream_backend.py; node B reaches the cluster only through the proxy at first (the servers'
-INFO names the others, which it reconnects to, as a NATS client does)."""
+INFO names the others, which it reconnects to, as a NATS client does). Then a cluster whose every link goes
+through a proxy, parted."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
 import trio
 from test_jetstream_backend import attached, name, node, until
 
-from polymq.jetstream.nats_connection import STALE_LINK_S
-from polymq.torture.link_proxy import LinkProxy
-
-from support.nats_cluster import NatsCluster
+from polymq.clients.link_proxy import LinkProxy
+from polymq.clients.nats_servers import NatsCluster, NatsServer
+from polymq.jetstream import api
+from polymq.jetstream.nats_connection import STALE_LINK_S, NatsConnection, NatsError, NatsOptions
 
 # A delivery given to a pull request of the link that went silent comes back after the ack wait.
 ACK_WAIT_S = 3.0
+# Generous: an election on a loaded 2-core machine; this only turns a hang into a failure.
+DEADLINE_S = 60.0
 
 
 async def test_a_node_cut_off_from_its_server_delivers_again_on_its_own(nats_cluster: NatsCluster) -> None:
@@ -50,3 +57,66 @@ async def test_a_node_cut_off_from_its_server_delivers_again_on_its_own(nats_clu
             assert all(m.attempts > 1 for m in later if m.body == b"before")
             for message in later:
                 consumer.finish(message.id)
+
+
+def _stream_view(server: NatsServer, stream: str) -> tuple[str | None, int]:
+    """The stream's leader as `server` knows it, and the messages `server`'s replica holds."""
+    status, body = server.monitor("/jsz?streams=true")
+    if status != 200:
+        return None, 0
+    for account in json.loads(body).get("account_details", []):
+        for detail in account.get("stream_detail", []):
+            if detail["name"] == stream:
+                return detail.get("cluster", {}).get("leader"), int(detail.get("state", {}).get("messages", 0))
+    return None, 0
+
+
+async def test_a_stream_leader_cut_off_acknowledges_nothing_and_the_majority_elects_another(tmp_path: Path) -> None:
+    """Every link of the cluster through a proxy (clients.link_proxy): the leader of a three-replica stream cut
+    off from the other two servers and from its clients (held silent, nothing closed). A publish sent to it is
+    not acknowledged; the other two elect a leader of their own and acknowledge publishes; after the heal the
+    old leader holds every acknowledged message."""
+    subject, stream = "parted", "PARTED"
+    with NatsCluster(tmp_path / "nats", 3, proxied=True) as cluster:
+        async with trio.open_nursery() as nursery:
+            setup = await NatsConnection.connect(NatsOptions(servers=cluster.urls), nursery)
+            # Kept by limits (a topic's stream keeps only what its queues still want).
+            await api.api(setup, f"STREAM.CREATE.{stream}", {"name": stream, "subjects": [subject], "num_replicas": 3,
+                                                              "storage": "file"})
+            acknowledged = 0
+            for index in range(5):
+                reply = await setup.request(subject, b"before %d" % index)
+                api.parse_publish_ack(reply.payload)
+                acknowledged += 1
+            await setup.close()
+            with trio.fail_after(DEADLINE_S):
+                while (leader_name := _stream_view(cluster.servers[0], stream)[0]) is None:
+                    await trio.sleep(0.1)
+            leader = next(server for server in cluster.servers if server.name == leader_name)
+            majority = [server for server in cluster.servers if server is not leader]
+            to_leader = await NatsConnection.connect(NatsOptions(servers=[leader.url], request_timeout=3.0),
+                                                     nursery)
+            cluster.cut_off(leader)
+            with pytest.raises(NatsError):  # no answer: the leader cannot reach a quorum (nor the client it)
+                await to_leader.request(subject, b"to the cut-off leader")
+            with trio.fail_after(DEADLINE_S):
+                while _stream_view(majority[0], stream)[0] not in {server.name for server in majority}:
+                    await trio.sleep(0.1)
+            to_majority = await NatsConnection.connect(NatsOptions(servers=[server.url for server in majority]),
+                                                       nursery)
+            with trio.fail_after(DEADLINE_S):
+                while True:
+                    try:
+                        reply = await to_majority.request(subject, b"to the majority")
+                        api.parse_publish_ack(reply.payload)
+                        break
+                    except (NatsError, api.JetStreamError):
+                        await trio.sleep(0.2)  # the new leader still settling
+            acknowledged += 1
+            assert _stream_view(leader, stream)[1] == 5  # no way around the proxies reached the cut-off replica
+            cluster.heal(leader)
+            with trio.fail_after(DEADLINE_S):
+                while _stream_view(leader, stream)[1] < acknowledged:
+                    await trio.sleep(0.1)
+            await to_majority.close()
+            await to_leader.close()

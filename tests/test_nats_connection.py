@@ -32,7 +32,7 @@ from polymq.jetstream.nats_connection import (
     NoServers,
     RequestTimeout,
 )
-from polymq.torture.link_proxy import LinkProxy
+from polymq.clients.link_proxy import LinkProxy
 
 from support.nats_cluster import NatsCluster, NatsServer
 
