@@ -195,6 +195,7 @@ class JetStreamLink:
         self.noticed_floors: dict[tuple[str, str], int] = {}  # (queue, stream) -> floor
         self.forwarded_acks = 0
         self.lost_pulls = 0  # pull requests that ended unheard (`_forget_lost_pulls`)
+        self.lapses = 0  # times the node found it had said nothing for a whole ack wait (`lapsed`)
         self.told_dropped = 0  # what this node could not tell the others (the link down and its buffer full)
         self._down_since: float | None = None  # while the link to the cluster is down: since when
         self.progress_reports = 0  # `+WPI`s sent: deliveries and held copies still worked on
@@ -889,6 +890,7 @@ class JetStreamLink:
             self.engine.timers.schedule(now + PULL_LOST_CHECK_S, self._forget_lost_pulls)
 
     def lapsed(self) -> None:
+        self.lapses += 1
         queues = []
         for pullers in self.pullers.values():
             for puller in pullers:
@@ -1103,7 +1105,13 @@ class JetStreamLink:
                 "ack_wait_s": self.settings.ack_wait_s,
                 "publish_ack_buckets_s": list(PUBLISH_ACK_BUCKETS_S),
                 "publish_ack_counts": list(self.publish_latency.counts),
-                "publish_ack_total_s": self.publish_latency.total_s, "lost_pull_requests": self.lost_pulls}
+                "publish_ack_total_s": self.publish_latency.total_s, "lost_pull_requests": self.lost_pulls,
+                "lapses": self.lapses, "taken_back": self._taken_back()}
+
+    def _taken_back(self) -> int:
+        engine = self.engine
+        queues = engine.queues.values() if engine is not None else ()
+        return sum(queue.taken_back_count for queue in queues if isinstance(queue, SharedQueue))
 
     def disconnected(self) -> None:
         """The link to one server is gone; the connection tries the others. Publishes wait for it (each up to

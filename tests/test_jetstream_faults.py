@@ -268,6 +268,9 @@ def test_a_paused_gateways_deliveries_go_to_the_other_and_its_late_fins_fail_as_
             frame = holder.next_frame()
             assert frame is not None and frame.is_error, frame
             assert frame.data == b"E_FIN_FAILED FIN %s failed ID not in flight" % message.msg_id, frame
+        with urllib.request.urlopen(f"http://{paused.http}/api/state", timeout=10) as response:
+            backend = json.loads(response.read())["backend"]
+        assert backend["lapses"] == 1 and backend["taken_back"] >= 3, backend
         with nsq_blocking.Connection(survivor.nsq_tcp, CLIENT_TIMEOUT_S) as producer:
             producer.send(nsq_client.pub("paused-gateway", b"marker"))
             frame = producer.next_frame()

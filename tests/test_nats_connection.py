@@ -19,6 +19,7 @@ import attrs
 import pytest
 import trio
 
+from polymq.clients.link_proxy import LinkProxy
 from polymq.clients.ports import free_ports
 from polymq.jetstream import api
 from polymq.jetstream.nats_connection import (
@@ -32,7 +33,6 @@ from polymq.jetstream.nats_connection import (
     NoServers,
     RequestTimeout,
 )
-from polymq.clients.link_proxy import LinkProxy
 
 from support.nats_cluster import NatsCluster, NatsServer
 
