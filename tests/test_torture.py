@@ -106,6 +106,44 @@ def test_checker_explains_a_duplicate_by_another_gateways_end_or_a_server_kill_b
     assert report.server_kills == 2
 
 
+def test_checker_explains_a_duplicate_by_a_cut_or_a_pause_between_the_two() -> None:
+    """`--partitions`: a server cut off or paused, or a gateway paused past the ack wait, between two
+    acknowledgements of a copy explains the second, as a server's SIGKILL does; one before both does not."""
+    ledger = Ledger()
+    paused_between, _ = _sent(ledger, PZQ_FLOW.index, 1)
+    paused_before, _ = _sent(ledger, PZQ_FLOW.index, 2)
+    ledger.record_acked("pzq", [paused_between, paused_before], 0.001)
+    ledger.record_fault()  # before any acknowledgement: explains nothing
+    ledger.record_finish(PZQ_SINK, paused_between, 1, generation=1)
+    ledger.record_fault()
+    ledger.record_finish(PZQ_SINK, paused_between, 2, generation=2)
+    ledger.record_finish(PZQ_SINK, paused_before, 1, generation=1)
+    ledger.record_finish(PZQ_SINK, paused_before, 1, generation=1)
+    report = ledger.check()
+    assert (report.protocols["pzq"].duplicated, report.protocols["pzq"].unexplained_duplicates) == (2, 1)
+    assert report.faults == 2 and report.server_kills == 0
+
+
+def test_a_queue_that_delivers_nothing_past_the_bound_while_copies_wait_is_a_stall() -> None:
+    """The watch: a sink with acknowledged copies waiting and no delivery for longer than the bound is said
+    once, and fails the run; a sink whose copies all came, or that delivered within the bound, is not."""
+    ledger = Ledger()
+    waiting, _ = _sent(ledger, PZQ_FLOW.index, 1)
+    ledger.record_acked("pzq", [waiting], 0.001)
+    assert ledger.watch_stalls(bound_s=3600.0) == []  # within the bound
+    [stall] = ledger.watch_stalls(bound_s=0.0)
+    assert stall.startswith(f"stalled: {PZQ_SINK} delivered nothing for ") and "1 acknowledged copies" in stall
+    assert ledger.watch_stalls(bound_s=0.0) == []  # said once
+    ledger.record_finish(PZQ_SINK, waiting, 1, generation=1)
+    report = ledger.check()
+    assert report.stalls == (stall,) and not report.ok
+    calm = Ledger()
+    done, _ = _sent(calm, PZQ_FLOW.index, 2)
+    calm.record_acked("pzq", [done], 0.001)
+    calm.record_finish(PZQ_SINK, done, 1, generation=1)
+    assert calm.watch_stalls(bound_s=0.0) == [] and calm.check().ok
+
+
 def test_checker_explains_a_duplicate_by_a_put_back_its_gateway_did_not_finish() -> None:
     """PHPMQ's 005 on JetStream: the copy at the tail is stored before the delivery it replaces is
     acknowledged; a gateway that ends between the two leaves both, read by whichever sessions."""
@@ -161,7 +199,7 @@ LAST_LINE = re.compile(r"acked=(\d+) delivered=(\d+) lost=(\d+) duplicated=(\d+)
 PROTOCOL_LINE = re.compile(r"(\w+): acked=(\d+) delivered=(\d+) lost=(\d+) duplicated=(\d+) unexpected=(\d+) .*"
                            r" unexplained_duplicates=(\d+)$")
 SUMMARY_LINE = re.compile(r"torture: duration=\d+s seed=\d+ kills=(\d+) starts=(\d+) drained=yes \S+"
-                          r"(?: server_kills=(\d+))?$")
+                          r"(?: server_kills=(\d+))?(?: faults=(\d+))?$")
 # 30 s of load, a restart per kill and a drain on a loaded 2-core machine: far below this.
 RUN_TIMEOUT_S = 600
 
@@ -183,10 +221,20 @@ def test_two_gateways_on_three_nats_servers_under_sigkills_of_both_kinds_lose_no
     assert kills >= 1 and server_kills >= 1, lines
 
 
+@pytest.mark.slow
+def test_two_gateways_under_cuts_and_pauses_lose_nothing_and_no_queue_stalls() -> None:
+    """`--partitions`: every link through the run's proxies; besides SIGKILLs, a server cut off (held silent,
+    reset at the heal), a server paused and a gateway paused: nothing acknowledged is lost, every duplicate
+    is explained, and no queue stops delivering for longer than the bound."""
+    lines = _run_and_check("--duration", "40", "--seed", "3", "--jetstream", "--partitions")
+    faults = next(filter(None, map(SUMMARY_LINE.match, lines))).group(4)  # type: ignore[union-attr]
+    assert faults is not None and int(faults) >= 2, lines  # a fault and its end at least
+
+
 def _summary(lines: list[str]) -> tuple[int, int, int]:
     summary = next(filter(None, map(SUMMARY_LINE.match, lines)), None)
     assert summary is not None, lines
-    kills, starts, server_kills = summary.groups()
+    kills, starts, server_kills, _ = summary.groups()
     return int(kills), int(starts), int(server_kills or 0)
 
 

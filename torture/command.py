@@ -39,11 +39,14 @@ from polymq.torture.worker import Settings
 @click.option("--jetstream", is_flag=True,
               help="Three nats-servers (from the venv) and two gateways sharing queues through them; clients"
                    " spread over both gateways, SIGKILLs fall on gateways and servers alike.")
+@click.option("--partitions", is_flag=True,
+              help="With --jetstream: every link goes through a proxy of the run's, and the faults include a"
+                   " server cut off (held silent, reset at the heal), a server paused and a gateway paused.")
 @click.option("--gateway-arg", "gateway_args", multiple=True,
               help="An argument for `polymq serve` (repeat it: --gateway-arg=--fsync --gateway-arg=never).")
 def command(duration: float, seed: int, data_dir: Path | None, kill_min: float, kill_max: float, kills: bool,
             chaos: bool, flood: str | None, publishers: int, consumers: int, emqp_slots: int, drain_timeout: float,
-            jetstream: bool, gateway_args: tuple[str, ...]) -> None:
+            jetstream: bool, partitions: bool, gateway_args: tuple[str, ...]) -> None:
     """Run every protocol's publishers and consumers at once against a gateway this command starts,
     SIGKILLs and restarts on the same store, then drain and count.
 
@@ -53,9 +56,12 @@ def command(duration: float, seed: int, data_dir: Path | None, kill_min: float, 
     """
     if kill_max < kill_min:
         raise click.BadParameter("must not be below --kill-min", param_hint="--kill-max")
+    if partitions and not jetstream:
+        raise click.BadParameter("needs --jetstream (the links it cuts are the cluster's)", param_hint="--partitions")
     options = Options(
         duration_s=duration, seed=seed, data_dir=data_dir, kill_min_s=kill_min, kill_max_s=kill_max,
         kills=kills, chaos=chaos, drain_timeout_s=drain_timeout, gateway_args=gateway_args, jetstream=jetstream,
+        partitions=partitions,
         settings=Settings(publishers=publishers, consumers=consumers, flood=flood, emqp_slots=emqp_slots),
     )
     result = run_torture(options, progress=lambda text: click.echo(f"torture: {text}", err=True))
@@ -63,12 +69,13 @@ def command(duration: float, seed: int, data_dir: Path | None, kill_min: float, 
     flood_text = f" flood={flood}" if flood else ""
     click.echo(f"torture: duration={duration:g}s seed={seed} kills={report.kills} starts={result.starts}"
                f" drained={'yes' if result.drained else 'no'}{flood_text} elapsed={result.elapsed_s:.1f}s"
-               + (f" server_kills={report.server_kills}" if jetstream else ""))
+               + (f" server_kills={report.server_kills}" if jetstream else "")
+               + (f" faults={report.faults}" if partitions else ""))
     for protocol, counts in report.protocols.items():
         click.echo(counts.line(protocol))
     for line in result.rates.lines():
         click.echo(line)
-    for problem in report.problems:
+    for problem in (*report.problems, *report.stalls):
         click.echo(f"problem: {problem}")
     for error in report.harness_errors:
         click.echo(f"run error: {error}", err=True)

@@ -24,6 +24,7 @@ from polymq.torture.worker import (
     IO_TIMEOUT_S,
     POLL_S,
     ConsumerSession,
+    Refused,
     Run,
     client_thread,
     publisher_keeps_going,
@@ -139,6 +140,8 @@ def consumer(run: Run, sink: Sink, index: int) -> threading.Thread:
                             continue
                         if command == [emqp.KBYE]:
                             return  # the gateway stops: its jobs go back
+                        if command == [emqp.DISCONNECT] and not informed and run.ledger.refusals_allowed:
+                            raise Refused(repr(frames))  # its queues could not be made for now
                         if command != [emqp.REQUEST] or len(frames) != 7:
                             run.ledger.record_error(f"emqp worker: unexpected {frames!r}")
                             continue

@@ -8,7 +8,12 @@ hard, or its gateway process ended (SIGKILL or stop) before the second came (the
 never have been read or stored), or a JetStream server was SIGKILLed between the two (an
 acknowledgement on its way to it is lost with it), or a put-back of it was cut the same way (on
 JetStream the copy at the tail is stored before the delivery it replaces is acknowledged); otherwise
-it is a finding.
+it is a finding. A fault of the cluster's links or processes (a server cut off or paused, a gateway
+paused: `--partitions`) between the two explains it as a server's SIGKILL does.
+
+A queue with consumers that delivers nothing while acknowledged copies wait for it, for longer than the
+bound a run is given, is a finding too (`stalled`): a consumer that never resumes loses nothing, and is
+as bad.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import time
 from collections import Counter, defaultdict
 
 import attrs
@@ -69,6 +75,8 @@ class Report:
     problems: tuple[str, ...]  # examples of each finding
     harness_errors: tuple[str, ...]
     server_kills: int = 0  # JetStream servers SIGKILLed (`--jetstream`)
+    faults: int = 0  # servers cut off or paused, gateways paused (`--partitions`)
+    stalls: tuple[str, ...] = ()  # queues that delivered nothing past the bound while copies waited
 
     def total(self) -> ProtocolCounts:
         total = ProtocolCounts()
@@ -80,7 +88,8 @@ class Report:
     @property
     def ok(self) -> bool:
         total = self.total()
-        return not (total.lost or total.unexpected or total.unexplained_duplicates or self.harness_errors)
+        return not (total.lost or total.unexpected or total.unexplained_duplicates or self.harness_errors
+                    or self.stalls)
 
     def last_line(self) -> str:
         total = self.total()
@@ -106,6 +115,12 @@ class Ledger:
         self.kills: set[int] = set()  # generations ended by SIGKILL
         self.ended: dict[int, int] = {}  # generations ended by SIGKILL or a stop → when
         self.server_kills: list[int] = []  # when a JetStream server was SIGKILLed
+        self.faults: list[int] = []  # when a server was cut off, paused or healed, a gateway paused or resumed
+        # Stalls: acknowledged copies waiting per sink, since when some have, its last first delivery.
+        self.waiting: Counter[str] = Counter()
+        self.waiting_since: dict[str, float] = {}
+        self.delivered_at: dict[str, float] = {}
+        self.stalls: dict[str, str] = {}  # by sink: what the watch saw
         self._events = itertools.count()  # the order of finishes, ends and server kills
         self.errors: list[str] = []
         self.ack_latencies: defaultdict[str, list[float]] = defaultdict(list)  # by publishing protocol
@@ -118,6 +133,9 @@ class Ledger:
         # A publish answered with the protocol's error is a refusal (nothing promised, nothing to lose)
         # where the servers under the gateways are SIGKILLed; elsewhere it is a finding.
         self.refusals_allowed = False
+        # A late acknowledgement answered as one of an id not in flight (NSQ's E_FIN_FAILED) is the gateway's
+        # right answer where gateways are paused past the ack wait; elsewhere it is a finding.
+        self.late_acks_allowed = False
         self.refused: Counter[str] = Counter()  # copies, by publishing protocol
         self._sessions = itertools.count(1)
 
@@ -147,6 +165,9 @@ class Ledger:
                 for sink in FLOWS[body_id.flow].sinks:
                     if not self.finishes.get((key, sink)):
                         self.missing.add((key, sink))
+                        if not self.waiting[sink]:
+                            self.waiting_since[sink] = time.monotonic()
+                        self.waiting[sink] += 1
                 if self.measuring:
                     self.acked_in_window[protocol] += 1
             if self.measuring:
@@ -180,7 +201,10 @@ class Ledger:
                 if self.measuring:
                     self.delivered_in_window[SINKS[sink].protocol] += 1
             finishes.append(Finish(session, generation, next(self._events)))
-            self.missing.discard((key, sink))
+            if (key, sink) in self.missing:
+                self.missing.discard((key, sink))
+                self.waiting[sink] -= 1
+                self.delivered_at[sink] = time.monotonic()
 
     def record_requeue(self, sink: str, key: bytes, generation: int) -> None:
         with self.lock:
@@ -209,6 +233,27 @@ class Ledger:
         with self.lock:
             self.server_kills.append(next(self._events))
 
+    def record_fault(self) -> None:
+        """A server cut off or paused, or healed; a gateway paused or resumed."""
+        with self.lock:
+            self.faults.append(next(self._events))
+
+    def watch_stalls(self, bound_s: float) -> list[str]:
+        """Sinks whose acknowledged copies have waited past `bound_s` with none of them delivered meanwhile:
+        each recorded once, and returned the first time."""
+        now = time.monotonic()
+        found = []
+        with self.lock:
+            for sink, count in self.waiting.items():
+                if count <= 0 or sink in self.stalls:
+                    continue
+                idle = now - max(self.waiting_since[sink], self.delivered_at.get(sink, 0.0))
+                if idle > bound_s:
+                    self.stalls[sink] = (f"stalled: {sink} delivered nothing for {idle:.0f} s while {count}"
+                                         " acknowledged copies waited for it")
+                    found.append(self.stalls[sink])
+        return found
+
     def record_refused(self, protocol: str, keys: list[bytes], answer: str) -> None:
         """A publish of these bodies was answered with the protocol's error: never acknowledged."""
         if not self.refusals_allowed:
@@ -234,7 +279,7 @@ class Ledger:
         ended = self.ended.get(first.generation)
         if ended is not None and ended < second.order:
             return True
-        if any(first.order < kill < second.order for kill in self.server_kills):
+        if any(first.order < kill < second.order for kill in (*self.server_kills, *self.faults)):
             return True
         return any(self._cut(requeue.generation, requeue.order, second.order) for requeue in requeues)
 
@@ -243,7 +288,7 @@ class Ledger:
         ended = self.ended.get(generation)
         if ended is not None and begin < ended < end:
             return True
-        return any(begin < kill < end for kill in self.server_kills)
+        return any(begin < kill < end for kill in (*self.server_kills, *self.faults))
 
     def backlog(self, flow: int) -> int:
         """Copies of `flow` sent and not delivered yet (publishers pause above a limit)."""
@@ -297,4 +342,5 @@ class Ledger:
                 counts[protocol].crashes = self.crashes[protocol]
                 counts[protocol].disconnects = self.disconnects[protocol]
                 counts[protocol].refused = self.refused[protocol]
-            return Report(counts, len(self.kills), tuple(problems), tuple(self.errors), len(self.server_kills))
+            return Report(counts, len(self.kills), tuple(problems), tuple(self.errors), len(self.server_kills),
+                          len(self.faults), tuple(self.stalls.values()))

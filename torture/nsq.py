@@ -19,6 +19,7 @@ from polymq.torture.worker import (
     POLL_S,
     REQUEUE,
     ConsumerSession,
+    Refused,
     Run,
     client_thread,
     publisher_keeps_going,
@@ -85,7 +86,12 @@ def consumer(run: Run, sink: Sink, index: int) -> threading.Thread:
                 if reply is None or not reply.is_response:
                     raise TimeoutError(f"IDENTIFY answered {reply!r}")
                 conn.send(nsq_client.sub(sink.queue, NSQ_CHANNEL))
-                conn.wait_for_ok("SUB")
+                try:
+                    conn.wait_for_ok("SUB")
+                except nsq.ErrorFrame as error:
+                    if not run.ledger.refusals_allowed:
+                        raise
+                    raise Refused(str(error)) from error
                 conn.send(nsq_client.rdy(RDY))
                 state.subscribed()
                 while state.keep_going():
@@ -95,6 +101,9 @@ def consumer(run: Run, sink: Sink, index: int) -> threading.Thread:
                     if frame.is_response and frame.data == HEARTBEAT:
                         conn.send(nsq_client.nop())
                         continue
+                    if frame.is_error and run.ledger.late_acks_allowed and \
+                            frame.data.startswith((b"E_FIN_FAILED", b"E_REQ_FAILED")):
+                        continue  # its gateway was paused past the ack wait: the copy comes again
                     if not frame.is_message:
                         run.ledger.record_error(f"nsq consumer: unexpected frame {frame!r}")
                         continue

@@ -2,12 +2,18 @@
 random moments with a restart on the same store, then a drain and the check of the records.
 
 With `jetstream`, the run starts three nats-servers and two gateways sharing their queues through
-them; each client keeps to one gateway, and the SIGKILLs fall on gateways and servers alike."""
+them; each client keeps to one gateway, and the SIGKILLs fall on gateways and servers alike. With
+`partitions` too, every link (server to server, gateway to server) goes through a proxy the run owns
+(`clients.link_proxy`), and the faults include a server cut off from everything (held silent, reset at the
+heal), a server paused (SIGSTOP, SIGCONT) and a gateway paused. Throughout, a queue that delivers nothing
+for `STALL_BOUND_S` while acknowledged copies wait for it is a finding."""
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -48,6 +54,14 @@ JETSTREAM_GATEWAYS = 2
 # JetStream's ack wait in a run: what a SIGKILLed gateway held goes to the other one after it, so the
 # drain waits seconds, not the minute of the default.
 JETSTREAM_ACK_WAIT_S = 10.0
+# With `partitions`: how long a server stays cut off, and a server or gateway paused (s).
+CUT_S = (8.0, 20.0)
+PAUSE_S = (5.0, 15.0)
+# A queue delivering nothing this long while acknowledged copies wait is stalled: the longest fault (20 s),
+# a silent link noticed (6 s), its lost pull requests let go (7 s), and the ack wait (10 s) of what a paused
+# or cut-off node held, with room for an election.
+STALL_BOUND_S = 60.0
+STALL_CHECK_S = 1.0
 
 
 @attrs.define(slots=True)
@@ -65,6 +79,7 @@ class Options:
     gateway_args: tuple[str, ...] = ()
     settings: Settings = attrs.Factory(Settings)
     jetstream: bool = False  # three nats-servers and two gateways on them, both kinds SIGKILLed
+    partitions: bool = False  # with jetstream: every link through a proxy; cuts and pauses among the faults
 
 
 @attrs.frozen(slots=True)
@@ -103,13 +118,14 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
         own_dir = data_dir = Path(tempfile.mkdtemp(prefix="polymq-torture-"))
     ledger = Ledger()
     ledger.refusals_allowed = options.jetstream
+    ledger.late_acks_allowed = options.partitions
     # The eMQP workers are jobmanagers of `emqp_slots` processes: the gateway is told so.
     worker_processes = ("--emqp-worker-processes", str(options.settings.emqp_slots))
     args = (*GATEWAY_ARGS, *worker_processes, *options.gateway_args)
     cluster: NatsCluster | None = None
     data_dirs = [data_dir]
     if options.jetstream:
-        cluster = NatsCluster(data_dir / "nats", JETSTREAM_SERVERS)
+        cluster = NatsCluster(data_dir / "nats", JETSTREAM_SERVERS, proxied=options.partitions)
         data_dirs = [data_dir / f"gateway-{slot + 1}" for slot in range(JETSTREAM_GATEWAYS)]
         args = (*args, "--jetstream", ",".join(cluster.urls), "--jetstream-ack-wait", f"{JETSTREAM_ACK_WAIT_S:g}")
     gateways = Gateways(data_dirs, args, ledger)
@@ -140,6 +156,9 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
         with ledger.lock:
             ledger.measuring = True
         measure_start = time.monotonic()
+        watch = threading.Thread(target=_watch_stalls, args=(ledger, run, progress), name="stall-watch",
+                                 daemon=True)
+        watch.start()
         run.publishing.set()
         for protocol in PROTOCOLS:
             publishers += [CLIENTS[protocol][0](run, index) for index in range(options.settings.publishers)]
@@ -150,7 +169,10 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
                 time.sleep(end - now)
                 break
             time.sleep(life)
-            _kill_one(rng, gateways, cluster, ledger, life, progress)
+            if options.partitions and cluster is not None and rng.random() < 0.6:
+                _fault_one(rng, gateways, cluster, ledger, life, progress)
+            else:
+                _kill_one(rng, gateways, cluster, ledger, life, progress)
         run.publishing.clear()
         measured = time.monotonic() - measure_start
         with ledger.lock:
@@ -185,6 +207,7 @@ def run_torture(options: Options, progress: Callable[[str], None] = lambda _: No
             thread.join(JOIN_S)  # at once after a run that went its way
         if cluster is not None:
             cluster.stop()
+            cluster.close_proxies()
         if own_dir is not None:
             shutil.rmtree(own_dir, ignore_errors=True)
     if rates is None:
@@ -207,6 +230,62 @@ def _kill_one(rng: random.Random, gateways: Gateways, cluster: NatsCluster | Non
     generation = gateways.kill(slot)
     progress(f"SIGKILL: process life {generation} after {life:.1f} s")
     gateways.start(slot)
+
+
+def _fault_one(rng: random.Random, gateways: Gateways, cluster: NatsCluster, ledger: Ledger, life: float,
+               progress: Callable[[str], None]) -> None:
+    """A fault quieter than a kill, then its end: a server cut off from the others and from every gateway,
+    a server paused, or a gateway paused."""
+    kind = rng.choice(("cut", "server-pause", "gateway-pause"))
+    if kind == "gateway-pause":
+        slot = rng.randrange(gateways.slots)
+        current = gateways.current(slot, JOIN_S)
+        if current is None:
+            return
+        generation, process = current
+        duration = rng.uniform(*PAUSE_S)
+        progress(f"SIGSTOP: process life {generation} for {duration:.1f} s after {life:.1f} s")
+        ledger.record_fault()
+        os.kill(process.process.pid, signal.SIGSTOP)
+        try:
+            time.sleep(duration)
+        finally:
+            os.kill(process.process.pid, signal.SIGCONT)
+        ledger.record_fault()
+        return
+    server = rng.choice(cluster.servers)
+    if kind == "cut":
+        duration = rng.uniform(*CUT_S)
+        progress(f"cut off: nats-server {server.name} for {duration:.1f} s after {life:.1f} s")
+        ledger.record_fault()
+        cluster.cut_off(server)
+        try:
+            time.sleep(duration)
+        finally:
+            cluster.heal(server)
+        ledger.record_fault()
+        return
+    duration = rng.uniform(*PAUSE_S)
+    pid = server.pid
+    if pid is None:
+        return
+    progress(f"SIGSTOP: nats-server {server.name} for {duration:.1f} s after {life:.1f} s")
+    ledger.record_fault()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(duration)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    ledger.record_fault()
+
+
+def _watch_stalls(ledger: Ledger, run: Run, progress: Callable[[str], None]) -> None:
+    """While the run publishes: a queue delivering nothing past STALL_BOUND_S is said at once."""
+    run.publishing.wait()
+    while run.publishing.is_set():
+        for stall in ledger.watch_stalls(STALL_BOUND_S):
+            progress(stall)
+        time.sleep(STALL_CHECK_S)
 
 
 def _sinks_ready(ledger: Ledger, sessions: int) -> bool:

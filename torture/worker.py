@@ -193,6 +193,12 @@ class Run:
 CONNECTION_ERRORS = (OSError, tcp.Closed, TimeoutError, zmq.ZMQError)
 
 
+class Refused(Exception):
+    """The gateway answered a subscription with the protocol's error where the cluster under it may not
+    answer in time (a server cut off or paused: `Ledger.refusals_allowed`): the session ends and is made
+    again, as after a disconnect."""
+
+
 def client_thread(run: Run, name: str, session: Callable[[GatewayProcess, int], None],
                   running: threading.Event) -> threading.Thread:
     """A thread that runs `session` against the current gateway while `running` is set, again after
@@ -209,8 +215,8 @@ def client_thread(run: Run, name: str, session: Callable[[GatewayProcess, int], 
                 generation, gateway = current
                 try:
                     session(gateway, generation)
-                except CONNECTION_ERRORS:
-                    # The gateway went away (or stalled): wait for the next one, or reconnect.
+                except (*CONNECTION_ERRORS, Refused):
+                    # The gateway went away (or stalled), or refused for now: wait for the next one, or reconnect.
                     run.gateways.wait_for_change(generation, POLL_S)
         except BaseException:  # a harness bug must show in the report, not vanish with the thread
             run.ledger.record_error(f"{name}: {traceback.format_exc()}")
