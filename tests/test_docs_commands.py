@@ -181,6 +181,9 @@ ELSEWHERE: dict[tuple[str, str], RunBy | NotRun] = {
     ("docs/testing.md", ".venv/bin/polymq torture --duration 300 --seed 7"):
         RunBy("tests/test_torture.py::test_thirty_seconds_of_every_protocol_under_sigkills_lose_nothing",
               "30 s instead of 300"),
+    ("docs/testing.md", ".venv/bin/polymq torture --duration 60 --seed 3 --jetstream --partitions"):
+        RunBy("tests/test_torture.py::test_two_gateways_under_cuts_and_pauses_lose_nothing_and_no_queue_stalls",
+              "40 s instead of 60"),
     ("docs/testing.md", ".venv/bin/polymq torture --duration 60 --seed 2 --jetstream"):
         RunBy("tests/test_torture.py::test_two_gateways_on_three_nats_servers_under_sigkills_of_both_kinds_lose_"
               "nothing", "a shorter run"),
