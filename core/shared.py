@@ -707,11 +707,9 @@ class SharedEngine(Engine):
         """The rounds of reports, at once if the last one is a whole ack wait old (the node was paused, or
         starved, and its timers are late): what the shared engine gave again is taken back before anything
         else is done with it."""
-        now = self.clock.now()
-        if not self.overdue(self._refreshed_at, now):
-            return
-        if self._refresh_timer is not None:
-            self._refresh_timer.cancel()
+        if self._refresh_timer is None or not self.overdue(self._refreshed_at, self.clock.now()):
+            return  # no rounds run (no shared queue here), or the last one is recent
+        self._refresh_timer.cancel()
         self._refresh_in_flight()
 
     def _refresh_in_flight(self) -> None:
