@@ -68,9 +68,6 @@ STREAM_ADVISORIES = "$JS.EVENT.ADVISORY.STREAM.*.*"
 # back take a moment to leave the counts).
 UNUSED_CHECKS = 3
 UNUSED_CHECK_PAUSE_S = 0.05
-# ... and once more this much later, when it looked unread: another node's client that has just attached has
-# its first pull request on the way (the readings in between run outside the node's ordered changes).
-UNUSED_CONFIRM_S = 0.5
 # A pull request lasts this long; a queue whose consumers go quiet gets its unused credit back then.
 PULL_EXPIRES_S = 5.0
 # What a node's pull requests bring once the queue's last consumer there left waits for another consumer there
@@ -637,11 +634,10 @@ class JetStreamLink:
             # order of this node's other changes: a client naming the queue again meanwhile makes a new one.
             self._change_later((queue.name, topic), lambda: self._drop_if_unused(queue.name, topic))
 
-    async def _drop_if_unused(self, queue_name: str, topic: str, confirmed: bool = False) -> None:
+    async def _drop_if_unused(self, queue_name: str, topic: str) -> None:
         """The queue's consumer in the topic goes unless some node reads it: pull requests waiting, or copies
         given out and not acknowledged. This node's own last ones are gone within a moment (its pull requests
-        lost their subscriber, its copies were given back), so a count above zero is asked again; found unread,
-        it is asked once more UNUSED_CONFIRM_S later before it goes."""
+        lost their subscriber, its copies were given back), so a count above zero is asked again."""
         name = api.queue_consumer(queue_name)
         for check in range(UNUSED_CHECKS):
             if check:
@@ -653,25 +649,8 @@ class JetStreamLink:
                     return
                 raise
             if not int(info.get("num_waiting", 0)) and not int(info.get("num_ack_pending", 0)):
-                if not confirmed:
-                    self._confirm_unused_later(queue_name, topic)
-                    return
-                engine = self.engine
-                queue = engine.queues.get(queue_name) if engine is not None else None
-                if isinstance(queue, SharedQueue) and not queue.deleted and queue.consumers:
-                    return  # a client here named it again meanwhile
                 await self._drop_consumer(queue_name, topic)
                 return
-
-    def _confirm_unused_later(self, queue_name: str, topic: str) -> None:
-        engine = self.engine
-        if engine is None:
-            return
-
-        def confirm() -> None:
-            self._change_later((queue_name, topic), lambda: self._drop_if_unused(queue_name, topic, confirmed=True))
-
-        engine.timers.schedule(self.clock.now() + UNUSED_CONFIRM_S, confirm)
 
     def bind_again(self, queue: SharedQueue, topic: str) -> None:
         """An ephemeral channel with clients here whose consumer is gone (no node read it for a while): made
