@@ -732,14 +732,7 @@ class Queue:
             else:
                 break
         for message in expired:
-            del in_flight[message.id]
-            del self.in_flight[message.id]
-            message.owner = None
-            message.deadline = None
-            consumer.timeout_count += 1
-            self.timeout_count += 1
-            if self.traced:
-                self.engine._trace().timed_out(self, consumer, message)
+            self._drop_timed_out(consumer, message)
         # In the order they were delivered: at the front, that is back to front.
         for message in reversed(expired) if consumer.retry_first else expired:
             self._return(message, front=consumer.retry_first)
@@ -751,6 +744,17 @@ class Queue:
             self._consumer_changed(consumer)
             if self.ready and self.ring and not self.paused:
                 self._dispatch()
+
+    def _drop_timed_out(self, consumer: Consumer, message: Message) -> None:
+        """Out of flight as timed out (counted, traced); where it goes next is the caller's."""
+        del consumer.in_flight[message.id]
+        del self.in_flight[message.id]
+        message.owner = None
+        message.deadline = None
+        consumer.timeout_count += 1
+        self.timeout_count += 1
+        if self.traced:
+            self.engine._trace().timed_out(self, consumer, message)
 
     # -- consumers coming and going ----------------------------------------------------------
 

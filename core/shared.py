@@ -444,23 +444,15 @@ class SharedQueue(Queue):
             self.handles.pop(message.id, None)
             self.taken_back_count += 1
         self.ready.clear()
-        in_flight = self.in_flight
         changed: list[Consumer] = []
-        for message_id in list(in_flight):
-            message = in_flight.pop(message_id)
+        for message in list(self.in_flight.values()):
             consumer = message.owner
-            if isinstance(consumer, Consumer):
-                consumer.in_flight.pop(message_id, None)
-                consumer.timeout_count += 1
-                if consumer not in changed:
-                    changed.append(consumer)
-                if self.traced:
-                    self.engine._trace().timed_out(self, consumer, message)
-            message.owner = None
-            message.deadline = None
-            self.timeout_count += 1
+            assert isinstance(consumer, Consumer)
+            self._drop_timed_out(consumer, message)
             self.taken_back_count += 1
-            self.handles.pop(message_id, None)
+            self.handles.pop(message.id, None)
+            if consumer not in changed:
+                changed.append(consumer)
         self._in_flight_seen = set()
         for consumer in changed:
             self._consumer_changed(consumer)

@@ -11,6 +11,7 @@ line or the block's end; every other line runs as printed."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -57,13 +58,14 @@ class Block:
                 if line.strip() and not line.lstrip().startswith("#")]
 
 
-def blocks() -> list[Block]:
+@functools.cache
+def blocks() -> tuple[Block, ...]:
     found = []
     for page in PAGES:
         text = (ROOT / page).read_text()
         for match in SH_BLOCK.finditer(text):
             found.append(Block(page, text.count("\n", 0, match.start()) + 1, match.group(1)))
-    return found
+    return tuple(found)
 
 
 # -- where each block is run ------------------------------------------------------------------------
