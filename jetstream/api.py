@@ -86,6 +86,8 @@ ERR_NO_SUITABLE_PEERS = 10005
 # "JetStream system temporarily unavailable": the cluster has no meta leader for the moment (a server
 # was just killed or restarted); asked again too.
 ERR_JETSTREAM_UNAVAILABLE = 10008
+# "invalid reset: not allowed": a consumer started with "new" cannot be reset to a sequence.
+ERR_RESET_NOT_ALLOWED = 10204
 # The refusals that last only while a cluster forms or elects its leaders.
 PASSING_REFUSALS = frozenset((ERR_NO_SUITABLE_PEERS, ERR_JETSTREAM_UNAVAILABLE))
 
@@ -244,10 +246,12 @@ EPHEMERAL_METADATA = "polymq_ephemeral"
 EPHEMERAL_INACTIVE_S = 30.0
 
 
-def consumer_config(name: str, *, topic: str, ack_wait_s: float, deliver_all: bool,
+def consumer_config(name: str, *, topic: str, ack_wait_s: float, start_seq: int,
                     queue: str | None = None, options: str | None = None, ephemeral: bool = False) -> dict[str, Any]:
     """A queue's consumer reads the topic's subject and its own requeue subject; the backlog's (no `queue`)
-    the topic's subject only. An ephemeral channel's keeps its state in memory (its replicas must be the
+    the topic's subject only. It starts at the stream's first message (`start_seq` 0) or at `start_seq`
+    (the stream's next one, `next_sequence`: JetStream's "new", but one a reset may move forward, as
+    an emptied queue's is). An ephemeral channel's keeps its state in memory (its replicas must be the
     stream's: JetStream refuses fewer on a stream with interest retention)."""
     filters = [topic_subject(topic)] if queue is None else [topic_subject(topic), requeue_subject(topic, queue)]
     metadata = {QUEUE_METADATA: queue if queue is not None else ""}
@@ -259,12 +263,14 @@ def consumer_config(name: str, *, topic: str, ack_wait_s: float, deliver_all: bo
         "ack_policy": "explicit",
         "ack_wait": int(ack_wait_s * 1e9),
         "max_deliver": -1,  # polymq counts attempts itself and dead-letters (then +TERM)
-        "deliver_policy": "all" if deliver_all else "new",
+        "deliver_policy": "by_start_sequence" if start_seq else "all",
         "replay_policy": "instant",
         "max_ack_pending": -1,
         "max_waiting": 512,  # pull requests waiting at once (nats-server's default)
         "metadata": metadata,
     }
+    if start_seq:
+        config["opt_start_seq"] = start_seq
     if ephemeral:
         metadata[EPHEMERAL_METADATA] = "1"
         config["mem_storage"] = True
@@ -373,14 +379,27 @@ PAUSED_METADATA = "polymq_paused"
 PAUSE_FOR_S = 100 * 365 * 86400
 
 
+# A clustered server answers a pause once the meta leader proposed it, before the consumer's leader holds
+# it (nats-server 2.15: 14 of 30 pull requests sent right after the answer were served); the consumer's
+# info, which its leader answers, says when it does. Asked this often, for this long at most.
+PAUSE_CHECK_S = 0.02
+PAUSE_SETTLE_S = API_DEADLINE_S
+
+
 async def pause_consumer(connection: NatsConnection, topic: str, name: str, paused: bool) -> None:
     """The cluster's own pause: no node is given the consumer's messages while it holds (pull requests
-    wait), from the answer on."""
+    wait), from the return on."""
     body: dict[str, Any] = {}
     if paused:
         until = time.time() + PAUSE_FOR_S
         body["pause_until"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
     await api(connection, f"CONSUMER.PAUSE.{topic_stream(topic)}.{name}", body)
+    with trio.move_on_after(PAUSE_SETTLE_S):
+        while bool((await consumer_info(connection, topic, name)).get("paused")) != paused:
+            await trio.sleep(PAUSE_CHECK_S)
+        return
+    raise RequestTimeout(f"the consumer {name} of {topic_stream(topic)} was not "
+                         f"{'paused' if paused else 'unpaused'} within {PAUSE_SETTLE_S:.0f} s")
 
 
 async def metadata(connection: NatsConnection, topic: str, name: str) -> dict[str, str]:
@@ -397,12 +416,27 @@ async def set_metadata(connection: NatsConnection, topic: str, name: str, values
               {"stream_name": stream, "config": config, "action": "update"})
 
 
+async def next_sequence(connection: NatsConnection, topic: str) -> int:
+    """The sequence the topic's stream gives its next message."""
+    state = (await api(connection, f"STREAM.INFO.{topic_stream(topic)}")).get("state", {})
+    return int(state.get("last_seq", 0)) + 1
+
+
 async def raise_floor(connection: NatsConnection, topic: str, name: str) -> int:
-    """Keep the stream's last sequence as the consumer's floor (its metadata) and return it."""
+    """Empty the queue of what its consumer holds: JetStream's reset of the consumer to the stream's next
+    message (nats-server 2.14+: answered once its leader holds it, copies given out dropped from its
+    pending ones), and the stream's last sequence kept as the queue's floor (its metadata), for the nodes
+    holding copies given out before. Returns the floor. A consumer made by an older polymq (which started
+    it with "new", which JetStream does not reset) keeps only the floor."""
     stream = topic_stream(topic)
-    last = int((await api(connection, f"STREAM.INFO.{stream}")).get("state", {}).get("last_seq", 0))
-    await set_metadata(connection, topic, name, {FLOOR_METADATA: str(last)})
-    return last
+    start = await next_sequence(connection, topic)
+    try:
+        await api(connection, f"CONSUMER.RESET.{stream}.{name}", {"seq": start})
+    except JetStreamError as error:
+        if error.err_code != ERR_RESET_NOT_ALLOWED:
+            raise
+    await set_metadata(connection, topic, name, {FLOOR_METADATA: str(start - 1)})
+    return start - 1
 
 
 def pull_subject(topic: str, consumer: str) -> str:

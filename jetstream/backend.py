@@ -361,7 +361,7 @@ class JetStreamLink:
 
     async def _keep_backlog(self, topic: str) -> None:
         config = api.consumer_config(api.BACKLOG_CONSUMER, topic=topic, ack_wait_s=self.settings.ack_wait_s,
-                                     deliver_all=True)
+                                     start_seq=0)
         await api.ensure_consumer(self.connection, topic, api.BACKLOG_CONSUMER, config)
 
     def topic_deleted(self, name: str) -> None:
@@ -582,7 +582,8 @@ class JetStreamLink:
             # The first queue of a topic takes its backlog (from the stream's first message); an ephemeral
             # channel starts at its subscription and leaves the backlog to the first durable queue.
             first = api.BACKLOG_CONSUMER in names and not queue.ephemeral
-            config = api.consumer_config(name, topic=topic, ack_wait_s=self.settings.ack_wait_s, deliver_all=first,
+            start = 0 if first else await api.next_sequence(self.connection, topic)
+            config = api.consumer_config(name, topic=topic, ack_wait_s=self.settings.ack_wait_s, start_seq=start,
                                          queue=queue.name, options=self._options(queue), ephemeral=queue.ephemeral)
             await api.ensure_consumer(self.connection, topic, name, config)
             if first:  # this queue took the backlog over (from the stream's first message)
@@ -730,7 +731,7 @@ class JetStreamLink:
             if not await api.delete_consumer(self.connection, name, api.BACKLOG_CONSUMER):
                 return  # the topic has queues: nothing was kept for a first one
             config = api.consumer_config(api.BACKLOG_CONSUMER, topic=name, ack_wait_s=self.settings.ack_wait_s,
-                                         deliver_all=False)
+                                         start_seq=await api.next_sequence(self.connection, name))
             await api.ensure_consumer(self.connection, name, api.BACKLOG_CONSUMER, config)
 
         self._later(empty)

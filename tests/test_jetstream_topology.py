@@ -269,38 +269,73 @@ async def test_an_empty_and_a_pause_heard_while_a_read_of_the_queue_was_on_its_w
         assert got[0].body == b"after"  # c1 and c2 were emptied
 
 
+async def raw_pull(connection: Any, topic: str, queue_name: str) -> list[Any]:
+    """What one pull request of one message (1 s) brings: a message, or the status that ends it."""
+    answers: list[Any] = []
+    answered = trio.Event()
+
+    def heard(msg: Any) -> None:
+        answers.append(msg)
+        answered.set()
+
+    inbox = connection.new_inbox()
+    connection.subscribe(inbox, heard)
+    connection.publish(api.pull_subject(topic, api.queue_consumer(queue_name)), api.pull_request(1, expires_s=1.0),
+                       reply=inbox)
+    with trio.fail_after(30):
+        await answered.wait()
+    return answers
+
+
+async def settled(engine: Any) -> None:
+    """Until the changes made so far hold for every client (what an answer to one waits for)."""
+    done = trio.Event()
+    engine.settled(lambda error: done.set())
+    with trio.fail_after(30):
+        await done.wait()
+
+
 async def test_a_pause_once_answered_holds_every_pull_request_of_the_cluster(nats_cluster: NatsCluster) -> None:
     """nsqd's /channel/pause through A: once answered, JetStream's own consumer is paused, so a pull request of
-    any node (one that has not heard of the pause yet) waits beside the message and ends unserved."""
+    any node (one that has not heard of the pause yet), sent at once, waits beside the message and ends
+    unserved."""
     topic, queue_name = name("held"), name("paused-at-once")
-    async with node(nats_cluster) as a:
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
         a.engine.ensure_queue(queue_name)
         a.engine.bind(queue_name, topic)
-        a.engine.queues[queue_name].set_paused(True)
-        paused = trio.Event()
-        a.engine.settled(lambda error: paused.set())  # the HTTP answer waits for this
-        with trio.fail_after(30):
-            await paused.wait()
         _, stored = a.publish(topic, b"held")
         await stored.wait()
-        connection = a.link.connection
-        answers: list[Any] = []
-        answered = trio.Event()
-
-        def heard(msg: Any) -> None:
-            answers.append(msg)
-            answered.set()
-
-        inbox = connection.new_inbox()
-        connection.subscribe(inbox, heard)
-        subject = api.pull_subject(topic, api.queue_consumer(queue_name))
-        connection.publish(subject, api.pull_request(1, expires_s=1.0), reply=inbox)
-        with trio.fail_after(30):
-            await answered.wait()
+        a.engine.queues[queue_name].set_paused(True)
+        await settled(a.engine)
+        answers = await raw_pull(b.link.connection, topic, queue_name)
         assert [msg.status for msg in answers] == [408]  # the request's end: no message given
-        info = await api.consumer_info(connection, topic, api.queue_consumer(queue_name))
+        info = await api.consumer_info(a.link.connection, topic, api.queue_consumer(queue_name))
         assert info["paused"] is True and info["num_pending"] == 1
         a.engine.queues[queue_name].set_paused(False)
         _, got = a.consumer(queue_name, topic)
         await until(lambda: len(got) == 1, "the delivery after the unpause")
         assert got[0].body == b"held"
+
+
+async def test_an_empty_once_answered_holds_for_every_pull_request_of_the_cluster(nats_cluster: NatsCluster) -> None:
+    """nsqd's /channel/empty through A: once answered, JetStream's own consumer holds nothing emptied (it was
+    reset to the stream's next message), so a pull request of a node that has not heard of the empty yet,
+    sent at once, brings the next message published, not an emptied one; and what was given out before
+    goes with it (nothing comes back after the ack wait)."""
+    topic, queue_name = name("emptied"), name("emptied-at-once")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        a.engine.ensure_queue(queue_name)
+        a.engine.bind(queue_name, topic)
+        for body in (b"e1", b"e2", b"e3"):
+            _, stored = a.publish(topic, body)
+        await stored.wait()
+        given_out = await raw_pull(b.link.connection, topic, queue_name)  # e1, held by no consumer of A's
+        assert [msg.payload for msg in given_out] == [b"e1"]
+        a.engine.queues[queue_name].empty()
+        await settled(a.engine)
+        info = await api.consumer_info(a.link.connection, topic, api.queue_consumer(queue_name))
+        assert (info["num_pending"], info["num_ack_pending"]) == (0, 0)
+        _, stored = a.publish(topic, b"after")
+        await stored.wait()
+        answers = await raw_pull(b.link.connection, topic, queue_name)
+        assert [msg.payload for msg in answers] == [b"after"]

@@ -145,8 +145,10 @@ def ok_json(value: Any) -> Response:
     return Response(200, go_json(value), JSON_TYPE)
 
 
-# A V1 handler that returns nil: 200 with an empty body and no Content-Type (Go sniffs nothing).
-OK_EMPTY = Response(200)
+# A V1 handler that returns nil: 200 with an empty body and no Content-Type (Go sniffs nothing). Every
+# such handler changes topics or channels: sent once the change holds for every client (a shared engine's
+# other nodes included), as a publish's `OK` once stored.
+CHANGED = Response(200, after_sync=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -572,21 +574,21 @@ class NsqHttpApi:
         if isinstance(found, Response):
             return found
         self._ensure_topic(found[1])
-        return OK_EMPTY
+        return CHANGED
 
     def _topic_delete(self, request: Request, _: str) -> Response:
         topic = self._existing_topic(request, check_name=False)
         if isinstance(topic, Response):
             return topic
         self.engine.delete_topic(topic.name)
-        return OK_EMPTY
+        return CHANGED
 
     def _topic_empty(self, request: Request, _: str) -> Response:
         topic = self._existing_topic(request, check_name=True)
         if isinstance(topic, Response):
             return topic
         topic.empty()
-        return OK_EMPTY
+        return CHANGED
 
     def _topic_pause(self, request: Request, _: str) -> Response:
         return self._set_topic_paused(request, True)
@@ -599,7 +601,7 @@ class NsqHttpApi:
         if isinstance(topic, Response):
             return topic
         topic.set_paused(paused)
-        return OK_EMPTY
+        return CHANGED
 
     # -- channels ------------------------------------------------------------------------------
 
@@ -641,7 +643,7 @@ class NsqHttpApi:
         topic, channel = found
         if find_channel(topic, channel) is None:
             ensure_channel(self.engine, topic.name, channel)
-        return OK_EMPTY
+        return CHANGED
 
     def _channel_delete(self, request: Request, _: str) -> Response:
         found = self._existing_channel(request)
@@ -653,14 +655,14 @@ class NsqHttpApi:
         else:
             # A queue of another protocol bound to this topic: leave it, just stop the copies.
             self.engine.unbind(queue.name, topic.name)
-        return OK_EMPTY
+        return CHANGED
 
     def _channel_empty(self, request: Request, _: str) -> Response:
         found = self._existing_channel(request)
         if isinstance(found, Response):
             return found
         found[1].empty()
-        return OK_EMPTY
+        return CHANGED
 
     def _channel_pause(self, request: Request, _: str) -> Response:
         return self._set_channel_paused(request, True)
@@ -673,7 +675,7 @@ class NsqHttpApi:
         if isinstance(found, Response):
             return found
         found[1].set_paused(paused)
-        return OK_EMPTY
+        return CHANGED
 
     # -- /config/<opt> -------------------------------------------------------------------------
 
