@@ -73,6 +73,9 @@ PULL_EXPIRES_S = 5.0
 # What a node's pull requests bring once the queue's last consumer there left waits for another consumer there
 # until they have ended, and this much more (a loaded machine's late answers).
 IDLE_HOLD_MARGIN_S = 1.0
+# Rounds of +WPI reports per ack wait (`SharedEngine.hold_refresh_s`): at two per ack wait, a delivery made
+# just after a round was first reported one whole ack wait later, as JetStream gave it again.
+REFRESH_ROUNDS_PER_ACK_WAIT = 3
 # A pull request sent while its consumer has no leader (a killed one being replaced) is answered at once
 # with "503 No Responders"; it is asked again after this long, not at once (that loops as fast as the
 # link goes: 20-25 thousand requests a second measured, for the seconds an election takes).
@@ -1206,7 +1209,9 @@ async def open_shared_engine(settings: JetStreamSettings, nursery: trio.Nursery,
     link = JetStreamLink(connection, settings, clock)
     link_box.append(link)
     engine = SharedEngine(link, node=number, clock=clock, timers=timers)
-    engine.hold_refresh_s = settings.ack_wait_s / 2  # held copies' +WPI well before the ack wait ends
+    # A delivery is reported at the second round after it was made (one that ends sooner needs no +WPI): a
+    # third of the ack wait between rounds reports it within two thirds of it.
+    engine.hold_refresh_s = settings.ack_wait_s / REFRESH_ROUNDS_PER_ACK_WAIT
     engine.ack_wait_s = settings.ack_wait_s
     engine.idle_hold_s = PULL_EXPIRES_S + IDLE_HOLD_MARGIN_S  # until the last pull requests have ended
     link.engine = engine
