@@ -91,6 +91,8 @@ BENCHMARK = ("a benchmark: minutes of the whole machine, its figures are the pag
 SPARK_EXAMPLE = "tests/test_spark.py::test_the_example_pipeline_runs_end_to_end_from_one_command"
 CLUSTER_EXAMPLE = ("tests/test_docs_cluster.py::test_the_shared_queues_example_runs_as_printed_twice_and_the_split_"
                    "conformance_run_passes")
+LOOKUPD_EXAMPLE = "tests/test_docs_lookupd.py::test_the_lookupd_example_and_its_tools_run_as_printed"
+NSQ_OR_FAKES = "with nsq 1.3.0's programs where they are built, else their fakes (CI)"
 TRACE_EXAMPLE = "tests/test_trace_cross.py::test_the_documented_commands_run_as_printed"
 PLACEHOLDERS = "a recipe: PID, DIR, BEFORE and the like stand for what the reader has"
 
@@ -130,10 +132,11 @@ ELSEWHERE: dict[tuple[str, str], RunBy | NotRun] = {
     ("README.md", ".venv/bin/polymq bench versus-nsqd    # needs nsq 1.3.0's nsqd, bench_writer and bench_reader "
                   "in ~/ref/nsq/bin (--nsq-bin DIR)"): NotRun(GO_NSQ),
     ("docs/cluster.md", "nsqlookupd --broadcast-address=127.0.0.1 &                              # TCP 4160, HTTP "
-                        "4161"): NotRun(GO_NSQ),
+                        "4161"): RunBy(LOOKUPD_EXAMPLE, NSQ_OR_FAKES),
     ("docs/cluster.md", "polymq serve --bind 0.0.0.0 --lookupd-tcp-address lookupd1:4160 --lookupd-tcp-address "
                         "lookupd2:4160"): NotRun("names the machines of a deployment (lookupd1, lookupd2)"),
-    ("docs/cluster.md", "nsq_tail --lookupd-http-address=127.0.0.1:4161 --topic=orders"): NotRun(GO_NSQ),
+    ("docs/cluster.md", "nsq_tail --lookupd-http-address=127.0.0.1:4161 --topic=orders"):
+        RunBy(LOOKUPD_EXAMPLE, "each line in the background, against the block above, " + NSQ_OR_FAKES),
     ("docs/cluster.md", "mkdir -p js"):
         RunBy(CLUSTER_EXAMPLE, "as printed, twice"),
     ("docs/cluster.md", "SERVERS=nats://127.0.0.1:4221,nats://127.0.0.1:4222,nats://127.0.0.1:4223"):

@@ -19,14 +19,17 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import signal
 import socket
 import socketserver
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -82,7 +85,8 @@ class ClientError(Exception):
 class FakeLookupd:
     """The registration DB, its TCP and HTTP listeners, and a log of the commands nodes sent."""
 
-    def __init__(self, port: int = 0, http_port: int = 0) -> None:
+    def __init__(self, port: int = 0, http_port: int = 0, broadcast_address: str = "127.0.0.1") -> None:
+        self.broadcast_address = broadcast_address  # what IDENTIFY's answer names the lookupd by
         self.db: dict[Registration, dict[str, Producer]] = {}
         self.commands: list[tuple[str, str]] = []  # (connection id, the command line)
         self.connections = 0  # TCP connections accepted so far
@@ -262,7 +266,7 @@ class FakeLookupd:
         with self.changed:
             self._add_producer(("client", "", ""), new)
             self.changed.notify_all()
-        answer = {"broadcast_address": "127.0.0.1", "hostname": socket.gethostname(),
+        answer = {"broadcast_address": self.broadcast_address, "hostname": socket.gethostname(),
                   "http_port": self.http.server_address[1], "tcp_port": self.tcp.server_address[1],
                   "version": VERSION}
         return json.dumps(answer, separators=(",", ":")).encode(), new
@@ -450,3 +454,32 @@ def running_lookupd() -> Iterator[FakeLookupd]:
         yield lookupd
     finally:
         lookupd.close()
+
+
+def main(argv: list[str]) -> None:
+    """`nsqlookupd` as a program (its flags that the docs use), run as `python fake_lookupd.py`: listens on
+    127.0.0.1 at the ports of --tcp-address and --http-address (nsqlookupd's 4160 and 4161) until SIGINT
+    or SIGTERM."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_nsq_common import BOOL, STRING, catch_signals, exit_now, parse_flags
+
+    values = parse_flags("nsqlookupd", argv, {
+        "version": (BOOL, False), "broadcast-address": (STRING, socket.gethostname()),
+        "tcp-address": (STRING, "0.0.0.0:4160"), "http-address": (STRING, "0.0.0.0:4161")})
+    if values["version"]:
+        print(f"nsqlookupd v{VERSION} (fake)")
+        return
+    stopped = catch_signals([signal.SIGINT, signal.SIGTERM])
+    lookupd = FakeLookupd(int(values["tcp-address"].rpartition(":")[2]), int(values["http-address"].rpartition(":")[2]),
+                          values["broadcast-address"])
+    lookupd.start()
+    print(f"[nsqlookupd] INFO: nsqlookupd v{VERSION} (fake)", flush=True)
+    print(f"[nsqlookupd] INFO: TCP: listening on {lookupd.tcp_address}", flush=True)
+    print(f"[nsqlookupd] INFO: HTTP: listening on {lookupd.http_address}", flush=True)
+    stopped.wait()
+    lookupd.close()
+    exit_now(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -69,8 +69,22 @@ class Namespace:
             assert time.monotonic() < deadline, f"still running after the stop: {[p for p in pids if alive(p)]}"
             time.sleep(0.05)
 
+    def processes(self) -> list[int]:
+        """Every process in the namespace but the one holding it: what its blocks started, pid file or not."""
+        own = os.readlink(f"/proc/{self.holder.pid}/ns/net")
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == self.holder.pid:
+                continue
+            try:
+                if os.readlink(entry / "ns" / "net") == own:
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone meanwhile, or not ours to look at
+        return found
+
     def close(self) -> None:
-        for pid in self.pids():  # whatever a failed block left running, by its PID
+        for pid in {*self.pids(), *self.processes()}:  # whatever the blocks left running, by its PID
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         self.holder.kill()
