@@ -601,7 +601,7 @@ class JetStreamLink:
         self._add_puller(queue, topic, floor)
 
     def _add_puller(self, queue: SharedQueue, topic: str, floor: int) -> Puller:
-        self._stop_puller(queue, topic)
+        self._stop_puller(queue, topic, retire=True)
         name = api.queue_consumer(queue.name)
         inbox = self.connection.new_inbox()
         puller = Puller(queue, topic, name, api.pull_subject(topic, name), inbox, floor=floor)
@@ -628,11 +628,12 @@ class JetStreamLink:
             puller.pending = consumer.pending
 
     def unfollowed(self, queue: SharedQueue, topic: str) -> None:
-        self._stop_puller(queue, topic)
+        dropped = queue.deleted and queue.forgotten and not queue.forgotten_empty
+        self._stop_puller(queue, topic, retire=not dropped)  # a dropped one's pull requests end with it
         if not queue.deleted:
             return
         self.queue_tokens.pop(api.token(queue.name), None)
-        if queue.forgotten and not queue.forgotten_empty:
+        if dropped:
             # Deleted here for want of consumers (MQKS's --delete-queue-when-unused, an NSQ ephemeral channel's
             # last client gone): deleted from the cluster too, unless another node's clients read it. In the
             # order of this node's other changes: a client naming the queue again meanwhile makes a new one.
@@ -669,14 +670,36 @@ class JetStreamLink:
             if puller.topic == topic:
                 puller.pending = pending
 
-    def _stop_puller(self, queue: SharedQueue, topic: str) -> None:
+    def _stop_puller(self, queue: SharedQueue, topic: str, *, retire: bool = False) -> None:
+        """The node stops reading the queue's consumer in the topic. `retire`: the consumer stays in the
+        cluster, read by other nodes (`_retire`); else it is being deleted, which ends its pull requests, and
+        a node telling whether any node still reads it must not count this one's."""
         pullers = self.pullers.get(queue.name, [])
         for puller in [p for p in pullers if p.topic == topic]:
             puller.active = False
-            self.connection.unsubscribe(puller.sid, late=self._give_back_late)
             pullers.remove(puller)
+            if retire:
+                self._retire(puller)
+            else:
+                self.connection.unsubscribe(puller.sid, late=self._give_back_late)
         if not pullers:
             self.pullers.pop(queue.name, None)
+
+    def _retire(self, puller: Puller) -> None:
+        """A reading stopped: JetStream cannot take its pull requests back, and serves the oldest first, so
+        one left unheard would take the next message to an inbox nobody reads (given again only after the
+        ack wait, though another node's consumer waits for it). The inbox is kept until every request has
+        ended, giving back at once what they bring (`_on_pulled`); at the latest once they are lost."""
+        if not puller.requests or self.engine is None:
+            self._retired(puller)
+            return
+        last = puller.issued[-1][0] if puller.issued else self.clock.now() + PULL_EXPIRES_S + PULL_LOST_AFTER_S
+        self.engine.timers.schedule(last, self._retired, puller)
+
+    def _retired(self, puller: Puller) -> None:
+        if puller.sid:
+            self.connection.unsubscribe(puller.sid, late=self._give_back_late)
+            puller.sid = 0
 
     def unbound(self, queue: SharedQueue, topic: str) -> None:
         self._stop_puller(queue, topic)
@@ -907,6 +930,7 @@ class JetStreamLink:
 
     def _on_pulled(self, puller: Puller, msg: Msg) -> None:
         if not puller.active:
+            self._on_retired_pull(puller, msg)
             return
         engine = self.engine
         if engine is not None:
@@ -929,6 +953,23 @@ class JetStreamLink:
             break
         puller.outstanding = max(puller.outstanding - 1, 0)
         self._delivered(puller, msg)
+
+    def _on_retired_pull(self, puller: Puller, msg: Msg) -> None:
+        """What a stopped reading's pull requests bring goes back; once none is left waiting, its inbox goes."""
+        requests = puller.requests
+        if not puller.sid:
+            return
+        if msg.status is None:
+            self._give_back_late(msg)
+            for request in requests:  # served in order: the oldest request's count goes down
+                requests[request] -= 1
+                if requests[request] <= 0:
+                    del requests[request]
+                break
+        elif msg.status != 100:  # not an idle heartbeat: the request ended
+            requests.pop(msg.subject.rsplit(".", 1)[-1], None)
+        if not requests:
+            self._retired(puller)
 
     def _give_back_late(self, msg: Msg) -> None:
         """A copy that came for a reading this node stopped goes back to the queue at once."""
