@@ -366,7 +366,7 @@ async def consumer_info(connection: NatsConnection, topic: str, name: str) -> di
     return await api(connection, f"CONSUMER.INFO.{topic_stream(topic)}.{name}")
 
 
-# Consumer metadata: stream sequences up to this one were emptied from the queue (`raise_floor`).
+# Consumer metadata: stream sequences up to this one were emptied from the queue (`empty_consumer`).
 FLOOR_METADATA = "polymq_floor"
 
 
@@ -422,7 +422,7 @@ async def next_sequence(connection: NatsConnection, topic: str) -> int:
     return int(state.get("last_seq", 0)) + 1
 
 
-async def raise_floor(connection: NatsConnection, topic: str, name: str) -> int:
+async def empty_consumer(connection: NatsConnection, topic: str, name: str) -> int:
     """Empty the queue of what its consumer holds: JetStream's reset of the consumer to the stream's next
     message (nats-server 2.14+: answered once its leader holds it, copies given out dropped from its
     pending ones), and the stream's last sequence kept as the queue's floor (its metadata), for the nodes

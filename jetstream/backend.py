@@ -153,6 +153,17 @@ class Puller:
     # them in order), not counted in `outstanding`, what they bring is not taken.
     stale: set[str] = attrs.Factory(set)
 
+    def served_one(self) -> str | None:
+        """A message came: JetStream serves a consumer's pull requests in order, so the oldest request owes
+        one less (and has ended when it owes none). Its token, or None if none was waiting."""
+        requests = self.requests
+        for request in requests:
+            requests[request] -= 1
+            if requests[request] <= 0:
+                del requests[request]
+            return request
+        return None
+
 
 @attrs.define(slots=True, eq=False)
 class TopicState:
@@ -693,8 +704,8 @@ class JetStreamLink:
         if not puller.requests or self.engine is None:
             self._retired(puller)
             return
-        last = puller.issued[-1][0] if puller.issued else self.clock.now() + PULL_EXPIRES_S + PULL_LOST_AFTER_S
-        self.engine.timers.schedule(last, self._retired, puller)
+        lost_at = puller.issued[-1][0]  # the newest request's: every waiting one has its entry there
+        self.engine.timers.schedule(lost_at, self._retired, puller)
 
     def _retired(self, puller: Puller) -> None:
         if puller.sid:
@@ -771,7 +782,7 @@ class JetStreamLink:
             error: Exception | None = None
             try:
                 for topic in topics:
-                    floor = await api.raise_floor(self.connection, topic, api.queue_consumer(queue.name))
+                    floor = await api.empty_consumer(self.connection, topic, api.queue_consumer(queue.name))
                     self._floor(queue.name, api.topic_stream(topic), floor)
                     self.connection.publish(EMPTIED_PREFIX + api.token(queue.name),
                                             f"{api.topic_stream(topic)} {floor}".encode())
@@ -940,35 +951,25 @@ class JetStreamLink:
             return
         if msg.reply is None:
             return
-        requests = puller.requests
-        for request in requests:  # JetStream serves a consumer's pull requests in order
-            requests[request] -= 1
-            if requests[request] <= 0:
-                del requests[request]
-            if puller.stale and request in puller.stale:
-                if request not in requests:
-                    puller.stale.discard(request)
-                puller.queue.taken_back_count += 1  # left to its ack wait: no word to JetStream about it
-                return
-            break
+        request = puller.served_one()
+        if puller.stale and request in puller.stale:
+            if request not in puller.requests:
+                puller.stale.discard(request)
+            puller.queue.taken_back_count += 1  # left to its ack wait: no word to JetStream about it
+            return
         puller.outstanding = max(puller.outstanding - 1, 0)
         self._delivered(puller, msg)
 
     def _on_retired_pull(self, puller: Puller, msg: Msg) -> None:
         """What a stopped reading's pull requests bring goes back; once none is left waiting, its inbox goes."""
-        requests = puller.requests
         if not puller.sid:
             return
         if msg.status is None:
             self._give_back_late(msg)
-            for request in requests:  # served in order: the oldest request's count goes down
-                requests[request] -= 1
-                if requests[request] <= 0:
-                    del requests[request]
-                break
+            puller.served_one()
         elif msg.status != 100:  # not an idle heartbeat: the request ended
-            requests.pop(msg.subject.rsplit(".", 1)[-1], None)
-        if not requests:
+            puller.requests.pop(msg.subject.rsplit(".", 1)[-1], None)
+        if not puller.requests:
             self._retired(puller)
 
     def _give_back_late(self, msg: Msg) -> None:

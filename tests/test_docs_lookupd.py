@@ -11,11 +11,10 @@ import os
 import re
 import shlex
 import sys
-import time
 from pathlib import Path
 
 from support.namespace import Namespace, namespace
-from support.nsq_cluster import FAKES_DIR, NSQ_BIN, NSQ_FAKES, nsq_tool
+from support.nsq_cluster import FAKES_DIR, NSQ_BIN, NSQ_FAKES, nsq_tool, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "cluster.md"
@@ -24,9 +23,6 @@ LOOKUPD_BLOCK_START = "nsqlookupd --broadcast-address=127.0.0.1 &"
 TOOLS_BLOCK_START = "nsq_tail --lookupd-http-address=127.0.0.1:4161 --topic=orders"
 # Each node's line once its lookupd answered its IDENTIFY (docs/cluster.md says so).
 REGISTERED = "lookupd 127.0.0.1:4160: connected (lookupd 1.3.0 at 127.0.0.1), registering 0 topics and channels"
-# Only turns a hang into a failure: every wait below ends on what it waits for.
-WAIT_S = 60.0
-POLL_S = 0.1
 
 
 def page_block(start: str) -> str:
@@ -52,13 +48,12 @@ def programs(folder: Path) -> str:
 
 def wait_for(space: Namespace, command: str, wanted: str, count: int = 1) -> str:
     """Run `command` in the namespace until its output holds `wanted` `count` times; that output."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
+
+    def seen() -> str | None:
         out = space._run(command).stdout
-        if out.count(wanted) >= count:
-            return out
-        assert time.monotonic() < deadline, f"{command}: {wanted!r} {count} times, not within {WAIT_S:.0f} s:\n{out}"
-        time.sleep(POLL_S)
+        return out if out.count(wanted) >= count else None
+
+    return wait_until(seen, f"{wanted!r} {count} times in what `{command}` prints")
 
 
 def test_the_lookupd_example_and_its_tools_run_as_printed() -> None:
