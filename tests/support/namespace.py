@@ -56,11 +56,16 @@ class Namespace:
     def pids(self) -> list[int]:
         """The processes the blocks wrote pid files for (`… & echo $! > x.pid`), in its folder and below."""
         found = []
-        for path in self.folder.rglob("*.pid"):
-            try:
-                found.append(int(path.read_text()))
-            except (OSError, ValueError):
-                continue
+        # os.walk passes over a folder gone meanwhile (a NATS server deletes its raft groups' as it runs),
+        # where Path.rglob raises.
+        for folder, _, files in os.walk(self.folder):
+            for name in files:
+                if not name.endswith(".pid"):
+                    continue
+                try:
+                    found.append(int(Path(folder, name).read_text()))
+                except (OSError, ValueError):
+                    continue
         return found
 
     def wait_gone(self, pids: list[int]) -> None:
