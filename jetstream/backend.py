@@ -94,8 +94,9 @@ MAX_PULLS_WAITING = 64
 # A publish JetStream had no answer for (a stream electing its leader) is tried again this often, until
 # `JetStreamSettings.publish_timeout_s` (publish acks paused 5-9 s while a killed leader was replaced).
 PUBLISH_RETRY_S = 0.1
-# How long a node waits at start-up for the stream of node numbers to take publishes.
-STREAM_READY_S = 20.0
+# How long a node waits at start-up for the stream of node numbers to take publishes: as long as any API
+# request (a stream whose leader was cut off or paused answers nothing until the others elect one).
+STREAM_READY_S = api.API_DEADLINE_S
 # How long a node waits for its server's INFO to list as many servers as the replicas asked: while a
 # cluster forms, its routes tell each server of the others' client addresses within about a second
 # here (nats-server 2.x, three servers on loopback); five times that for a loaded machine.
@@ -1201,9 +1202,11 @@ async def node_number(connection: NatsConnection, replicas: int) -> int:
     with trio.move_on_after(STREAM_READY_S):
         while reply is None:
             try:
-                reply = await connection.request(api.NODES_SUBJECT, b"")
-            except NoResponders:
-                await trio.sleep(PUBLISH_RETRY_S)  # made just now, by this node or another: no leader yet
+                reply = await connection.request(api.NODES_SUBJECT, b"", timeout=api.API_ATTEMPT_S)
+            except (NoResponders, RequestTimeout):
+                # Made just now, by this node or another, or its leader gone silent: no leader yet. A
+                # publish answered too late only uses up a number.
+                await trio.sleep(PUBLISH_RETRY_S)
     if reply is None:
         raise NatsError(f"the stream {api.NODES_STREAM} took no publish within {STREAM_READY_S:.0f} s")
     _, sequence, _ = api.parse_publish_ack(reply.payload)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +20,8 @@ from polymq.clients.ports import free_ports
 from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import stream_rows
 from polymq.gateway.port_holder import Holder, holder_of
-from polymq.jetstream.backend import cluster_replicas
+from polymq.jetstream import api
+from polymq.jetstream.backend import cluster_replicas, node_number
 from polymq.jetstream.nats_connection import NatsConnection, NatsOptions
 
 from support.gateway import running_gateway
@@ -148,6 +150,32 @@ async def test_a_node_started_while_the_cluster_forms_waits_for_its_servers_to_s
             await connection.close()
     finally:
         cluster.stop()
+
+
+async def test_a_node_started_while_the_node_numbers_leader_is_silent_waits_for_the_next_leader(
+        tmp_path: Path) -> None:
+    """A node restarted while the leader of the stream it draws its number from is paused (or cut off, or
+    still catching up after a heal) gets no answer to its publish at all, not "no responders": it asks
+    again until the other servers elect a leader, rather than failing its start-up at the first silence."""
+    with NatsCluster(tmp_path / "nats", 3) as cluster:
+        async with trio.open_nursery() as nursery:
+            first = await NatsConnection.connect(NatsOptions(servers=cluster.urls), nursery)
+            before = await node_number(first, 3)
+            info = await api.api(first, f"STREAM.INFO.{api.NODES_STREAM}")
+            leader = next(server for server in cluster.servers if server.name == info["cluster"]["leader"])
+            others = [server.url for server in cluster.servers if server is not leader]
+            os.kill(leader.pid, signal.SIGSTOP)
+            try:
+                restarted = await NatsConnection.connect(NatsOptions(servers=others), nursery)
+                with trio.fail_after(api.API_DEADLINE_S):
+                    after = await node_number(restarted, 3)
+                info = await api.api(restarted, f"STREAM.INFO.{api.NODES_STREAM}")
+            finally:
+                os.kill(leader.pid, signal.SIGCONT)
+            assert info["cluster"]["leader"] != leader.name
+            assert after != before
+            await restarted.close()
+            await first.close()
 
 
 async def test_a_standalone_server_gives_one_replica_at_once(nats_server: NatsServer) -> None:
