@@ -15,9 +15,11 @@ import functools
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +34,8 @@ PAGES = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "d
 SH_BLOCK = re.compile(r"^```sh\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 PYTHON_EXAMPLE = re.compile(r"^\.venv/bin/python - <<'EOF'\n")
 FOREGROUND = re.compile(r"^(make serve|\.venv/bin/polymq serve)(?![^#]*&)")
+# A block's last line that a reader leaves reading until Ctrl-C, its comment saying what it prints first.
+UNTIL_CTRL_C = re.compile(r"^(?P<command>[^#]*?)\s*#\s*(?P<shows>.*?)\s*…\s*\(Ctrl-C to stop\)$")
 # A conformance suite against a gateway in memory takes about a minute; this only turns a hang into a failure.
 CONFORMANCE_TIMEOUT_S = 600
 STOP_TIMEOUT_S = 30
@@ -96,6 +100,7 @@ NSQ_OR_FAKES = "with nsq 1.3.0's programs where they are built, else their fakes
 TRACE_EXAMPLE = "tests/test_trace_cross.py::test_the_documented_commands_run_as_printed"
 PLACEHOLDERS = "a recipe: PID, DIR, BEFORE and the like stand for what the reader has"
 
+PYNSQ_BLOCK = "python3 -m venv pynsq-env && pynsq-env/bin/pip install pynsq"
 # Blocks run here, by scene, in order: (page, the block's first line).
 SCENES: dict[str, list[tuple[str, str]]] = {
     # The README's gateway in memory, every example against it, then the suites and tools the pages point
@@ -104,6 +109,7 @@ SCENES: dict[str, list[tuple[str, str]]] = {
         ("README.md", "make install                     # once: .venv, polymq and its dependencies, then the "
                       "compiled hot modules (a few minutes the first time; each step is printed)"),
         ("README.md", "curl -d 'hello' 'http://127.0.0.1:4151/pub?topic=greetings'      # OK"),
+        ("README.md", PYNSQ_BLOCK),
         ("docs/spark.md", "curl -X POST 'http://127.0.0.1:4181/stream/open?stream=peek&topic=greetings'"),
         ("docs/testing.md", "# against a running gateway (the README's *Trying it* starts one), or `make conformance`"),
         ("docs/protocols/mqks.md", ".venv/bin/polymq conformance mqks --addr 127.0.0.1:25000    # black-box checks, "
@@ -126,9 +132,6 @@ ELSEWHERE: dict[tuple[str, str], RunBy | NotRun] = {
                   "durable storage in ./data)"):
         RunBy(".ci/run", "`make test` is CI's own command on a fresh machine; `make serve` runs here in "
                          "docs/operations.md's block"),
-    ("README.md", "python3 -m venv pynsq-env && pynsq-env/bin/pip install pynsq"):
-        NotRun("installs from PyPI and reads until Ctrl-C; tests/interop runs pynsq's Reader in an environment "
-               "`make interop-envs` made"),
     ("README.md", ".venv/bin/polymq bench versus-nsqd    # needs nsq 1.3.0's nsqd, bench_writer and bench_reader "
                   "in ~/ref/nsq/bin (--nsq-bin DIR)"): NotRun(GO_NSQ),
     ("docs/cluster.md", "nsqlookupd --broadcast-address=127.0.0.1 &                              # TCP 4160, HTTP "
@@ -312,8 +315,41 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def read_until_ctrl_c(space: Namespace, command: str, shows: str, timeout: float) -> str:
+    """Run `command` on a terminal of its own (its prints reach the reader line by line there, not held in a
+    pipe's buffer) until it prints `shows`, then press Ctrl-C (SIGINT to its process group); all it printed."""
+    terminal, its_end = os.openpty()
+    process = subprocess.Popen(["nsenter", *ENTER, f"--net=/proc/{space.holder.pid}/ns/net", "--", "bash", "-c",
+                                command], cwd=space.folder, stdin=its_end, stdout=its_end, stderr=its_end,
+                               start_new_session=True)
+    os.close(its_end)
+    printed = b""
+    try:
+        deadline = time.monotonic() + timeout
+        while shows.encode() not in printed:
+            left = deadline - time.monotonic()
+            assert left > 0 and process.poll() is None, f"{command}: never printed {shows!r}:\n{printed.decode()}"
+            if select.select([terminal], [], [], left)[0]:
+                printed += os.read(terminal, 65536)
+        os.killpg(process.pid, signal.SIGINT)
+        with contextlib.suppress(OSError):  # EIO once the process and the terminal's last user are gone
+            while chunk := os.read(terminal, 65536):
+                printed += chunk
+        process.wait(STOP_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        os.close(terminal)
+    return printed.decode(errors="replace")
+
+
 def run_block(space: Namespace, block: Block, timeout: float) -> str:
     """Run as a reader pastes it; what it printed."""
+    before, _, last = block.text.rstrip("\n").rpartition("\n")
+    if reader := UNTIL_CTRL_C.match(last):
+        return space.run(before, timeout).stdout + read_until_ctrl_c(space, reader["command"], reader["shows"],
+                                                                   timeout)
     if not any(FOREGROUND.match(line) for line in block.text.splitlines()):
         return space.run(block.text, timeout).stdout
     printed, serving = [], None
@@ -337,6 +373,8 @@ def _check_trying_it(key: tuple[str, str], printed: str) -> None:
         stats = json.loads(printed[4:])
         [topic] = [t for t in stats["topics"] if t["topic_name"] == "greetings"]
         assert topic["message_count"] == 3, topic
+    elif key[1] == PYNSQ_BLOCK:  # pynsq's Reader, on a new channel, gets the topic's first message first
+        assert "b'hello' 1" in printed, printed
     elif key[1].startswith("curl -X POST"):  # the stream opened, the publish, its offsets
         assert '"stream":"peek"' in printed and "OK" in printed and '"message"' not in printed, printed
     elif "conformance" in key[1]:
@@ -352,6 +390,9 @@ def _check_starting(key: tuple[str, str], printed: str) -> None:
 
 CHECKS: dict[str, Callable[[tuple[str, str], str], None]] = {"trying-it": _check_trying_it,
                                                              "starting": _check_starting}
+# What a scene's blocks install from PyPI, which its network namespace cannot reach: fetched beforehand, and given
+# to pip from a folder (the commands run as printed). pynsq comes as source: setuptools and wheel build it.
+FROM_PYPI = {"trying-it": ["pynsq", "setuptools", "wheel"]}
 # Outside the scene's folder, what its blocks make (operations.md's `--data-dir /var/lib/polymq`): removed after
 # when it was not there before.
 MADE_OUTSIDE = {"starting": [Path("/var/lib/polymq")]}
@@ -359,8 +400,13 @@ MADE_OUTSIDE = {"starting": [Path("/var/lib/polymq")]}
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scene", sorted(SCENES))
-def test_a_scene_runs_as_printed(scene: str) -> None:
+def test_a_scene_runs_as_printed(scene: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     by_key = _by_key()
+    if scene in FROM_PYPI:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(tmp_path / "packages"),
+                        *FROM_PYPI[scene]], check=True, capture_output=True, timeout=BLOCK_TIMEOUT_S)
+        monkeypatch.setenv("PIP_NO_INDEX", "1")
+        monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "packages"))
     check = CHECKS.get(scene, lambda key, printed: None)
     made = [path for path in MADE_OUTSIDE.get(scene, []) if not path.exists()]
     with namespace() as space, contextlib.ExitStack() as cleanup:
