@@ -1203,9 +1203,9 @@ async def node_number(connection: NatsConnection, replicas: int) -> int:
         while reply is None:
             try:
                 reply = await connection.request(api.NODES_SUBJECT, b"", timeout=api.API_ATTEMPT_S)
-            except (NoResponders, RequestTimeout):
-                # Made just now, by this node or another, or its leader gone silent: no leader yet. A
-                # publish answered too late only uses up a number.
+            except (NoResponders, RequestTimeout, ConnectionLost):
+                # Made just now, by this node or another, or its leader gone silent: no leader yet (or the
+                # server went away: the next is asked). A publish answered too late only uses up a number.
                 await trio.sleep(PUBLISH_RETRY_S)
     if reply is None:
         raise NatsError(f"the stream {api.NODES_STREAM} took no publish within {STREAM_READY_S:.0f} s")
