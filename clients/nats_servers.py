@@ -241,6 +241,21 @@ class NatsCluster:
         for proxy in self._links_of(server):
             proxy.heal()
 
+    def split(self, side: list[NatsServer]) -> None:
+        """The routes between `side` and the other servers held silent: two parts, each server still reached by
+        its clients (a node left with `side` and a node with the rest are parted too)."""
+        for proxy in self._routes_across(side):
+            proxy.cut()
+
+    def rejoin(self, side: list[NatsServer]) -> None:
+        """The routes `split` cut, reset and usable."""
+        for proxy in self._routes_across(side):
+            proxy.heal()
+
+    def _routes_across(self, side: list[NatsServer]) -> list[LinkProxy]:
+        names = {server.name for server in side}
+        return [proxy for (a, b), proxy in self.route_proxies.items() if (a in names) != (b in names)]
+
     def _links_of(self, server: NatsServer) -> list[LinkProxy]:
         links = [proxy for (a, b), proxy in self.route_proxies.items() if server.name in (a, b)]
         return links + ([server.client_proxy] if server.client_proxy is not None else [])

@@ -2,7 +2,7 @@
 (held silent, no FIN: clients/link_proxy.py). Two nodes in one trio run on the real three-server cluster, as
 in test_jetstream_backend.py; node B reaches the cluster only through the proxy at first (the servers'
 INFO names the others, which it reconnects to, as a NATS client does). Then a cluster whose every link goes
-through a proxy, parted."""
+through a proxy, parted: a server cut off from everything, and a clean split with a node on each side."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_jetstream_backend import attached, name, node, until
+from test_jetstream_backend import Node, attached, name, node, until
 
 from polymq.clients.link_proxy import LinkProxy
 from polymq.clients.nats_servers import NatsCluster, NatsServer
@@ -120,3 +120,58 @@ async def test_a_stream_leader_cut_off_acknowledges_nothing_and_the_majority_ele
                     await trio.sleep(0.1)
             await to_majority.close()
             await to_leader.close()
+
+
+async def _stored_once(publisher: Node, topic: str, body: bytes) -> None:
+    """Published and stored by the cluster, asked again while a stream's new leader settles."""
+    with trio.fail_after(DEADLINE_S):
+        while True:
+            _, stored = publisher.publish(topic, body)
+            await stored.wait()
+            if stored.errors == [None]:
+                return
+
+
+async def _led_by(node_: Node, server: NatsServer, stepdown: str, info: str) -> None:
+    """The stream's or consumer's leader moved to `server` (JetStream's stepdown with a preferred peer)."""
+    with trio.fail_after(DEADLINE_S):
+        while (await api.api(node_.link.connection, info)).get("cluster", {}).get("leader") != server.name:
+            await api.api(node_.link.connection, stepdown, {"placement": {"preferred": server.name}})
+            await trio.sleep(0.5)
+
+
+async def test_a_clean_split_acknowledges_nothing_on_the_minority_and_the_majority_serves_on(tmp_path: Path) -> None:
+    """A node with one server on one side, a node with the other two on the other ({A, n1} | {B, n2, n3}: the
+    routes between the sides held silent, each node's own link left up). A's publish is not acknowledged: it
+    fails once the publish timeout is over; B publishes and its consumer gets it, whichever server led the
+    topic's stream and consumer before; after the heal A's publishes are acknowledged again and B gets them."""
+    topic, queue = name("split"), name("split-reader")
+    with NatsCluster(tmp_path / "nats", 3, proxied=True) as cluster:
+        n1, n2, n3 = cluster.servers
+        async with node(cluster, ack_wait_s=ACK_WAIT_S, servers=[n1.url]) as a, \
+                node(cluster, ack_wait_s=ACK_WAIT_S, servers=[n2.url, n3.url]) as b:
+            consumer, got = b.consumer(queue, topic)
+            await attached(b, queue)
+            await _stored_once(a, topic, b"before")
+            await until(lambda: [m.body for m in got] == [b"before"], "the delivery before the split")
+            consumer.finish(got[0].id)
+            # The hard case: the stream and the queue's consumer led from the minority's server, so the
+            # majority elects both again and B's pull requests must reach the new consumer leader.
+            stream = api.topic_stream(topic)
+            await _led_by(a, n1, f"STREAM.LEADER.STEPDOWN.{stream}", f"STREAM.INFO.{stream}")
+            consumer_name = api.queue_consumer(queue)
+            await _led_by(a, n1, f"CONSUMER.LEADER.STEPDOWN.{stream}.{consumer_name}",
+                          f"CONSUMER.INFO.{stream}.{consumer_name}")
+            cluster.split([n1])
+            _, stored = a.publish(topic, b"to the minority")
+            await stored.wait()
+            [error] = stored.errors
+            assert error is not None, "acknowledged by a server without a quorum"
+            assert cluster.server_at(a.link.connection.connected_url) is n1  # A stayed on its side
+            await _stored_once(b, topic, b"on the majority")
+            await until(lambda: b"on the majority" in [m.body for m in got], "B's delivery during the split")
+            cluster.rejoin([n1])
+            await _stored_once(a, topic, b"after")
+            await until(lambda: b"after" in [m.body for m in got], "A's publish after the heal, delivered by B")
+            for message in got[1:]:
+                consumer.finish(message.id)
