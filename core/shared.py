@@ -92,6 +92,11 @@ class Link(Protocol):
         delivery it came by ends once that copy is stored."""
         ...
 
+    def give_back_unseen(self, queue: SharedQueue, message: Message) -> None:
+        """A copy the node fetched and no client of it saw goes back without an attempt counted: the message
+        again at the tail of this queue only, with the attempts it came with."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """The shared engine as operators see it: its kind, servers, the publish acknowledgements' latency."""
         ...
@@ -482,7 +487,7 @@ class SharedQueue(Queue):
     def _give_back_soon(self) -> None:
         """No consumer of the queue is left on this node. What it fetched and what its pull requests still
         bring (they cannot be taken back) wait here for `idle_hold_s`: a consumer that comes back meanwhile gets
-        them without an attempt more; then they go back to the shared engine (an attempt counted)."""
+        them without an attempt more; then they go back to the shared engine (no attempt counted either)."""
         engine = self.engine
         assert isinstance(engine, SharedEngine)
         if self.ready:
@@ -501,8 +506,7 @@ class SharedQueue(Queue):
         ready = list(self.ready)
         self.ready.clear()
         for message in ready:
-            self.link.nak(self, message, 0.0)
-            self.handles.pop(message.id, None)
+            self.link.give_back_unseen(self, message)
 
     # -- where the embedded queue keeps a copy, this one asks the shared engine ----------------
 

@@ -974,9 +974,18 @@ class JetStreamLink:
             self._retired(puller)
 
     def _give_back_late(self, msg: Msg) -> None:
-        """A copy that came for a reading this node stopped goes back to the queue at once."""
-        if msg.status is None and msg.reply is not None:
-            self.connection.publish(msg.reply, api.NAK)
+        """A copy that came for a reading this node stopped goes back to the queue at once, no client having
+        seen it: no attempt counted."""
+        if msg.status is not None or msg.reply is None:
+            return
+        try:
+            delivery = api.parse_ack_subject(msg.reply)
+        except ValueError:
+            return  # not JetStream's: nothing to give back
+        headers = dict(msg.headers or {})
+        headers.pop(api.HEADER_TTL, None)  # its expiry is Polymq-Expires, kept; a TTL would start again
+        attempts = delivery.delivered - 1 + int(headers.get(api.HEADER_POLYMQ_ATTEMPTS) or 0)
+        self._put_back(msg.reply, msg.payload, headers, attempts)
 
     def _delivered(self, puller: Puller, msg: Msg) -> None:
         assert msg.reply is not None
@@ -1079,6 +1088,32 @@ class JetStreamLink:
 
         deadline = self.clock.now() + self.settings.publish_timeout_s
         self._publish_one(api.requeue_subject(topic, queue.name), message.body, headers, deadline, answered)
+
+    def give_back_unseen(self, queue: SharedQueue, message: Message) -> None:
+        handle = queue.handles.pop(message.id, None)
+        if handle is not None:
+            self._put_back(handle, message.body, self._headers(message), message.attempts)
+
+    def _put_back(self, handle: str, body: bytes, headers: dict[str, str], attempts: int) -> None:
+        """The delivery `handle` ends in a copy of its message at the tail of its queue only (the queue's own
+        subject) carrying `attempts` (JetStream counts every delivery; a copy no client saw is no attempt):
+        stored first, then the delivery acked; given back with -NAK (counted) when the copy cannot be stored.
+        Its Nats-Msg-Id names the delivery it ends, so a publish asked again is stored once, and a message
+        put back twice is two copies, never one taken for a repeat of the other."""
+        delivery = api.parse_ack_subject(handle)
+        topic = api.topic_of_stream(delivery.stream)
+        if topic is None:
+            self.connection.publish(handle, api.NAK)
+            return
+        headers[api.HEADER_MSG_ID] = f"put-back-{delivery.stream_seq}-{delivery.delivered}"
+        headers[api.HEADER_POLYMQ_ATTEMPTS] = str(attempts)
+
+        def answered(reply: Msg | NatsError) -> None:
+            self.connection.publish(handle, api.ACK if api.publish_failure(reply) is None else api.NAK)
+
+        deadline = self.clock.now() + self.settings.publish_timeout_s
+        self._publish_one(api.requeue_subject(topic, api.untoken(delivery.consumer)), body, headers, deadline,
+                          answered)
 
     def same_copy(self, handle: Any, other: Any) -> bool:
         return bool(api.parse_ack_subject(handle).stream_seq == api.parse_ack_subject(other).stream_seq)
