@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
@@ -281,6 +282,119 @@ def test_a_paused_gateways_deliveries_go_to_the_other_and_its_late_fins_fail_as_
         assert marker.body == b"marker", marker
         holder.send(nsq_client.fin(marker.msg_id))
         holder.close()
+
+
+def _paused_past_the_ack_wait(gateway: GatewayProcess, take_elsewhere: Callable[[], None]) -> None:
+    """SIGSTOP `gateway` while `take_elsewhere` (the other gateway's client) waits out the ack wait and takes
+    what the paused one's client held; SIGCONT after."""
+    os.kill(gateway.process.pid, signal.SIGSTOP)
+    try:
+        take_elsewhere()
+    finally:
+        os.kill(gateway.process.pid, signal.SIGCONT)
+
+
+def _lapsed_once(gateway: GatewayProcess, held: int) -> None:
+    with urllib.request.urlopen(f"http://{gateway.http}/api/state", timeout=10) as response:
+        backend = json.loads(response.read())["backend"]
+    assert backend["lapses"] == 1 and backend["taken_back"] >= held, backend
+
+
+def _mqks_delivery(line: bytes | None) -> tuple[bytes, bytes, bytes]:
+    """`{consumer} ok {msg_id} event={event}[,retry=N] {data}`: its msg_id, event field and data."""
+    assert line is not None and b" event=" in line, line
+    _, _, msg_id, event, data = line.split(b" ", 4)
+    return msg_id, event, data
+
+
+def test_a_paused_gateways_mqks_consumer_acks_late_as_the_original_answers_an_unknown_id(
+        gateways: tuple[GatewayProcess, GatewayProcess], nats_cluster: NatsCluster) -> None:
+    """MQKS's manual acks across a pause past the ack wait: the other gateway's consumer of the queue gets the
+    held messages again, with `retry`; the paused one's late acks are confirmed (`ok`, as MQKS confirms an ack
+    of an id it does not hold) and change nothing there; its next delivery is a new message."""
+    _, survivor = gateways
+    topic, queue = "paused-mqks", "paused-mqks-q"
+    with running_gateway(*_gateway_args(nats_cluster)) as paused, \
+            mqks_blocking.Connection(paused.host_port("mqks"), CLIENT_TIMEOUT_S) as holder:
+        holder.request("c", "consume", f"{queue} {topic} --manual-ack", confirm=True)
+        assert holder.next_line() == b"c ok "
+        for index in range(3):
+            holder.request(f"p{index}", "publish", f"{topic} job {index}", confirm=True)
+        lines = [holder.next_line() for _ in range(6)]  # the 3 confirms and the 3 deliveries, in any order
+        assert sorted(line for line in lines if line is not None and b" event=" not in line) == [
+            b"p0 ok ", b"p1 ok ", b"p2 ok "], lines
+        held = [_mqks_delivery(line) for line in lines if line is not None and b" event=" in line]
+        assert sorted(data for _, _, data in held) == [b"job 0", b"job 1", b"job 2"]
+        again: list[tuple[bytes, bytes, bytes]] = []
+
+        def take_elsewhere() -> None:
+            with mqks_blocking.Connection(survivor.host_port("mqks"), CLIENT_TIMEOUT_S) as taker:
+                taker.request("s", "consume", f"{queue} {topic} --manual-ack", confirm=True)
+                assert taker.next_line() == b"s ok "
+                while len(again) < 3:
+                    again.append(_mqks_delivery(taker.next_line()))
+                for msg_id, _, _ in again:
+                    taker.request("sa", "ack", f"s {msg_id.decode()}", confirm=True)
+                    assert taker.next_line() == b"sa ok "
+                taker.request("sd", "delete_consumer", "s", confirm=True)
+                assert taker.next_line() == b"sd ok "
+
+        _paused_past_the_ack_wait(paused, take_elsewhere)
+        assert sorted((msg_id, data) for msg_id, _, data in again) == sorted((m, d) for m, _, d in held)
+        # Redeliveries: the paused gateway's pull requests, still held by the cluster, may have had them meanwhile.
+        assert all(re.fullmatch(rb"event=paused-mqks,retry=[1-9]", event) for _, event, _ in again), again
+        for index, (msg_id, _, _) in enumerate(held):
+            holder.request(f"a{index}", "ack", f"c {msg_id.decode()}", confirm=True)
+            assert holder.next_line() == f"a{index} ok ".encode()
+        _lapsed_once(paused, 3)
+        with mqks_blocking.Connection(survivor.host_port("mqks"), CLIENT_TIMEOUT_S) as producer:
+            producer.request("pm", "publish", f"{topic} marker", confirm=True)
+            assert producer.next_line() == b"pm ok "
+        assert _mqks_delivery(holder.next_line()) == (b"pm", b"event=" + topic.encode(), b"marker")
+        holder.request("am", "ack", "c pm", confirm=True)
+        assert holder.next_line() == b"am ok "
+
+
+def test_a_paused_gateways_phpmq_consumer_acks_late_as_the_original_answers_an_unknown_id(
+        gateways: tuple[GatewayProcess, GatewayProcess], nats_cluster: NatsCluster) -> None:
+    """PHPMQ's acks across a pause past the ack wait: the other gateway's consumer of the queue gets the held
+    messages again; the paused one's late acks are ignored, silently, as PHPMQ ignores an ack of an id it does
+    not hold, and the connection serves on: its next delivery is a new message."""
+    _, survivor = gateways
+    queue = "paused-phpmq"
+    with running_gateway(*_gateway_args(nats_cluster)) as paused, \
+            phpmq_blocking.Connection(paused.host_port("phpmq"), CLIENT_TIMEOUT_S) as holder:
+        holder.consume(queue, 10)
+        holder.barrier()
+        with phpmq_blocking.Connection(paused.host_port("phpmq"), CLIENT_TIMEOUT_S) as producer:
+            for index in range(3):
+                producer.publish(queue, b"job %d" % index)
+            producer.barrier()
+        held = holder.deliveries(3)
+        assert sorted(d.content for d in held) == [b"job 0", b"job 1", b"job 2"]
+        again = []
+
+        def take_elsewhere() -> None:
+            with phpmq_blocking.Connection(survivor.host_port("phpmq"), CLIENT_TIMEOUT_S) as taker:
+                taker.consume(queue, 3)
+                again.extend(taker.deliveries(3))
+                for delivery in again:
+                    taker.ack(queue, delivery.message_id)
+                taker.barrier()
+
+        _paused_past_the_ack_wait(paused, take_elsewhere)
+        assert sorted((d.message_id, d.content) for d in again) == sorted((d.message_id, d.content) for d in held)
+        for delivery in held:
+            holder.ack(queue, delivery.message_id)
+        holder.barrier()  # the acks handled: PHPMQ answers none
+        _lapsed_once(paused, 3)
+        with phpmq_blocking.Connection(survivor.host_port("phpmq"), CLIENT_TIMEOUT_S) as producer:
+            producer.publish(queue, b"marker")
+            producer.barrier()
+        [marker] = holder.deliveries(1)
+        assert marker.content == b"marker"
+        holder.ack(queue, marker.message_id)
+        holder.barrier()
 
 
 def test_a_lost_cluster_fails_publishes_within_the_bound_and_service_resumes(
