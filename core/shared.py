@@ -423,12 +423,21 @@ class SharedQueue(Queue):
         self.link.want(self)
 
     def _hold(self) -> None:
-        """Copies fetched here wait for this node's consumers' credit: given back, they would count one
-        more attempt, so they are kept, and the shared engine is told they are still worked on."""
+        """Copies fetched here wait for this node's consumers' credit, the shared engine told they are still
+        worked on, for `idle_hold_s` at a time: what the consumers here still have no room for then goes back
+        (`_idle`), so a consumer that keeps no credit here (RDY 0, a PZQ send socket with no peer) does not keep
+        it from another node's."""
+        engine = self.engine
+        assert isinstance(engine, SharedEngine)
         if self._hold_timer is None:
-            engine = self.engine
-            assert isinstance(engine, SharedEngine)
             self._hold_timer = engine.timers.schedule(engine.clock.now() + engine.hold_refresh_s, self._still_held)
+        self._arm_give_back()
+
+    def _arm_give_back(self) -> None:
+        engine = self.engine
+        assert isinstance(engine, SharedEngine)
+        if self._give_back_timer is None:
+            self._give_back_timer = engine.timers.schedule(engine.clock.now() + engine.idle_hold_s, self._idle)
 
     def _still_held(self) -> None:
         self._hold_timer = None
@@ -488,24 +497,25 @@ class SharedQueue(Queue):
         """No consumer of the queue is left on this node. What it fetched and what its pull requests still
         bring (they cannot be taken back) wait here for `idle_hold_s`: a consumer that comes back meanwhile gets
         them without an attempt more; then they go back to the shared engine (no attempt counted either)."""
-        engine = self.engine
-        assert isinstance(engine, SharedEngine)
         if self.ready:
             self._hold()
-        if self._give_back_timer is None:
-            self._give_back_timer = engine.timers.schedule(engine.clock.now() + engine.idle_hold_s, self._idle)
+        self._arm_give_back()
 
     def _idle(self) -> None:
         self._give_back_timer = None
-        if not self.consumers and not self.deleted:
+        if self.deleted:
+            return
+        if not self.consumers:
             self.give_back()
+        elif not self.paused:  # a paused queue's copies wait for its unpause
+            self.give_back(-self.wanted())  # what the consumers here have no room for
 
-    def give_back(self) -> None:
-        """Every fetched copy no consumer here took goes back to the shared engine at once (what pull
-        requests still bring goes back as it comes, until they end)."""
-        ready = list(self.ready)
-        self.ready.clear()
-        for message in ready:
+    def give_back(self, count: int | None = None) -> None:
+        """Fetched copies no consumer here took go back to the shared engine at once, every one or the `count`
+        fetched last (what pull requests still bring goes back as it comes, until they end)."""
+        ready = self.ready
+        going = [ready.pop() for _ in range(len(ready) if count is None else min(max(count, 0), len(ready)))]
+        for message in reversed(going):
             self.link.give_back_unseen(self, message)
 
     # -- where the embedded queue keeps a copy, this one asks the shared engine ----------------

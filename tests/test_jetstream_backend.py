@@ -399,6 +399,28 @@ async def test_a_copy_fetched_for_a_slot_another_queue_took_waits_without_an_att
         assert [m.attempts for m in got] == [1, 1]
 
 
+async def test_a_copy_held_where_no_consumer_has_room_goes_to_another_nodes_consumer_without_an_attempt(
+        nats_cluster: NatsCluster) -> None:
+    """A node's consumer that keeps no credit (NSQ's RDY 0, a PZQ send socket with no peer) while the cluster
+    still brings what its pull requests asked for: the copy waits on the node for the hold, then goes back,
+    unseen, and another node's consumer gets it as a first delivery."""
+    topic, queue = name("no-room"), name("no-room")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        stalled, held = b.consumer(queue, topic)
+        await attached(b, queue)
+        stalled.set_credit(0)  # its pull requests stay with the cluster until they end
+        _, stored = a.publish(topic, b"for whoever has room")
+        await stored.wait()
+        shared = b.engine.queues[queue]
+        assert isinstance(shared, SharedQueue)
+        await until(lambda: len(shared.ready) == 1, "the copy fetched by B, waiting there")
+        consumer, got = a.consumer(queue, topic)
+        await until(lambda: len(got) == 1, "the copy given back by B, delivered by A")
+        assert (got[0].body, got[0].attempts) == (b"for whoever has room", 1)
+        assert held == [] and len(shared.ready) == 0
+        consumer.finish(got[0].id)
+
+
 async def test_a_requeue_to_the_tail_comes_after_the_others_with_its_attempts_and_new_ttl(
         nats_cluster: NatsCluster) -> None:
     """PHPMQ's 005: the message again at the tail of this queue only, its attempts kept, its TTL new."""

@@ -397,6 +397,43 @@ def test_a_paused_gateways_phpmq_consumer_acks_late_as_the_original_answers_an_u
         holder.barrier()
 
 
+def test_a_paused_gateways_pzq_consumer_answers_late_as_the_original_ignores_a_superseded_delivery(
+        gateways: tuple[GatewayProcess, GatewayProcess], nats_cluster: NatsCluster) -> None:
+    """PZQ's answers across a pause past the ack wait: the other gateway's consumer gets the held messages
+    again, under the same keys; the paused one's late `1`s are ignored, as PZQ ignores an answer to a
+    delivery that was superseded, and its next delivery is a new message."""
+    _, survivor = gateways
+    context = zmq.Context()
+    try:
+        with running_gateway(*_gateway_args(nats_cluster)) as paused, \
+                pzq_blocking.Consumer(context, paused.addresses["pzq-send"], CLIENT_TIMEOUT_S) as holder:
+            with pzq_blocking.Producer(context, paused.addresses["pzq-receive"], CLIENT_TIMEOUT_S) as producer:
+                for index in range(3):
+                    assert producer.produce(b"pzq job %d" % index)[1] == b"1"
+            held = [holder.receive() for _ in range(3)]
+            assert sorted(delivery[5] for delivery in held) == [b"pzq job 0", b"pzq job 1", b"pzq job 2"]
+            again: list[list[bytes]] = []
+
+            def take_elsewhere() -> None:
+                with pzq_blocking.Consumer(context, survivor.addresses["pzq-send"], CLIENT_TIMEOUT_S) as taker:
+                    again.extend(taker.receive() for _ in range(3))
+                    for delivery in again:
+                        taker.ack(delivery)
+
+            _paused_past_the_ack_wait(paused, take_elsewhere)
+            assert sorted((d[1], d[5]) for d in again) == sorted((d[1], d[5]) for d in held)
+            for delivery in held:
+                holder.ack(delivery)
+            with pzq_blocking.Producer(context, survivor.addresses["pzq-receive"], CLIENT_TIMEOUT_S) as producer:
+                assert producer.produce(b"pzq marker")[1] == b"1"
+            marker = holder.receive()
+            assert marker[5] == b"pzq marker", marker
+            holder.ack(marker)
+            _lapsed_once(paused, 3)
+    finally:
+        context.term()
+
+
 def test_a_lost_cluster_fails_publishes_within_the_bound_and_service_resumes(
         gateways: tuple[GatewayProcess, GatewayProcess], nats_cluster: NatsCluster) -> None:
     publishing, consuming = gateways
