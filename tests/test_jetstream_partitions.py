@@ -59,6 +59,38 @@ async def test_a_node_cut_off_from_its_server_delivers_again_on_its_own(nats_clu
                 consumer.finish(message.id)
 
 
+async def test_after_a_silent_link_the_nodes_other_subscriptions_serve_again(nats_cluster: NatsCluster) -> None:
+    """B leaves a silent link and reconnects elsewhere; what it hears besides its pull requests comes again on
+    the new link: an acknowledgement by id made on A for a delivery B holds (PHPMQ's and MQKS's acks, which
+    only B's subscription carries), the pause of the queue on A and its unpause, and a queue A binds anew."""
+    topic, queue, later = name("relinked"), name("relinked-reader"), name("relinked-later")
+    host, port = nats_cluster.urls[0].removeprefix("nats://").rsplit(":", 1)
+    with LinkProxy((host, int(port))) as proxy:
+        async with node(nats_cluster, ack_wait_s=60.0) as a, \
+                node(nats_cluster, ack_wait_s=60.0, servers=[proxy.url]) as b:
+            _, got = b.consumer(queue, topic)
+            await attached(b, queue)
+            a.engine.ensure_queue(queue)
+            a.engine.bind(queue, topic)
+            _, stored = a.publish(topic, b"held by B")
+            await stored.wait()
+            await until(lambda: len(got) == 1, "B's delivery")
+            held = b.engine.queues[queue]
+            proxy.cut()
+            await until(lambda: b.link.connection.connected_url not in (None, proxy.url), "B on another server")
+            a.engine.queues[queue].finish_any(got[0].id)
+            await until(lambda: not held.in_flight, "the acknowledgement by id, forwarded to B")
+            a.engine.queues[queue].set_paused(True)
+            await until(lambda: held.paused, "the pause, on B")
+            a.engine.queues[queue].set_paused(False)
+            await until(lambda: not held.paused, "the unpause, on B")
+            a.engine.ensure_queue(later)
+            a.engine.bind(later, topic)
+            await until(lambda: later in b.engine.queues and topic in b.engine.queues[later].topics,
+                        "the queue A bound, on B")
+            assert len(got) == 1  # acknowledged: not delivered again
+
+
 def _stream_view(server: NatsServer, stream: str) -> tuple[str | None, int]:
     """The stream's leader as `server` knows it, and the messages `server`'s replica holds."""
     status, body = server.monitor("/jsz?streams=true")
