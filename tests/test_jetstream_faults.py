@@ -450,6 +450,15 @@ def test_a_lost_cluster_fails_publishes_within_the_bound_and_service_resumes(
         assert frame is not None and frame.is_error, frame
         assert frame.data.startswith(b"E_PUB_FAILED PUB failed "), frame
         assert time.monotonic() - started < 15.0  # the gateway's publish bound (10 s), not a hang
+        # A channel new to the cluster cannot be made without it: its SUB fails within the API bound (30 s);
+        # one the cluster has (`c`) was answered at once above, and delivers once the cluster is back.
+        started = time.monotonic()
+        with nsq_blocking.Connection(consuming.nsq_tcp, 60.0) as late:
+            late.send(nsq_client.sub("lost-cluster", "made-while-lost"))
+            frame = late.next_frame()
+        assert frame is not None and frame.is_error, frame
+        assert frame.data.startswith(b"E_INVALID SUB failed "), frame
+        assert time.monotonic() - started < 45.0
         for server in nats_cluster.servers:
             server.start()
         nats_cluster.wait_ready()
