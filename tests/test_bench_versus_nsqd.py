@@ -1,15 +1,32 @@
-"""`polymq bench versus-nsqd`'s table, and `durable-pub`'s refusal without nsq's tools (the measuring needs
-nsq's Go tools; the rendering does not):
-each polymq mode's ratio to the nsqd mode it is compared with, and the default beside nsqd's durable mode."""
+"""`polymq bench versus-nsqd`'s table, and `durable-pub`'s refusal without nsq's tools: each polymq mode's ratio
+to the nsqd mode it is compared with, and the default beside nsqd's durable mode; and the README's command run
+as printed, against nsq 1.3.0's nsqd, bench_writer and bench_reader where they are built in ~/ref/nsq/bin, and
+against their fakes (support/fake_nsqd.py, support/fake_bench_tools.py) given to it in the same place."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from polymq.bench import versus_nsqd
 from polymq.bench.versus_nsqd import Result
+
+from support.nsq_cluster import nsq_program
+
+ROOT = Path(__file__).resolve().parent.parent
+SUPPORT = Path(__file__).resolve().parent / "support"
+# The README's command; it finds nsq's programs in ~/ref/nsq/bin.
+PRINTED = ".venv/bin/polymq bench versus-nsqd"
+PROGRAMS = ("nsqd", "bench_writer", "bench_reader")
+FAKES = {"nsqd": ("fake_nsqd.py",), "bench_writer": ("fake_bench_tools.py", "bench_writer"),
+         "bench_reader": ("fake_bench_tools.py", "bench_reader")}
+# Six servers, each filled with 2,000,000 messages; this only turns a hang into a failure.
+RUN_TIMEOUT_S = 1800
 
 
 def _result(label: str, pub: float, mpub: float, consume: float) -> Result:
@@ -35,3 +52,35 @@ def test_durable_pub_without_nsqs_tools_says_where_it_looked_in_one_line(tmp_pat
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert f"{tmp_path} has no nsqd, bench_writer: put nsq 1.3.0's nsqd and bench_writer there" in run.stderr
+
+
+def _home_with(programs: str, home: Path) -> Path:
+    """A home folder whose ref/nsq/bin holds nsq's programs (links to them) or their fakes."""
+    folder = home / "ref" / "nsq" / "bin"
+    folder.mkdir(parents=True)
+    for name in PROGRAMS:
+        if programs == "fakes":
+            script, *first = FAKES[name]
+            wrapper = folder / name
+            wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {SUPPORT / script} {" ".join(first)} "$@"\n')
+            wrapper.chmod(0o755)
+        else:
+            (folder / name).symlink_to(nsq_program(name))
+    return home
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("programs", ["fakes", "nsq 1.3.0"])
+def test_the_readmes_command_measures_every_server_as_printed(programs: str, tmp_path: Path) -> None:
+    home = _home_with(programs, tmp_path / "home")
+    run = subprocess.run(PRINTED.split(), cwd=ROOT, env={**os.environ, "HOME": str(home)}, capture_output=True,
+                         text=True, timeout=RUN_TIMEOUT_S)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr[-3000:]}"
+    assert run.stderr.count("measuring ") == len(versus_nsqd.SERVERS), run.stderr
+    lines = run.stdout.splitlines()
+    for server in versus_nsqd.SERVERS:
+        [row] = [line for line in lines if line.startswith(server.label + " ")]
+        cells = [cell.strip() for cell in row[len(server.label):].split("  ") if cell.strip()]
+        assert len(cells) == 3 and all(re.match(r"(>= )?[1-9][0-9,]*( |$)", cell) for cell in cells), row
+    assert lines[-1].startswith(f"polymq's default against nsqd's durable mode ({versus_nsqd.NSQD_DURABLE}): "
+                                "PUB "), run.stdout
