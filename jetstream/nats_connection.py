@@ -123,6 +123,9 @@ class NatsOptions:
     reconnect_wait: float = 0.5  # between two full rounds over the servers
     max_reconnect_attempts: int = -1  # full rounds before giving up; -1: never give up
     request_timeout: float = 5.0  # request() and flush() without a timeout of their own
+    # Take the servers an INFO announces (`connect_urls`) as more to reconnect to, as NATS clients do by
+    # default; False keeps to the configured ones (nats.go's IgnoreDiscoveredServers).
+    discover: bool = True
 
 
 @attrs.frozen(slots=True)
@@ -565,7 +568,7 @@ class NatsConnection:
     def _discover(self, info: dict[str, Any]) -> None:
         """Add the servers an INFO announces (`connect_urls`) to the list, as NATS clients do."""
         urls = info.get("connect_urls")
-        if not isinstance(urls, list):
+        if not isinstance(urls, list) or not self.options.discover:
             return
         known = {server.address for server in self._servers}
         for url in urls:

@@ -75,10 +75,11 @@ class Node:
 
 
 @asynccontextmanager
-async def node(cluster: NatsCluster, *, ack_wait_s: float = 60.0,
-               servers: list[str] | None = None) -> AsyncIterator[Node]:
+async def node(cluster: NatsCluster, *, ack_wait_s: float = 60.0, servers: list[str] | None = None,
+               discover: bool = True) -> AsyncIterator[Node]:
     async with trio.open_nursery() as nursery:
-        settings = JetStreamSettings(NatsOptions(servers=servers or cluster.urls), ack_wait_s=ack_wait_s)
+        settings = JetStreamSettings(NatsOptions(servers=servers or cluster.urls, discover=discover),
+                                     ack_wait_s=ack_wait_s)
         engine, link = await open_shared_engine(settings, nursery)
         nursery.start_soon(_timers, engine)
         try:

@@ -6,6 +6,7 @@ through a proxy, parted: a server cut off from everything, and a clean split wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -56,6 +57,37 @@ async def test_a_node_cut_off_from_its_server_delivers_again_on_its_own(nats_clu
             # redelivery.
             assert all(m.attempts > 1 for m in later if m.body == b"before")
             for message in later:
+                consumer.finish(message.id)
+
+
+async def test_a_node_cut_off_from_two_servers_goes_on_with_the_third(nats_cluster: NatsCluster) -> None:
+    """B reaches each server through a proxy of its own, and only so (it takes none of the addresses INFO
+    announces): the links to the server it talks to and to the next it would try go silent. It leaves the
+    silent link, gives up on the next server's silence within its connect timeout, and goes on with the
+    third; its queue delivers what A published during the cut and after."""
+    topic, queue = name("two-cut"), name("two-cut-reader")
+    with contextlib.ExitStack() as proxies_open:
+        proxies = []
+        for url in nats_cluster.urls:
+            host, port = url.removeprefix("nats://").rsplit(":", 1)
+            proxies.append(proxies_open.enter_context(LinkProxy((host, int(port)))))
+        async with node(nats_cluster, ack_wait_s=ACK_WAIT_S) as a, \
+                node(nats_cluster, ack_wait_s=ACK_WAIT_S, servers=[p.url for p in proxies], discover=False) as b:
+            consumer, got = b.consumer(queue, topic)
+            await attached(b, queue)
+            a.engine.ensure_queue(queue)
+            a.engine.bind(queue, topic)
+            on = [p.url for p in proxies].index(b.link.connection.connected_url)
+            cut, left = [proxies[on], proxies[(on + 1) % 3]], proxies[(on + 2) % 3]
+            for proxy in cut:
+                proxy.cut()
+            _, stored = a.publish(topic, b"during")
+            await stored.wait()
+            await until(lambda: b.link.connection.connected_url == left.url, "B on the server it can reach")
+            _, stored = a.publish(topic, b"after")
+            await stored.wait()
+            await until(lambda: {m.body for m in got} >= {b"during", b"after"}, "B's deliveries after the cut")
+            for message in got:
                 consumer.finish(message.id)
 
 
