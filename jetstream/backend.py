@@ -1207,11 +1207,13 @@ class JetStreamLink:
             self.engine.barrier.failure = "the JetStream cluster cannot be reached"
 
     def reconnected(self) -> None:
-        """Pull requests die with the link: every consumer asks again. Advisories sent meanwhile are lost:
-        every topic is read again."""
+        """Pull requests die with the link: every consumer asks again. Advisories and schedule changes sent
+        meanwhile are lost: every topic, and the schedules, are read again."""
         self._down_since = None
         for name in self.topics:
             self.topology.changed(name)
+        if self.schedule_keeper is not None:
+            self.schedule_keeper.reload_due = True
         if self.engine is not None:
             self.engine.barrier.failure = None
         for pullers in list(self.pullers.values()):

@@ -3,7 +3,7 @@
 Each schedule is a key of the key-value bucket `POLYMQ_SCHEDULES` (the stream `KV_POLYMQ_SCHEDULES`,
 as NATS's own KV clients lay a bucket out, so `nats kv` reads it): its record, as the embedded store
 keeps it, with its next firing time. Every node loads the bucket at start and follows its changes,
-so each holds every schedule, armed.
+so each holds every schedule, armed; a node whose link was down reads the bucket again once it is back.
 
 Which node fires is decided by a lease: the key `schedules` of the bucket `POLYMQ_LEASES`, a message
 with a TTL. A node takes it only when the key is empty (`Nats-Expected-Last-Subject-Sequence: 0`) and
@@ -54,6 +54,9 @@ class SharedScheduleKeeper:
         self.holding = False
         self._lease_sequence = 0  # the lease's sequence while this node holds it
         self.leases_taken = 0
+        # Set when the node's link came back: the watch heard nothing while it was down, so the bucket is
+        # read again (at the lease's next round).
+        self.reload_due = False
 
     # -- ScheduleKeeper ---------------------------------------------------------------------------
 
@@ -82,13 +85,20 @@ class SharedScheduleKeeper:
         for bucket, ttl in ((BUCKET, False), (LEASES, True)):
             await kv.ensure_bucket(self.connection, kv.bucket_config(bucket, replicas, ttl=ttl))
         self.connection.subscribe(kv.kv_subject(BUCKET, ">"), self._on_change)
+        await self.load()
+
+    async def load(self, *, again: bool = False) -> None:
+        """Every schedule kept; `again`, after the link was down: what was added, changed or removed meanwhile
+        (a removal leaves its key's delete marker), this node's own records left to its newer copy."""
         info = await api.api(self.connection, f"STREAM.INFO.{kv.kv_stream(BUCKET)}",
                              {"subjects_filter": kv.kv_subject(BUCKET, ">")})
         subjects = (info.get("state") or {}).get("subjects") or {}
         for subject in subjects:
-            data = await kv.get(self.connection, BUCKET, subject)  # None: removed meanwhile
+            data = await kv.get(self.connection, BUCKET, subject)  # None: removed
             if data:
-                self._apply(data)
+                self._apply(data, skip_own=again)
+            elif again and (key := self._key_of(subject)) is not None:
+                self.schedules.forget(key)
 
     def _on_change(self, msg: Msg) -> None:
         operation = (msg.headers or {}).get(kv.HEADER_KV_OPERATION)
@@ -121,6 +131,13 @@ class SharedScheduleKeeper:
         """Take or renew the lease every LEASE_RENEW_S, for as long as the node runs."""
         subject = kv.kv_subject(LEASES, LEASE_KEY)
         while True:
+            if self.reload_due:
+                self.reload_due = False
+                try:
+                    await self.load(again=True)
+                except (NatsError, api.JetStreamError) as error:
+                    self.reload_due = True
+                    log.warning("the schedules could not be read again: %r", str(error))
             expected = self._lease_sequence if self.holding else 0
             headers = {HEADER_EXPECTED_LAST_SUBJECT_SEQ: str(expected), api.HEADER_TTL: f"{LEASE_TTL_S}s"}
             try:

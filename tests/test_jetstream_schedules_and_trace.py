@@ -13,6 +13,7 @@ import trio
 import zmq
 from test_jetstream_backend import DEADLINE_S, Node, attached, name, node, until
 
+from polymq.clients.link_proxy import LinkProxy
 from polymq.codecs import emqp
 from polymq.core.engine import MAX_ATTEMPTS_OPTION
 from polymq.core.ids import ID_BITS, NODE_BITS
@@ -78,6 +79,38 @@ async def test_a_node_started_later_knows_the_schedules_and_another_takes_over_w
         nursery.cancel_scope.cancel()
 
 
+async def test_a_lease_holder_cut_off_hears_the_changes_made_meanwhile_and_one_node_fires_on(
+        nats_cluster: NatsCluster) -> None:
+    """The lease holder's link goes silent (a switch dropping packets) while the other node adds a schedule and
+    removes one: the cut node leaves the silent link, and its watch of the schedules, made again on the new
+    link, brings both changes; the lease stays with one node (the cut one, back before it lapsed, or the other),
+    which fires the new schedule."""
+    topic, queue, key, added = name("cut-beats"), name("cut-beat-reader"), name("cut-beat"), name("added")
+    host, port = nats_cluster.urls[0].removeprefix("nats://").rsplit(":", 1)
+    with LinkProxy((host, int(port))) as proxy:
+        async with trio.open_nursery() as nursery:
+            holder = await background_node(nursery, nats_cluster, servers=[proxy.url])
+            await until(lambda: keeper(holder).holding, "the node behind the proxy holding the lease")
+            other = await background_node(nursery, nats_cluster)
+            consumer, got = other.consumer(queue, topic)
+            await attached(other, queue)
+            other.engine.schedules.add(key, topic, b"beat", interval=0.5, run_count=FOREVER)
+            await until(lambda: len(got) >= 2, "firings of the holder")
+            proxy.cut()
+            other.engine.schedules.remove(key)
+            other.engine.schedules.add(added, topic, b"later", interval=0.5, run_count=FOREVER)
+            await until(lambda: holder.link.connection.connected_url not in (None, proxy.url),
+                        "the cut node on another server")
+            await until(lambda: added in holder.engine.schedules.by_key and key not in holder.engine.schedules.by_key,
+                        "the changes made during the cut, on the cut node")
+            await until(lambda: sum(message.body == b"later" for message in got) >= 2, "the new schedule's firings")
+            assert keeper(holder).holding != keeper(other).holding
+            other.engine.schedules.remove(added)
+            for message in got:
+                consumer.finish(message.id)
+            nursery.cancel_scope.cancel()
+
+
 def publisher_of(message_id: int) -> int:
     return message_id >> (ID_BITS - NODE_BITS)
 
@@ -87,13 +120,13 @@ def keeper(of: Node) -> SharedScheduleKeeper:
     return of.link.schedule_keeper
 
 
-async def background_node(nursery: trio.Nursery, cluster: NatsCluster) -> Node:
+async def background_node(nursery: trio.Nursery, cluster: NatsCluster, servers: list[str] | None = None) -> Node:
     """A node in a task of its own: its `cancel` ends it alone, as a process that dies."""
     started: list[Node] = []
     ready = trio.Event()
 
     async def run() -> None:
-        async with node(cluster) as running:
+        async with node(cluster, servers=servers) as running:
             started.append(running)
             ready.set()
             await trio.sleep_forever()
