@@ -54,6 +54,12 @@ class LinkProxy:
         self._thread = threading.Thread(target=self._run, name=f"link-proxy-{self.port}", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def to(cls, url: str) -> LinkProxy:
+        """A proxy to the server of a `nats://host:port` URL."""
+        host, port = url.removeprefix("nats://").rsplit(":", 1)
+        return cls((host, int(port)))
+
     @property
     def url(self) -> str:
         return f"nats://{self.address[0]}:{self.port}"

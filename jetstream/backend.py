@@ -982,10 +982,11 @@ class JetStreamLink:
             delivery = api.parse_ack_subject(msg.reply)
         except ValueError:
             return  # not JetStream's: nothing to give back
-        headers = dict(msg.headers or {})
-        headers.pop(api.HEADER_TTL, None)  # its expiry is Polymq-Expires, kept; a TTL would start again
-        attempts = delivery.delivered - 1 + int(headers.get(api.HEADER_POLYMQ_ATTEMPTS) or 0)
-        self._put_back(msg.reply, msg.payload, headers, attempts)
+        topic = api.topic_of_stream(delivery.stream)
+        if topic is None:
+            self.connection.publish(msg.reply, api.NAK)
+            return
+        self._put_back(msg.reply, delivery, self._message(topic, msg, delivery))
 
     def _delivered(self, puller: Puller, msg: Msg) -> None:
         assert msg.reply is not None
@@ -1092,28 +1093,24 @@ class JetStreamLink:
     def give_back_unseen(self, queue: SharedQueue, message: Message) -> None:
         handle = queue.handles.pop(message.id, None)
         if handle is not None:
-            self._put_back(handle, message.body, self._headers(message), message.attempts)
+            self._put_back(handle, api.parse_ack_subject(handle), message)
 
-    def _put_back(self, handle: str, body: bytes, headers: dict[str, str], attempts: int) -> None:
+    def _put_back(self, handle: str, delivery: api.Delivery, message: Message) -> None:
         """The delivery `handle` ends in a copy of its message at the tail of its queue only (the queue's own
-        subject) carrying `attempts` (JetStream counts every delivery; a copy no client saw is no attempt):
-        stored first, then the delivery acked; given back with -NAK (counted) when the copy cannot be stored.
-        Its Nats-Msg-Id names the delivery it ends, so a publish asked again is stored once, and a message
-        put back twice is two copies, never one taken for a repeat of the other."""
-        delivery = api.parse_ack_subject(handle)
-        topic = api.topic_of_stream(delivery.stream)
-        if topic is None:
-            self.connection.publish(handle, api.NAK)
-            return
+        subject) carrying the message's attempts (JetStream counts every delivery; a copy no client saw is no
+        attempt): stored first, then the delivery acked; given back with -NAK (counted) when the copy cannot
+        be stored. Its Nats-Msg-Id names the delivery it ends, so a publish asked again is stored once, and a
+        message put back twice is two copies, never one taken for a repeat of the other."""
+        headers = self._headers(message)
         headers[api.HEADER_MSG_ID] = f"put-back-{delivery.stream_seq}-{delivery.delivered}"
-        headers[api.HEADER_POLYMQ_ATTEMPTS] = str(attempts)
+        headers[api.HEADER_POLYMQ_ATTEMPTS] = str(message.attempts)
 
         def answered(reply: Msg | NatsError) -> None:
             self.connection.publish(handle, api.ACK if api.publish_failure(reply) is None else api.NAK)
 
         deadline = self.clock.now() + self.settings.publish_timeout_s
-        self._publish_one(api.requeue_subject(topic, api.untoken(delivery.consumer)), body, headers, deadline,
-                          answered)
+        subject = api.requeue_subject(message.topic or "", api.untoken(delivery.consumer))
+        self._publish_one(subject, message.body, headers, deadline, answered)
 
     def same_copy(self, handle: Any, other: Any) -> bool:
         return bool(api.parse_ack_subject(handle).stream_seq == api.parse_ack_subject(other).stream_seq)

@@ -16,6 +16,8 @@ from test_jetstream_backend import Node, attached, name, node, until
 
 from polymq.clients.link_proxy import LinkProxy
 from polymq.clients.nats_servers import NatsCluster, NatsServer
+from polymq.core.engine import Consumer
+from polymq.core.message import Message
 from polymq.jetstream import api
 from polymq.jetstream.nats_connection import STALE_LINK_S, NatsConnection, NatsError, NatsOptions
 
@@ -25,22 +27,27 @@ ACK_WAIT_S = 3.0
 DEADLINE_S = 60.0
 
 
+async def _delivered_to_b(a: Node, b: Node, topic: str, queue: str, body: bytes) -> tuple[Consumer, list[Message]]:
+    """B's consumer of `queue`, bound to `topic` on both nodes, holding `body`, which A published."""
+    consumer, got = b.consumer(queue, topic)
+    await attached(b, queue)
+    a.engine.ensure_queue(queue)
+    a.engine.bind(queue, topic)
+    _, stored = a.publish(topic, body)
+    await stored.wait()
+    await until(lambda: len(got) == 1, f"B's delivery of {body!r}")
+    return consumer, got
+
+
 async def test_a_node_cut_off_from_its_server_delivers_again_on_its_own(nats_cluster: NatsCluster) -> None:
     """B's consumer of a queue gets what A publishes before the cut, during it and after it: B leaves the
     silent link (STALE_LINK_S), reconnects to another server and asks for its queue's messages again; a
     copy the cluster gave to a request of the dead link is given again after the ack wait."""
     topic, queue = name("cut"), name("cut-reader")
-    host, port = nats_cluster.urls[0].removeprefix("nats://").rsplit(":", 1)
-    with LinkProxy((host, int(port))) as proxy:
+    with LinkProxy.to(nats_cluster.urls[0]) as proxy:
         async with node(nats_cluster, ack_wait_s=ACK_WAIT_S) as a, \
                 node(nats_cluster, ack_wait_s=ACK_WAIT_S, servers=[proxy.url]) as b:
-            consumer, got = b.consumer(queue, topic)
-            await attached(b, queue)
-            a.engine.ensure_queue(queue)
-            a.engine.bind(queue, topic)
-            _, stored = a.publish(topic, b"before")
-            await stored.wait()
-            await until(lambda: len(got) == 1, "the delivery before the cut")
+            consumer, got = await _delivered_to_b(a, b, topic, queue, b"before")
             consumer.finish(got[0].id)
             proxy.cut()
             _, stored = a.publish(topic, b"during")
@@ -69,8 +76,7 @@ async def test_a_node_cut_off_from_two_servers_goes_on_with_the_third(nats_clust
     with contextlib.ExitStack() as proxies_open:
         proxies = []
         for url in nats_cluster.urls:
-            host, port = url.removeprefix("nats://").rsplit(":", 1)
-            proxies.append(proxies_open.enter_context(LinkProxy((host, int(port)))))
+            proxies.append(proxies_open.enter_context(LinkProxy.to(url)))
         async with node(nats_cluster, ack_wait_s=ACK_WAIT_S) as a, \
                 node(nats_cluster, ack_wait_s=ACK_WAIT_S, servers=[p.url for p in proxies], discover=False) as b:
             consumer, got = b.consumer(queue, topic)
@@ -96,17 +102,10 @@ async def test_after_a_silent_link_the_nodes_other_subscriptions_serve_again(nat
     the new link: an acknowledgement by id made on A for a delivery B holds (PHPMQ's and MQKS's acks, which
     only B's subscription carries), the pause of the queue on A and its unpause, and a queue A binds anew."""
     topic, queue, later = name("relinked"), name("relinked-reader"), name("relinked-later")
-    host, port = nats_cluster.urls[0].removeprefix("nats://").rsplit(":", 1)
-    with LinkProxy((host, int(port))) as proxy:
+    with LinkProxy.to(nats_cluster.urls[0]) as proxy:
         async with node(nats_cluster, ack_wait_s=60.0) as a, \
                 node(nats_cluster, ack_wait_s=60.0, servers=[proxy.url]) as b:
-            _, got = b.consumer(queue, topic)
-            await attached(b, queue)
-            a.engine.ensure_queue(queue)
-            a.engine.bind(queue, topic)
-            _, stored = a.publish(topic, b"held by B")
-            await stored.wait()
-            await until(lambda: len(got) == 1, "B's delivery")
+            _, got = await _delivered_to_b(a, b, topic, queue, b"held by B")
             held = b.engine.queues[queue]
             proxy.cut()
             await until(lambda: b.link.connection.connected_url not in (None, proxy.url), "B on another server")

@@ -86,8 +86,7 @@ async def test_a_lease_holder_cut_off_hears_the_changes_made_meanwhile_and_one_n
     link, brings both changes; the lease stays with one node (the cut one, back before it lapsed, or the other),
     which fires the new schedule."""
     topic, queue, key, added = name("cut-beats"), name("cut-beat-reader"), name("cut-beat"), name("added")
-    host, port = nats_cluster.urls[0].removeprefix("nats://").rsplit(":", 1)
-    with LinkProxy((host, int(port))) as proxy:
+    with LinkProxy.to(nats_cluster.urls[0]) as proxy:
         async with trio.open_nursery() as nursery:
             holder = await background_node(nursery, nats_cluster, servers=[proxy.url])
             await until(lambda: keeper(holder).holding, "the node behind the proxy holding the lease")

@@ -292,8 +292,7 @@ async def test_a_link_stalled_without_a_fin_is_left_after_its_silence_and_made_a
     said nothing through `max_pings_out` PINGs; after the heal (the stalled connections reset) the
     connection is back with its subscriptions."""
     hooks = Hooks()
-    host, port = nats_server.url.removeprefix("nats://").rsplit(":", 1)
-    with LinkProxy((host, int(port))) as proxy:
+    with LinkProxy.to(nats_server.url) as proxy:
         async with connected([proxy.url], hooks, ping_interval=0.2, max_pings_out=2, connect_timeout=0.5,
                              reconnect_wait=0.1) as connection:
             inbox = Inbox()
