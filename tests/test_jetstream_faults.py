@@ -1,7 +1,8 @@
 """Faults of a real three-server JetStream cluster under two gateways: publishers on one gateway (NSQ,
 MQKS and PZQ, which acknowledge each publish), consumers on the other (NSQ, MQKS, PZQ and PHPMQ, which
 reads an NSQ topic); servers killed with SIGKILL, one
-rejoining with its store wiped, a gateway killed holding deliveries, the whole cluster gone and back.
+rejoining with its store wiped, a gateway killed holding deliveries, a gateway paused past the ack wait
+(each protocol's consumer, eMQP's worker on gateways of its own), the whole cluster gone and back.
 Nothing a client heard acknowledged may be lost."""
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from collections.abc import Callable, Iterator
 import pytest
 import zmq
 
+from polymq.clients import emqp as emqp_client
 from polymq.clients import mqks_blocking, pzq_blocking
 from polymq.clients import nsq as nsq_blocking
 from polymq.clients import phpmq as phpmq_blocking
-from polymq.codecs import nsq_client
+from polymq.codecs import emqp, nsq_client
 
 from support.gateway import GatewayProcess, running_gateway
 from support.nats_cluster import NatsCluster, NatsServer
@@ -429,6 +431,51 @@ def test_a_paused_gateways_pzq_consumer_answers_late_as_the_original_ignores_a_s
             marker = holder.receive()
             assert marker[5] == b"pzq marker", marker
             holder.ack(marker)
+            _lapsed_once(paused, 3)
+    finally:
+        context.term()
+
+
+def test_a_paused_gateways_emqp_worker_replies_late_as_the_original_ignores_a_reply_to_a_job_it_does_not_hold(
+        nats_cluster: NatsCluster) -> None:
+    """eMQP's jobs across a pause past the ack wait: a worker on the other gateway gets the held requests
+    again, the same msgids and payloads; the paused worker's late REPLYs are ignored there, as the original
+    ignores a REPLY for a job it does not hold, its READYs free its slots again, and its next job is a new
+    request."""
+    args = (*_gateway_args(nats_cluster)[:-1], "--emqp-heartbeat-timeout", "600000")  # eMQP on, nobody reaped
+    queue = "paused-emqp"
+    context = zmq.Context()
+    try:
+        with running_gateway(*args) as paused, running_gateway(*args) as survivor, \
+                emqp_client.Worker(context, paused.addresses["emqp-backend"], timeout=CLIENT_TIMEOUT_S) as holder, \
+                emqp_client.Client(context, paused.addresses["emqp-frontend"], timeout=CLIENT_TIMEOUT_S) as client:
+            holder.inform([(10, queue)])
+            holder.ready(3)
+            sent = {client.request(queue, b"emqp job %d" % index, headers=emqp.REPLY_REQUESTED.encode()):
+                    b"emqp job %d" % index for index in range(3)}
+            held = [holder.job(CLIENT_TIMEOUT_S) for _ in range(3)]
+            assert sorted(job[6] for job in held) == sorted(sent.values())
+            again: list[list[bytes]] = []
+
+            def take_elsewhere() -> None:
+                with emqp_client.Worker(context, survivor.addresses["emqp-backend"],
+                                        timeout=CLIENT_TIMEOUT_S) as taker:
+                    taker.inform([(10, queue)])
+                    taker.ready(3)
+                    again.extend(taker.job(CLIENT_TIMEOUT_S) for _ in range(3))
+                    for job in again:
+                        taker.reply(job)
+                    taker.leave()
+
+            _paused_past_the_ack_wait(paused, take_elsewhere)
+            assert sorted((job[3], job[6]) for job in again) == sorted((job[3], job[6]) for job in held)
+            for job in held:
+                holder.reply(job)
+            holder.ready(3)
+            client.request(queue, b"emqp marker", headers=emqp.REPLY_REQUESTED.encode())
+            marker = holder.job(CLIENT_TIMEOUT_S)
+            assert (marker[4], marker[6]) == (queue.encode(), b"emqp marker"), marker
+            holder.reply(marker)
             _lapsed_once(paused, 3)
     finally:
         context.term()
