@@ -13,6 +13,7 @@ plain NATS messages on the connection, handled synchronously as they are read.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import logging
 from collections import Counter, deque
@@ -58,8 +59,14 @@ DELETED_PREFIX = "polymq.deleted."
 # the frames each after its length (4 bytes, big-endian).
 TOLD_PREFIX = "polymq.told."
 HEADER_NODE = "Polymq-Node"
-# What a node tells one node (`SharedEngine.tell_maker_of`): `polymq.to.<node>.<kind token>`, framed as above.
+# What a node tells one node (`SharedEngine.tell_maker_of`: eMQP's "dispatched"): `polymq.to.<node>.<kind
+# token>`, framed as above, as a request that node answers once it has it. Asked again until answered (a node
+# whose link went silent is on another server within STALE_LINK_S of the silence, plus a reconnect): each try
+# waits TELL_ATTEMPT_S for the answer (the next comes that long after a "no responders"), for TELL_DEADLINE_S.
+# At least once: a notice whose answer was lost comes twice (eMQP's REPLY goes once: the first takes it).
 TO_NODE_PREFIX = "polymq.to."
+TELL_ATTEMPT_S = 1.0
+TELL_DEADLINE_S = api.API_DEADLINE_S
 # JetStream's advisories of consumers and streams made and deleted, by any node.
 CONSUMER_ADVISORIES = "$JS.EVENT.ADVISORY.CONSUMER.*.*.*"
 STREAM_ADVISORIES = "$JS.EVENT.ADVISORY.STREAM.*.*"
@@ -212,6 +219,7 @@ class JetStreamLink:
         self.lost_pulls = 0  # pull requests that ended unheard (`_forget_lost_pulls`)
         self.lapses = 0  # times the node found it had said nothing for a whole ack wait (`lapsed`)
         self.told_dropped = 0  # what this node could not tell the others (the link down and its buffer full)
+        self.tell_retries = 0  # notices to one node asked again (no answer yet)
         self._down_since: float | None = None  # while the link to the cluster is down: since when
         self.progress_reports = 0  # `+WPI`s sent: deliveries and held copies still worked on
         self.schedule_keeper: SharedScheduleKeeper | None = None  # set at start
@@ -228,7 +236,7 @@ class JetStreamLink:
         self.connection.subscribe(TOLD_PREFIX + "*", self._on_told)
         if self.engine is not None:
             own = f"{TO_NODE_PREFIX}{self.engine.node}."
-            self.connection.subscribe(own + "*", lambda msg: self._hand_told(msg, len(own)))
+            self.connection.subscribe(own + "*", lambda msg: self._on_told_to_this_node(msg, len(own)))
         if self.engine is not None:
             await self.topology.load()  # after the advisories' subscriptions: a change meanwhile is read again
         await self.deferred.prepare(self.settings.replicas)
@@ -1142,12 +1150,39 @@ class JetStreamLink:
         self._tell_frames(TOLD_PREFIX + api.token(kind), frames, {HEADER_NODE: str(node)})
 
     def tell_node(self, node: int, kind: str, frames: list[bytes]) -> None:
-        self._tell_frames(f"{TO_NODE_PREFIX}{node}.{api.token(kind)}", frames, None)
+        self._tell_until_heard(f"{TO_NODE_PREFIX}{node}.{api.token(kind)}", _framed(frames),
+                               self.clock.now() + TELL_DEADLINE_S)
+
+    def _tell_until_heard(self, subject: str, payload: bytes, deadline: float) -> None:
+        def answered(answer: Msg | NatsError) -> None:
+            if isinstance(answer, NatsError):
+                # A timeout was a whole try; no responders (that node's link down) and a lost link are not.
+                self._tell_again(subject, payload, deadline, 0.0 if isinstance(answer, RequestTimeout)
+                                 else TELL_ATTEMPT_S)
+
+        try:
+            self.connection.request_nowait(subject, payload, answered, timeout=TELL_ATTEMPT_S)
+        except NatsError:
+            self._tell_again(subject, payload, deadline, TELL_ATTEMPT_S)
+
+    def _tell_again(self, subject: str, payload: bytes, deadline: float, pause: float) -> None:
+        engine = self.engine
+        at = self.clock.now() + pause
+        if engine is None or at >= deadline:
+            self.told_dropped += 1
+            return
+        self.tell_retries += 1
+        engine.timers.schedule(at, self._tell_until_heard, subject, payload, deadline)
+
+    def _on_told_to_this_node(self, msg: Msg, prefix: int) -> None:
+        if msg.reply:
+            with contextlib.suppress(NatsError):  # the teller asks again
+                self.connection.publish(msg.reply, b"")
+        self._hand_told(msg, prefix)
 
     def _tell_frames(self, subject: str, frames: list[bytes], headers: dict[str, str] | None) -> None:
-        payload = b"".join(len(frame).to_bytes(4, "big") + frame for frame in frames)
         try:
-            self.connection.publish(subject, payload, headers=headers)
+            self.connection.publish(subject, _framed(frames), headers=headers)
         except NatsError:
             self.told_dropped += 1  # at most once: nothing is kept for later
 
@@ -1268,6 +1303,11 @@ async def cluster_replicas(connection: NatsConnection, asked: int, wait_s: float
         log.warning("the JetStream cluster lists %d servers after %.0f s, fewer than the %d replicas asked; "
                     "streams get %d", size, wait_s, asked, size)
     return max(1, min(asked, size))
+
+
+def _framed(frames: list[bytes]) -> bytes:
+    """Told frames as they travel: each after its length (4 bytes, big-endian)."""
+    return b"".join(len(frame).to_bytes(4, "big") + frame for frame in frames)
 
 
 async def open_shared_engine(settings: JetStreamSettings, nursery: trio.Nursery, *, clock: Clock | None = None,

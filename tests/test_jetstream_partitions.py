@@ -1,7 +1,8 @@
 """Faults quieter than a kill on the shared path: a node's link to its server cut as a failing switch cuts it
 (held silent, no FIN: clients/link_proxy.py). Two nodes in one trio run on the real three-server cluster, as
 in test_jetstream_backend.py; node B reaches the cluster only through the proxy at first (the servers'
-INFO names the others, which it reconnects to, as a NATS client does). Then a cluster whose every link goes
+INFO names the others, which it reconnects to, as a NATS client does): its deliveries, its other
+subscriptions and what another node tells it come again. Then a cluster whose every link goes
 through a proxy, parted: a server cut off from everything, and a clean split with a node on each side."""
 
 from __future__ import annotations
@@ -120,6 +121,27 @@ async def test_after_a_silent_link_the_nodes_other_subscriptions_serve_again(nat
             await until(lambda: later in b.engine.queues and topic in b.engine.queues[later].topics,
                         "the queue A bound, on B")
             assert len(got) == 1  # acknowledged: not delivered again
+
+
+async def test_a_notice_to_a_node_whose_link_is_silent_reaches_it_once_it_is_back(
+        nats_cluster: NatsCluster) -> None:
+    """What a node tells the node that made a message (eMQP's "dispatched", which that node turns into its
+    client's REPLY) while that node's link is silent is asked again until the node, on another server, answers
+    it has it."""
+    topic = name("noticed")
+    with LinkProxy.to(nats_cluster.urls[0]) as proxy:
+        async with node(nats_cluster, ack_wait_s=ACK_WAIT_S) as a, \
+                node(nats_cluster, ack_wait_s=ACK_WAIT_S, servers=[proxy.url]) as b:
+            heard: list[list[bytes]] = []
+            b.engine.listeners["notice"] = heard.append
+            made_by_b, stored = b.publish(topic, b"a request of B's client")
+            await stored.wait()
+            proxy.cut()
+            a.engine.tell_maker_of(made_by_b, "notice", [b"%d" % made_by_b])
+            await until(lambda: b.link.connection.connected_url not in (None, proxy.url), "B on another server")
+            await until(lambda: heard, "the notice, on B")
+            assert set(map(tuple, heard)) == {(b"%d" % made_by_b,)}
+            assert a.link.tell_retries >= 1 and a.link.told_dropped == 0
 
 
 def _stream_view(server: NatsServer, stream: str) -> tuple[str | None, int]:
