@@ -468,6 +468,11 @@ class _Scenario:
         if n_pubs:
             role, unit = ("mpub", opts.batch) if mpub else ("pub", 1)
             quotas = _split(pub_count, n_pubs, unit) if pub_count is not None else [0] * n_pubs
+            if pub_count is not None:
+                # A quota of 0 means "until the deadline": a count smaller than the publishers' batches
+                # leaves some with nothing to publish, and they do not start.
+                quotas = [quota for quota in quotas if quota]
+                n_pubs = len(quotas)
             specs += [ConnSpec(role, i, topic, q, None if pub_count is not None else deadline)
                       for i, q in enumerate(quotas)]
         specs += [ConnSpec("sub", n_pubs + i, topic, 0, deadline if sub_deadline else None) for i in range(sub)]

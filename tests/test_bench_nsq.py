@@ -133,6 +133,14 @@ def test_bench_counts_against_gateway(gateway) -> None:
     assert scenarios["pubsub"]["deliver_latency_us"]["count"] == 1000
 
 
+def test_a_count_smaller_than_the_publishers_batches_is_published_whole_and_ends(gateway) -> None:
+    # 150 messages in MPUBs of 200 over 2 publishers: one publishes the 150, the other has nothing to publish.
+    scenarios = run_bench("--tcp", gateway.nsq_tcp, "--http", gateway.nsq_http, "--count", "150",
+                          "--scenario", "mpub", "--scenario", "sub")
+    assert scenarios["mpub"]["published"] == 150
+    assert scenarios["sub"]["consumed"] == 150
+
+
 def test_bench_table_and_single_process(gateway) -> None:
     # Everything in one worker process (selector loop); odd batch and size; server CPU column.
     completed = subprocess.run(
