@@ -16,15 +16,11 @@ import pytest
 from polymq.bench import versus_nsqd
 from polymq.bench.versus_nsqd import Result
 
-from support.nsq_cluster import nsq_program
+from support.nsq_programs import REAL, home_with_nsq_programs
 
 ROOT = Path(__file__).resolve().parent.parent
-SUPPORT = Path(__file__).resolve().parent / "support"
 # The README's command; it finds nsq's programs in ~/ref/nsq/bin.
 PRINTED = ".venv/bin/polymq bench versus-nsqd"
-PROGRAMS = ("nsqd", "bench_writer", "bench_reader")
-FAKES = {"nsqd": ("fake_nsqd.py",), "bench_writer": ("fake_bench_tools.py", "bench_writer"),
-         "bench_reader": ("fake_bench_tools.py", "bench_reader")}
 # Six servers, each filled with 2,000,000 messages; this only turns a hang into a failure.
 RUN_TIMEOUT_S = 1800
 
@@ -54,25 +50,10 @@ def test_durable_pub_without_nsqs_tools_says_where_it_looked_in_one_line(tmp_pat
     assert f"{tmp_path} has no nsqd, bench_writer: put nsq 1.3.0's nsqd and bench_writer there" in run.stderr
 
 
-def _home_with(programs: str, home: Path) -> Path:
-    """A home folder whose ref/nsq/bin holds nsq's programs (links to them) or their fakes."""
-    folder = home / "ref" / "nsq" / "bin"
-    folder.mkdir(parents=True)
-    for name in PROGRAMS:
-        if programs == "fakes":
-            script, *first = FAKES[name]
-            wrapper = folder / name
-            wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {SUPPORT / script} {" ".join(first)} "$@"\n')
-            wrapper.chmod(0o755)
-        else:
-            (folder / name).symlink_to(nsq_program(name))
-    return home
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("programs", ["fakes", "nsq 1.3.0"])
+@pytest.mark.parametrize("programs", ["fakes", REAL])
 def test_the_readmes_command_measures_every_server_as_printed(programs: str, tmp_path: Path) -> None:
-    home = _home_with(programs, tmp_path / "home")
+    home = home_with_nsq_programs(tmp_path / "home", programs)
     run = subprocess.run(PRINTED.split(), cwd=ROOT, env={**os.environ, "HOME": str(home)}, capture_output=True,
                          text=True, timeout=RUN_TIMEOUT_S)
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr[-3000:]}"

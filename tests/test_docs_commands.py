@@ -89,8 +89,8 @@ class NotRun:
     reason: str
 
 
-BENCHMARK = ("a benchmark: minutes of the whole machine, its figures are the page's; the suite runs the "
-             "same command on a small count")
+ON_A_SMALL_COUNT = "as printed on a small count, a recipe's PID, DIR and BEFORE filled in"
+PERFORMANCE_BLOCKS = "tests/test_docs_performance.py::test_a_block_runs_as_printed_on_a_small_count"
 SPARK_EXAMPLE = "tests/test_spark.py::test_the_example_pipeline_runs_end_to_end_from_one_command"
 CLUSTER_EXAMPLE = ("tests/test_docs_cluster.py::test_the_shared_queues_example_runs_as_printed_twice_and_the_split_"
                    "conformance_run_passes")
@@ -98,7 +98,6 @@ LOOKUPD_EXAMPLE = "tests/test_docs_lookupd.py::test_the_lookupd_example_and_its_
 NSQ_OR_FAKES = "with nsq 1.3.0's programs where they are built, else their fakes (CI)"
 VERSUS_NSQD = "tests/test_bench_versus_nsqd.py::test_the_readmes_command_measures_every_server_as_printed"
 TRACE_EXAMPLE = "tests/test_trace_cross.py::test_the_documented_commands_run_as_printed"
-PLACEHOLDERS = "a recipe: PID, DIR, BEFORE and the like stand for what the reader has"
 
 PYNSQ_BLOCK = "python3 -m venv pynsq-env && pynsq-env/bin/pip install pynsq"
 # Blocks run here, by scene, in order: (page, the block's first line).
@@ -163,8 +162,8 @@ ELSEWHERE: dict[tuple[str, str], RunBy | NotRun] = {
     ("docs/operations.md", ".venv/bin/polymq serve --in-memory --trace orders > polymq-try.log 2>&1 & echo $! > "
                            "polymq-try.pid"):
         RunBy(TRACE_EXAMPLE, "its curl lines as printed, ports moved, on a gateway started with its options"),
-    ("docs/protocols/emqp.md", ".venv/bin/polymq bench emqp --server-pid $!"):
-        RunBy("tests/test_bench_emqp.py::test_every_scenario_accounts_for_every_request", BENCHMARK),
+    ("docs/protocols/emqp.md", ".venv/bin/polymq serve &                          # durable, every protocol on "
+                               "its default ports"): RunBy(PERFORMANCE_BLOCKS, ON_A_SMALL_COUNT),
     ("docs/protocols/emqp.md", ".venv/bin/python -m pytest tests/interop/test_eventmq.py -v"):
         RunBy(".ci/run", "the suite runs tests/interop/test_eventmq.py"),
     ("docs/spark.md", "make example-spark     # the orders pipeline below, end to end, on local[2] against a "
@@ -178,8 +177,7 @@ ELSEWHERE: dict[tuple[str, str], RunBy | NotRun] = {
     ("docs/spark.md", "pip install '/path/to/polymq[spark]'                     # on the driver's and every "
                       "executor's Python (a clone)"):
         NotRun("needs a Spark cluster and HDFS of the reader's"),
-    ("docs/spark.md", ".venv/bin/polymq serve --no-pzq --no-emqp &"):
-        RunBy("tests/test_bench_spark.py::test_the_ceiling_and_the_stream_read_count_every_row", BENCHMARK),
+    ("docs/spark.md", ".venv/bin/polymq serve --no-pzq --no-emqp &"): RunBy(PERFORMANCE_BLOCKS, ON_A_SMALL_COUNT),
     ("docs/testing.md", "make test"): RunBy(".ci/run", "CI's own command"),
     ("docs/testing.md", ".venv/bin/pytest -q tests/test_mqks.py"):
         RunBy(".ci/run", "the suite runs tests/test_mqks.py and tests/test_engine.py whole"),
@@ -201,16 +199,11 @@ ELSEWHERE: dict[tuple[str, str], RunBy | NotRun] = {
 }
 
 
-def _performance(block: Block) -> RunBy | NotRun:
+def _performance(block: Block) -> RunBy:
     """The performance page's blocks: benchmarks and profiling recipes, their figures the page's."""
     if block.commands == [".venv/bin/polymq bench versus-nsqd"]:
         return RunBy(VERSUS_NSQD, NSQ_OR_FAKES)
-    if "versus-nsqd" in block.text:
-        return NotRun("the README's versus-nsqd (run here, with nsq's programs or their fakes) limited to "
-                      "some servers with --only, or run from an earlier checkout")
-    if re.search(r"\b(PID|DIR|BEFORE)\b", block.text):
-        return NotRun(PLACEHOLDERS)
-    return NotRun(BENCHMARK)
+    return RunBy(PERFORMANCE_BLOCKS, ON_A_SMALL_COUNT)
 
 
 def placed(block: Block) -> str | RunBy | NotRun:

@@ -38,8 +38,10 @@ from polymq.clients.ports import free_ports
 
 # Messages queued before the consume run, so the reader does not run dry in a few seconds.
 BACKLOG = 1_500_000
-# What nsq's tools print at the end: "duration: 3.0s - 12.3mb/s - 64000.0ops/s - 15.6us/op".
-_RESULT = re.compile(r"duration: ([0-9.]+)s - [0-9.]+mb/s - ([0-9.]+)ops/s")
+# What nsq's tools print at the end: "duration: 3.0s - 12.3mb/s - 64000.0ops/s - 15.6us/op", the duration
+# in Go's notation (a run under a second in ms).
+_RESULT = re.compile(r"duration: ([0-9.]+)(ms|s) - [0-9.]+mb/s - ([0-9.]+)ops/s")
+_SECONDS_PER = {"ms": 1e-3, "s": 1.0}
 
 
 def _cpu(pid: int) -> tuple[float, float]:
@@ -58,8 +60,8 @@ def _tool(nsq_bin: Path, name: str, tcp: int, runfor: float, *args: str) -> tupl
     found = _RESULT.findall(done.stdout + done.stderr)
     if done.returncode != 0 or not found:
         raise click.ClickException(f"{name} failed (status {done.returncode}): {done.stderr.strip()[-300:]}")
-    seconds, rate = map(float, found[-1])
-    return seconds * rate, rate
+    duration, unit, rate = found[-1]
+    return float(duration) * _SECONDS_PER[unit] * float(rate), float(rate)
 
 
 def _depth(http: int, topic: str) -> int:
@@ -83,10 +85,12 @@ def _measured(pid: int, run: tuple[float, float], before: tuple[float, float]) -
 @click.option("--pythonpath", type=click.Path(path_type=Path), default=None,
               help="Serve the polymq package found in this folder (DIR/polymq), e.g. an earlier checkout.")
 @click.option("--runfor", type=float, default=3.0, show_default=True, help="Seconds per measured run.")
+@click.option("--backlog", type=click.IntRange(min=1), default=BACKLOG, show_default=True,
+              help="Messages queued before the consume run.")
 @click.option("--only", "only", multiple=True, type=click.Choice(["PUB", "MPUB", "consume"]),
               help="Measure only these (repeatable); all three by default.")
 @click.argument("serve_args", nargs=-1)
-def main(nsq_bin: Path, pythonpath: Path | None, runfor: float, only: tuple[str, ...],
+def main(nsq_bin: Path, pythonpath: Path | None, runfor: float, backlog: int, only: tuple[str, ...],
          serve_args: tuple[str, ...]) -> None:
     """Gateway CPU µs per message for PUB, MPUB and consume (SERVE_ARGS: flags of `polymq serve`,
     --in-memory when none are given)."""
@@ -114,7 +118,7 @@ def main(nsq_bin: Path, pythonpath: Path | None, runfor: float, only: tuple[str,
                     run = _tool(nsq_bin, "bench_writer", tcp, runfor, f"--batch-size={batch}", f"--topic={topic}")
                     click.echo(f"{label}: {_measured(server.pid, run, before)}")
             if "consume" in wanted:
-                while _depth(http, "cpu_sub") < BACKLOG:
+                while _depth(http, "cpu_sub") < backlog:
                     _tool(nsq_bin, "bench_writer", tcp, FILL_RUN_S, f"--batch-size={MPUB_BATCH}", "--topic=cpu_sub")
                 before = _cpu(server.pid)
                 run = _tool(nsq_bin, "bench_reader", tcp, runfor, "--topic=cpu_sub", "--channel=ch",
