@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from polymq.core.clock import Clock, SystemClock
+from polymq.core.cluster import ClusterView
 from polymq.core.dedup import KEPT_DEDUP, Dedup
 from polymq.core.ids import IdSource
 from polymq.core.message import Message
@@ -1233,6 +1234,11 @@ class Engine:
     def backend(self) -> dict[str, Any]:
         """Where the queues live, for operators (the admin page, /metrics)."""
         return {"kind": "embedded", "persistent": self.storage.persistent}
+
+    def cluster(self) -> ClusterView | None:
+        """The nodes and the queues' numbers over all of them, for an engine shared with other nodes; None
+        for a node on its own."""
+        return None
 
     def settled(self, callback: Callable[[OSError | None], None]) -> None:
         """Call `callback` once the queues and bindings made so far have taken effect for every client

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from polymq.core.clock import Clock
+from polymq.core.cluster import ClusterView
 from polymq.core.engine import Consumer, Engine, Outcome, Queue, Topic
 from polymq.core.ids import IdSource, node_of
 from polymq.core.message import Message
@@ -99,6 +100,10 @@ class Link(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """The shared engine as operators see it: its kind, servers, the publish acknowledgements' latency."""
+        ...
+
+    def cluster(self) -> ClusterView:
+        """The cluster's nodes and its queues' numbers over all of them, as this node knows them now."""
         ...
 
     def topic_made(self, topic: Topic) -> None: ...
@@ -876,6 +881,9 @@ class SharedEngine(Engine):
             self.told(kind, frames)
         else:
             self.link.tell_node(node, kind, frames)
+
+    def cluster(self) -> ClusterView:
+        return self.link.cluster()
 
     def backend(self) -> dict[str, Any]:
         return {**self.link.describe(), "node": self.node, "publishes": self.barrier.publish_count,

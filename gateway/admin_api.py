@@ -16,6 +16,7 @@ from typing import Any
 
 from polymq.adapters.http import JSON_TYPE, QueryError, Request, Response, go_json, parse_query
 from polymq.adapters.protocol import Service
+from polymq.core.cluster import ClusterView
 from polymq.core.dead_letters import requeue_dead_letters
 from polymq.core.engine import MADE_BY_OPTION, Engine, Queue, Topic
 from polymq.core.trace import Tracer
@@ -47,6 +48,26 @@ def _deepest(items: Iterable[Any], depth: Callable[[Any], int]) -> tuple[list[An
     """The `MAX_LISTED` deepest items sorted by name, and how many were left out."""
     ordered = sorted(items, key=depth, reverse=True)
     return sorted(ordered[:MAX_LISTED], key=lambda item: item.name), max(0, len(ordered) - MAX_LISTED)
+
+
+def _cluster(view: ClusterView | None) -> dict[str, Any] | None:
+    """The whole cluster, for a node sharing its queues with others (core/cluster.py); None for a node alone."""
+    if view is None:
+        return None
+    queues, omitted = _deepest(view.queues.values(), lambda queue: queue.depth)
+    return {
+        "node": view.node,
+        "reporter": view.reporter,
+        "nodes": [{"node": node.node, "host": node.host, "pid": node.pid, "started": node.started,
+                   "heard_s": round(node.heard_s, 3), "this": node.this} for node in view.nodes],
+        "queues": [{"name": queue.name, "topics": list(queue.topics), "depth": queue.depth,
+                    "in_flight": queue.in_flight, "deferred": queue.deferred, "redelivered": queue.redelivered,
+                    "consumers": queue.consumers, "read_s": round(queue.read_s, 3),
+                    "nodes": [{"node": node, "consumers": part.consumers, "in_flight": part.in_flight,
+                               "held": part.held} for node, part in queue.parts.items()]}
+                   for queue in queues],
+        "omitted": {"queues": omitted},
+    }
 
 
 class AdminApi:
@@ -98,6 +119,7 @@ class AdminApi:
             "omitted": {"topics": topics_omitted, "queues": queues_omitted},
             "store_failure": engine.storage.failure,
             "backend": {key: value for key, value in engine.backend().items() if not key.startswith("publish_ack")},
+            "cluster": _cluster(engine.cluster()),
         })
 
     def _traced(self, topic: Topic) -> bool | None:

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from polymq.adapters.protocol import Service
 from polymq.adapters.traffic import Traffic
+from polymq.core.cluster import queue_share, topic_share
 from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import Engine
 from polymq.gateway.committer import SYNC_BUCKETS_S, Committer
@@ -64,6 +65,7 @@ class EngineCollector(Collector):
                                 value=1 if getattr(storage, "failure", None) is not None else 0)
         yield from self._disk(storage)
         yield from self._backend()
+        yield from self._cluster()
 
     def _backend(self) -> Iterator[Metric]:
         """Where the queues live; for a JetStream cluster, its servers and the publish acks' latency."""
@@ -85,6 +87,32 @@ class EngineCollector(Collector):
                                     sum_value=backend["publish_ack_total_s"])
         yield GaugeMetricFamily("polymq_jetstream_unreachable", "1 while the JetStream cluster cannot be reached.",
                                 value=1 if backend.get("failure") else 0)
+
+    def _cluster(self) -> Iterator[Metric]:
+        """A cluster's queues over all its nodes: the same series on every node, so one scrape of any node
+        gives them, and `max by (queue)` over several counts each once."""
+        view = self.engine.cluster()
+        if view is None:
+            return
+        yield GaugeMetricFamily("polymq_cluster_nodes", "Nodes of the cluster heard from lately, this one included.",
+                                value=len(view.nodes))
+        gauges = {
+            "depth": "Copies of the queue ready on the whole cluster: stored and not given out, or fetched by a "
+                     "node and not handed to a client.",
+            "in_flight": "Deliveries of the queue with clients of any node, not finished.",
+            "deferred": "Copies of the queue due later on the whole cluster (deferred publishes, copies put back "
+                        "with a delay or awaiting the ack wait).",
+            "redelivered": "Copies of the queue given out more than once and not finished (JetStream's count).",
+            "consumers": "Consumers of the queue on every node.",
+        }
+        shown, rest = _limited(view.queues.values(), lambda queue: queue.depth)
+        for name, text in gauges.items():
+            family = GaugeMetricFamily(f"polymq_cluster_queue_{name}", text, labels=["queue"])
+            for queue in shown:
+                family.add_metric([queue.name], getattr(queue, name))
+            if rest:
+                family.add_metric([OTHER], sum(getattr(queue, name) for queue in rest))
+            yield family
 
     def _disk(self, storage: Any) -> Iterator[Metric]:
         """What the embedded store wrote and holds, and how long its fdatasyncs took (none in memory)."""
@@ -156,7 +184,9 @@ class EngineCollector(Collector):
                                         labels=["topic"])
         finished = CounterMetricFamily("polymq_topic_finished", "Deliveries acknowledged from the queues bound "
                                        "to a topic.", labels=["topic"])
-        families = ((depth, lambda topic: topic.depth), (messages, lambda topic: topic.message_count),
+        view = self.engine.cluster()  # on a cluster, each node's share: summed over the nodes, counted once
+        families = ((depth, lambda topic: topic_share(view, topic).depth),
+                    (messages, lambda topic: topic.message_count),
                     (delivered, lambda topic: sum(queue.delivered_count for queue in topic.queues)),
                     (finished, lambda topic: sum(queue.finished_count for queue in topic.queues)))
         shown, rest = _limited(self.engine.topics.values(), lambda topic: topic.depth)
@@ -168,11 +198,13 @@ class EngineCollector(Collector):
             yield family
 
     def _queues(self) -> Iterator[Metric]:
+        view = self.engine.cluster()  # on a cluster, each node's share: summed over the nodes, counted once
         gauges = {
-            "depth": ("Messages ready in a queue (in memory and on disk).", lambda queue: queue.depth),
+            "depth": ("Messages ready in a queue (in memory and on disk); on a cluster, this node's share.",
+                      lambda queue: queue_share(view, queue).depth),
             "in_flight": ("Deliveries not yet finished.", lambda queue: len(queue.in_flight)),
-            "deferred": ("Messages due later (deferred publishes, delayed requeues).",
-                         lambda queue: queue.deferred_count),
+            "deferred": ("Messages due later (deferred publishes, delayed requeues); on a cluster, this node's "
+                         "share.", lambda queue: queue_share(view, queue).deferred),
             "consumers": ("Consumers attached.", lambda queue: len(queue.consumers)),
         }
         counters = {

@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from polymq.core.clock import Clock, SystemClock
+from polymq.core.cluster import ClusterView
 from polymq.core.engine import Topic
 from polymq.core.ids import NODE_BITS
 from polymq.core.message import Message, shown_headers
@@ -41,6 +42,7 @@ from polymq.jetstream.nats_connection import (
     NoResponders,
     RequestTimeout,
 )
+from polymq.jetstream.reports import NodeReports
 from polymq.jetstream.schedules import SharedScheduleKeeper
 from polymq.jetstream.topology import Topology, paused_key
 
@@ -206,6 +208,7 @@ class JetStreamLink:
         self.publish_latency = PublishLatency()  # from a publish to JetStream's last answer for it
         self.deferred = DeferredMover(self)
         self.topology = Topology(self)
+        self.reports = NodeReports(self)
         # This node's changes to the cluster, which a read of the cluster taken before one finished must not
         # undo: bindings made, removed or deleted, by (queue, topic); streams made or deleted, by topic.
         self.pending: Counter[Any] = Counter()  # asked for, not finished
@@ -235,6 +238,7 @@ class JetStreamLink:
         self.connection.subscribe(DELETED_PREFIX + "*", self._on_deleted)
         self.connection.subscribe(TOLD_PREFIX + "*", self._on_told)
         if self.engine is not None:
+            self.reports.subscribe()
             own = f"{TO_NODE_PREFIX}{self.engine.node}."
             self.connection.subscribe(own + "*", lambda msg: self._on_told_to_this_node(msg, len(own)))
         if self.engine is not None:
@@ -249,6 +253,7 @@ class JetStreamLink:
         nursery.start_soon(self.deferred.run)
         if self.engine is not None:
             nursery.start_soon(self.topology.run)
+            nursery.start_soon(self.reports.run)
             self.engine.timers.schedule(self.clock.now() + PULL_LOST_CHECK_S, self._forget_lost_pulls)
 
     async def _control(self) -> None:
@@ -1212,6 +1217,9 @@ class JetStreamLink:
             engine.told(kind, frames)
 
     # -- the link itself ----------------------------------------------------------------------
+
+    def cluster(self) -> ClusterView:
+        return self.reports.view()
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "jetstream", "servers": list(self.settings.nats.servers),

@@ -58,6 +58,8 @@ class BoundConsumer:
     paused: bool
     ephemeral: bool  # an NSQ ephemeral channel's: followed only by nodes whose clients name it
     pending: int  # messages it has not been given yet
+    ack_pending: int = 0  # given out and not answered yet (in flight, held by a node, or put back with a delay)
+    redelivered: int = 0  # of those, given more than once
 
 
 def bound_consumers(infos: list[dict[str, Any]]) -> tuple[dict[str, BoundConsumer], int | None]:
@@ -82,7 +84,8 @@ def bound_consumers(infos: list[dict[str, Any]]) -> tuple[dict[str, BoundConsume
         found[queue] = BoundConsumer(queue, options if isinstance(options, dict) else {},
                                      int(metadata.get(api.FLOOR_METADATA, 0) or 0),
                                      metadata.get(api.PAUSED_METADATA) == "1",
-                                     metadata.get(api.EPHEMERAL_METADATA) == "1", pending)
+                                     metadata.get(api.EPHEMERAL_METADATA) == "1", pending,
+                                     int(info.get("num_ack_pending", 0)), int(info.get("num_redelivered", 0)))
     return found, backlog
 
 
@@ -92,6 +95,7 @@ class Topology:
     def __init__(self, link: JetStreamLink) -> None:
         self.link = link
         self.read: dict[str, dict[str, BoundConsumer]] = {}  # topic -> its queues' consumers, as last read
+        self.read_at: dict[str, float] = {}  # topic -> when it was last read (the link's clock)
         self._dirty: dict[str, None] = {}  # topics to read again, in the order they were asked for
         self._again: dict[str, None] = {}  # topics to read again at the next turn (a consumer went unread)
         self._wake = trio.Event()
@@ -180,6 +184,7 @@ class Topology:
         link, engine = self.link, self.engine
         if listing is None:
             self.read.pop(topic, None)
+            self.read_at.pop(topic, None)
             if link.unsettled(topic, since):
                 return  # this node made it, or deleted it, after the read
             known = engine.topics.get(topic)
@@ -203,6 +208,7 @@ class Topology:
             self._again[topic] = None
         self.read[topic] = {**{name: known for name, known in self.read.get(topic, {}).items() if name in unread},
                             **consumers}
+        self.read_at[topic] = link.clock.now()
         state = link.known_topic(topic)
         state.queues = {api.queue_consumer(name) for name in consumers} | set(listing.unread)
         with engine.following():

@@ -40,6 +40,7 @@ from polymq.adapters.nsq.tcp import ORIGIN as NSQ_ORIGIN
 from polymq.adapters.nsq.tcp import ensure_channel
 from polymq.adapters.traffic import Traffic
 from polymq.codecs.nsq import ProtocolError, ServerLimits, is_ephemeral, is_valid_name, parse_mpub_body
+from polymq.core.cluster import queue_share, topic_share
 from polymq.core.engine import Engine, Queue, Topic
 from polymq.core.trace import Client
 
@@ -821,6 +822,8 @@ class NsqHttpApi:
         for client in clients:
             by_channel.setdefault((client.get("_topic"), client.get("_channel")), []).append(client)
         out: list[dict[str, Any]] = []
+        # On a cluster, the node's share: summed over the nodes (nsqadmin, nsq_stat), each message counts once.
+        view = engine.cluster()
         for topic in topics:
             channels = sorted(((channel_name(topic, q), q) for q in topic.queues), key=lambda pair: pair[0])
             if channel_filter:
@@ -830,12 +833,13 @@ class NsqHttpApi:
             channel_stats = []
             for name, queue in channels:
                 members = by_channel.get((topic.name, name), []) if include_clients else None
+                share = queue_share(view, queue)
                 channel_stats.append({
                     "channel_name": name,
-                    "depth": queue.depth,
-                    "backend_depth": queue.spilled,  # on disk only (nsqd: in its diskqueue)
+                    "depth": share.depth,
+                    "backend_depth": share.stored,  # on disk only (nsqd: in its diskqueue)
                     "in_flight_count": len(queue.in_flight),
-                    "deferred_count": queue.deferred_count,
+                    "deferred_count": share.deferred,
                     "message_count": queue.message_count,
                     "requeue_count": queue.requeue_count,
                     "timeout_count": queue.timeout_count,
@@ -848,11 +852,12 @@ class NsqHttpApi:
                     "paused": queue.paused,
                     "e2e_processing_latency": {"count": 0, "percentiles": None},
                 })
+            backlog = topic_share(view, topic)
             out.append({
                 "topic_name": topic.name,
                 "channels": channel_stats,
-                "depth": topic.depth,
-                "backend_depth": topic.spilled,
+                "depth": backlog.depth,
+                "backend_depth": backlog.stored,
                 "message_count": topic.message_count,
                 "message_bytes": topic.message_bytes,
                 "paused": topic.paused,
