@@ -4,6 +4,7 @@ the page read and an action taken through it, the gateway's state checked throug
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 import urllib.request
@@ -103,6 +104,7 @@ def test_the_page_shows_protocols_side_by_side_and_pauses_a_channel(tmp_path: Pa
             assert _text(browser, 'tr[data-queue="orders/billing"] td:nth-child(8)') == "1"  # its consumer
             wait.until(lambda driver: int(_text(driver, 'tr[data-protocol="phpmq"] td:nth-child(2)')) == 1)
             assert _text(browser, 'tr[data-protocol="nsq"] td:nth-child(2)') == "1"
+            assert not browser.find_element(By.ID, "cluster").is_displayed()  # a node on its own
 
             # A name that is HTML is shown as it is, and nothing of it runs.
             names = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#topics td.name")]
@@ -146,6 +148,61 @@ def test_the_status_line_names_the_jetstream_server_and_the_node(tmp_path: Path,
         status = wait.until(lambda driver: "JetStream" in _text(driver, "#status") and _text(driver, "#status"))
         assert status.endswith(f" — queues in JetStream at {nats_server.url} (node {node})"), status
         assert status.startswith("updated ")
+
+
+def _holding(gateway: GatewayProcess, topic: str, channel: str, count: int) -> nsq_blocking.Connection:
+    """An NSQ consumer of the channel on `gateway` holding `count` deliveries, unfinished."""
+    consumer = nsq_blocking.Connection(gateway.nsq_tcp, WAIT_S)
+    consumer.send(nsq_client.sub(topic, channel))
+    consumer.wait_for_ok("SUB")
+    consumer.send(nsq_client.rdy(count))
+    held = 0
+    while held < count:
+        frame = consumer.next_frame(WAIT_S)
+        assert frame is not None and not frame.is_error, frame
+        held += frame.is_message
+    return consumer
+
+
+def test_a_nodes_page_shows_the_cluster_with_a_queue_read_through_both_nodes(
+        tmp_path: Path, nats_server: NatsServer) -> None:
+    """Two nodes on JetStream, a channel's consumers holding 2 messages on one node and 1 on the other, 10
+    published: the other node's page lists both nodes and the queue over both (7 ready, 3 in flight, 2
+    consumers, each node's part). Its picture (POLYMQ_SCREENSHOTS=DIR writes it there: docs/images)."""
+    topic, channel = "orders", "billing"
+    with running_gateway("--jetstream", nats_server.url, data_dir=tmp_path / "one") as one, \
+            running_gateway("--jetstream", nats_server.url, data_dir=tmp_path / "two") as two:
+        request = urllib.request.Request(f"http://{one.nsq_http}/channel/create?topic={topic}&channel={channel}",
+                                         method="POST")
+        urllib.request.urlopen(urllib.request.Request(f"http://{one.nsq_http}/topic/create?topic={topic}",
+                                                      method="POST"), timeout=10).close()
+        urllib.request.urlopen(request, timeout=10).close()
+        body = b"\n".join(b"order %d" % index for index in range(10))
+        urllib.request.urlopen(urllib.request.Request(f"http://{one.nsq_http}/mpub?topic={topic}", data=body,
+                                                      method="POST"), timeout=10).close()
+        first, second = _holding(one, topic, channel, 2), _holding(two, topic, channel, 1)
+        try:
+            number_one, number_two = (_state(gateway)["backend"]["node"] for gateway in (one, two))
+            with chromium() as browser:
+                browser.get(f"http://{two.http}/")
+                wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=RETRIED)
+                row = f'tr[data-cluster-queue="{topic}/{channel}"]'
+                wait.until(lambda driver: [_text(driver, f"{row} td:nth-child({n})") for n in (3, 4, 5, 7)]
+                           == ["7", "3", "0", "2"])
+                assert _text(browser, f"{row} td:nth-child(2)") == topic
+                parts = [item.text for item in browser.find_elements(By.CSS_SELECTOR, f"{row} li[data-part]")]
+                assert sorted(parts) == sorted([f"node {number_one}: 1, 2, 0", f"node {number_two}: 1, 1, 0"]), parts
+                listed = [row.get_attribute("data-node") for row in
+                          browser.find_elements(By.CSS_SELECTOR, "#cluster-nodes tr[data-node]")]
+                assert listed == [str(node) for node in sorted((number_one, number_two))]
+                picture = browser.find_element(By.ID, "cluster").screenshot_as_png
+                assert picture.startswith(b"\x89PNG")
+                folder = os.environ.get("POLYMQ_SCREENSHOTS")
+                if folder:
+                    (Path(folder) / "admin-cluster.png").write_bytes(picture)
+        finally:
+            first.close()
+            second.close()
 
 
 def test_a_traced_message_s_timeline_across_protocols_and_a_topic_traced_through_the_page(tmp_path: Path) -> None:
