@@ -50,6 +50,13 @@ IN_FLIGHT = "in flight"
 DEFERRED = "deferred"
 GONE = "gone"  # finished, expired, dead-lettered, dropped or deleted: nothing of it left there
 
+# Where a copy is after each kind of event another node tells (`Tracer.absorb`); None: no place changes.
+STATES: dict[str, str | None] = {
+    PUBLISHED: None, KEPT: READY, QUEUED: READY, DELIVERED: IN_FLIGHT, FINISHED: GONE, REQUEUED: READY,
+    TIMED_OUT: READY, TOUCHED: IN_FLIGHT, RETURNED: READY, EXPIRED: GONE, DEAD_LETTERED: GONE, DROPPED: GONE,
+    DELETED: GONE,
+}
+
 # The default ring: events kept per traced topic (about 6 per message that is consumed once).
 DEFAULT_RING_SIZE = 10_000
 # Events `Tracer.recent` lists per topic at most: a page's worth.
@@ -110,15 +117,24 @@ class Tracer:
         self.rings: dict[str, TopicRing] = {}  # kept after tracing stops, until traced again
         self.live: dict[int, Traced] = {}
         self.listeners: list[Callable[[Event], None]] = []  # each event, as it is recorded
+        # Each switch made here (not one another node told): (topic, traced), for the nodes sharing its queues.
+        self.switched: list[Callable[[str, bool], None]] = []
+        # On nodes sharing their queues: a message of a traced topic published through another node is traced
+        # here from its first event here. A node on its own traces from the publish only.
+        self.adopts = False
         self._seq = itertools.count(1)
         engine.on_topic_created.append(self._topic_created)
 
     # -- switching ------------------------------------------------------------------------------
 
-    def trace(self, name: str) -> None:
-        """Trace the topic `name` (made or not yet): its next publishes are traced."""
+    def trace(self, name: str, *, told: bool = False) -> None:
+        """Trace the topic `name` (made or not yet): its next publishes are traced. `told`: another node
+        switched it on."""
         if name in self.refused:
             raise ValueError(f"topic {name!r} cannot be traced")
+        if not told:
+            for listener in self.switched:
+                listener(name, True)
         self.topics.add(name)
         ring = self.rings.get(name)
         if ring is None or ring.size != self.ring_size:
@@ -128,8 +144,11 @@ class Tracer:
             self._follow(topic)
         self.engine.tracer = self
 
-    def untrace(self, name: str) -> None:
+    def untrace(self, name: str, *, told: bool = False) -> None:
         """Stop tracing `name`: its ring stays readable; its messages' later events are not recorded."""
+        if not told:
+            for listener in self.switched:
+                listener(name, False)
         self.topics.discard(name)
         ring = self.rings.get(name)
         if ring is not None:
@@ -175,6 +194,9 @@ class Tracer:
     def _record(self, traced: Traced, kind: str, **fields: Any) -> None:
         event = Event(next(self._seq), self.engine.clock.wall_ns(), kind, traced, **fields)
         traced.ring.add(event)
+        place = _place(event)
+        if place is not None:
+            traced.place_at[place] = event.time_ns
         for listener in self.listeners:
             listener(event)
 
@@ -193,6 +215,14 @@ class Tracer:
         if len(messages) > ring.size:
             oldest, _ = messages.popitem(last=False)
             self.live.pop(oldest, None)
+        return traced
+
+    def _traced(self, message: Message) -> Traced | None:
+        """The message's trace: begun here at its publish, or, for a message of a traced topic published
+        through another node that shares the queues, at its first event here."""
+        traced = self.live.get(message.id)
+        if traced is None and self.adopts and message.topic in self.topics:
+            traced = self._start(message)
         return traced
 
     def published(self, topic: Topic, messages: list[Message], client: Client | None,
@@ -217,7 +247,7 @@ class Tracer:
 
     def kept(self, topic: Topic, messages: Iterable[Message]) -> None:
         for message in messages:
-            traced = self.live.get(message.id)
+            traced = self._traced(message)
             if traced is not None:
                 traced.places["topic", topic.name] = READY
                 self._record(traced, KEPT, topic=topic.name,
@@ -225,7 +255,7 @@ class Tracer:
 
     def queued(self, queue: Queue, messages: Iterable[Message]) -> None:
         for message in messages:
-            traced = self.live.get(message.id)
+            traced = self._traced(message)
             if traced is not None:
                 for place, state in traced.places.items():
                     if place[0] == "topic" and state == READY and place[1] in queue.topics:
@@ -258,7 +288,7 @@ class Tracer:
                 self._record(traced, QUEUED, queue=queue.name)
 
     def delivered(self, queue: Queue, consumer: Consumer, message: Message) -> None:
-        traced = self.live.get(message.id)
+        traced = self._traced(message)
         if traced is None:
             return
         self._record(traced, DELIVERED, queue=queue.name, client=consumer.client, attempt=message.attempts)
@@ -271,7 +301,7 @@ class Tracer:
 
     def _moved(self, queue: Queue, consumer: Consumer | None, message: Message, kind: str, state: str,
                **fields: Any) -> None:
-        traced = self.live.get(message.id)
+        traced = self._traced(message)
         if traced is None:
             return
         traced.places["queue", queue.name] = state
@@ -286,7 +316,7 @@ class Tracer:
                     delay_s=delay if delay > 0 else None)
 
     def timed_out(self, queue: Queue, consumer: Consumer, message: Message) -> None:
-        traced = self.live.get(message.id)
+        traced = self._traced(message)
         if traced is not None:
             traced.timeouts[queue.name] = traced.timeouts.get(queue.name, 0) + 1
         self._moved(queue, consumer, message, TIMED_OUT, READY)
@@ -304,7 +334,7 @@ class Tracer:
         self._moved(queue, None, message, DROPPED, GONE, reason=reason)
 
     def dead_lettered(self, queue: Queue, message: Message, reason: str, topic: Topic) -> None:
-        traced = self.live.get(message.id)
+        traced = self._traced(message)
         if traced is None:
             return
         self._follow(topic)  # its letter's life is the message's too
@@ -347,7 +377,61 @@ class Tracer:
 
     @staticmethod
     def timeline(traced: Traced) -> list[Event]:
-        return [event for event in traced.ring.events if event.message is traced]
+        """Its events in the order they happened (another node's come when it tells them: by their time)."""
+        return sorted((event for event in traced.ring.events if event.message is traced),
+                      key=lambda event: event.time_ns)
+
+    # -- other nodes' events ------------------------------------------------------------------------
+
+    def absorb(self, found: Mapping[str, Any]) -> bool:
+        """An event another node sharing the queues recorded (as `event_json` gave it), into this node's ring
+        of its topic, so a timeline here shows the whole path; False for one that is not an event of a topic
+        traced here."""
+        try:
+            kind, topic, node = found["event"], found["traced_topic"], found["node"]
+            message_id, time_ns, seq = found["message_id"], found["time_ns"], found["seq"]
+            ids = found.get("ids") or {}
+            if not (isinstance(kind, str) and kind in STATES and isinstance(topic, str) and isinstance(node, str)
+                    and all(isinstance(n, int) and not isinstance(n, bool) for n in (message_id, time_ns, seq))
+                    and isinstance(ids, dict) and all(isinstance(v, str) for v in ids.values())):
+                return False
+            fields = {key: found.get(key) for key in ("queue", "topic", "reason", "publisher_id")}
+            if not all(value is None or isinstance(value, str) for value in fields.values()):
+                return False
+            attempt, delay = found.get("attempt"), found.get("delay_s")
+            if not (attempt is None or isinstance(attempt, int)) or \
+                    not (delay is None or isinstance(delay, int | float)):
+                return False
+        except (KeyError, TypeError):
+            return False
+        ring = self.rings.get(topic)
+        if ring is None or topic not in self.topics:
+            return False
+        traced = ring.messages.get(message_id)
+        if traced is None:
+            traced = Traced(message_id, topic, None, None, self, 0, b"", ring, ids={str(k): v for k, v in ids.items()})
+            ring.messages[message_id] = traced
+            self.live[message_id] = traced
+            if len(ring.messages) > ring.size:
+                oldest, _ = ring.messages.popitem(last=False)
+                self.live.pop(oldest, None)
+        if kind == PUBLISHED:
+            traced.origin = found.get("protocol") if isinstance(found.get("protocol"), str) else None
+            traced.size = found["size"] if isinstance(found.get("size"), int) else 0
+        protocol = found.get("protocol")
+        client = Client(protocol, str(found.get("client", "")), str(found.get("client_name", ""))) \
+            if isinstance(protocol, str) and "client" in found else None
+        event = Event(seq, time_ns, kind, traced, fields["queue"], fields["topic"], client, attempt,
+                      delay, fields["reason"], fields["publisher_id"], node)
+        ring.add(event)
+        state, place = STATES[kind], _place(event)
+        if place is not None and time_ns >= traced.place_at.get(place, 0):
+            traced.place_at[place] = time_ns
+            if state is not None:
+                traced.places[place] = DEFERRED if kind in (QUEUED, REQUEUED) and delay else state
+        if kind == TIMED_OUT and fields["queue"] is not None:
+            traced.timeouts[fields["queue"]] = traced.timeouts.get(fields["queue"], 0) + 1
+        return True
 
     def recent(self, topic: str, limit: int = RECENT_LIMIT) -> list[Traced]:
         ring = self.rings.get(topic)
@@ -372,6 +456,8 @@ class Traced:
     # (kind, name) -> READY / IN_FLIGHT / DEFERRED / GONE; kind is "queue" or "topic" (a backlog)
     places: dict[tuple[str, str], str] = attrs.Factory(dict)
     timeouts: dict[str, int] = attrs.Factory(dict)  # by queue
+    # When the last event at each place happened (wall ns): another node's older event does not move it.
+    place_at: dict[tuple[str, str], int] = attrs.Factory(dict)
     _ids: dict[str, str] | None = None
 
     @property
@@ -398,6 +484,14 @@ class Event:
     delay_s: float | None = None
     reason: str | None = None
     publisher_id: str | None = None  # published: the id its publisher was shown (or chose)
+    node: str | None = None  # the node it happened on, when another node told it (None: this one)
+
+
+def _place(event: Event) -> tuple[str, str] | None:
+    """Where the event happened: its queue, else its topic."""
+    if event.queue is not None:
+        return ("queue", event.queue)
+    return None if event.topic is None else ("topic", event.topic)
 
 
 def _messages(ring: TopicRing) -> list[Traced]:
@@ -460,7 +554,8 @@ def _who(client: Client | None) -> str:
 def event_json(event: Event, node: str) -> dict[str, Any]:
     """An event as the API and the trace topic show it: only what it has, client-chosen text as it came."""
     traced = event.message
-    found: dict[str, Any] = {"seq": event.seq, "time_ns": event.time_ns, "event": event.kind, "node": node,
+    found: dict[str, Any] = {"seq": event.seq, "time_ns": event.time_ns, "event": event.kind,
+                             "node": event.node or node,
                              "traced_topic": traced.topic, "message_id": traced.id, "ids": traced.ids}
     if event.queue is not None:
         found["queue"] = event.queue

@@ -43,6 +43,7 @@ from polymq.core.storage import DataDirInUse, MemoryStorage
 from polymq.gateway import jetstream_engine, logs
 from polymq.gateway.admin_access import AccessError, AdminAccess
 from polymq.gateway.admin_api import AdminApi
+from polymq.gateway.cluster_trace import ClusterTrace
 from polymq.gateway.collector import collect_on_a_clock
 from polymq.gateway.committer import Committer
 from polymq.gateway.config import (
@@ -374,6 +375,7 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
     timer_task = TimerTask(engine)
     shared_streams = jetstream_engine.shared_streams(link) if link is not None else None
     tracer, trace_topic = make_tracer(engine, config.trace)
+    cluster_trace = ClusterTrace.attach(engine, tracer)  # on a cluster: traced on every node, one timeline
     http = prepared.http
     http_address = _address(http) if http is not None else None
     output_limit = OutputLimit(config.limits.max_client_output, config.limits.slow_client_grace_ms / 1000)
@@ -393,6 +395,9 @@ async def _serve(prepared: Prepared, engine: Engine, clock: SystemClock, link: J
             nursery.start_soon(metrics.measure_loop_lag)
             nursery.start_soon(collect_on_a_clock)
             nursery.start_soon(trace_topic.run)
+            if cluster_trace is not None:
+                cluster_trace.start()
+                nursery.start_soon(cluster_trace.run)
             if committer is not None:
                 nursery.start_soon(committer.run)
             for bound in prepared.bound:

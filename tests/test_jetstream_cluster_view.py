@@ -1,6 +1,7 @@
 """Every node of a JetStream cluster shows the whole cluster: its nodes, and each shared queue's depth, in-flight
-and deferred counts and consumers over all nodes, in the admin API and /metrics, the same on every node. Two
-gateways on the real three-server cluster, consumers on both."""
+and deferred counts and consumers over all nodes, in the admin API and /metrics, the same on every node;
+nsqd's /stats counted once over the nodes; a traced message's whole path on any node. Two gateways on the
+real three-server cluster, consumers on both."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from polymq.clients import mqks_blocking
 from polymq.clients import nsq as nsq_blocking
 from polymq.codecs import nsq_client
 
@@ -153,3 +155,60 @@ def test_nsqd_stats_summed_over_the_nodes_count_a_shared_channel_once_as_nsqadmi
             admin.stop()
             first.close()
             second.close()
+
+
+def _post(gateway: GatewayProcess, path: str) -> Any:
+    status, body = http(gateway.http, path, "POST")
+    assert status == 200, (path, status, body)
+    return json.loads(body)
+
+
+def _next_message(consumer: nsq_blocking.Connection) -> nsq_client.Message:
+    while True:
+        frame = consumer.next_frame(CLIENT_TIMEOUT_S)
+        assert frame is not None and not frame.is_error, frame
+        if frame.is_message:
+            return nsq_client.decode_message(frame.data)
+
+
+def test_a_topic_traced_on_one_node_is_traced_on_both_and_either_shows_the_whole_path(
+        nodes: tuple[GatewayProcess, GatewayProcess]) -> None:
+    """Traced through node 1's admin API; published on node 1 over MQKS; delivered on node 2 over NSQ and
+    requeued there; delivered again on node 1 over NSQ and finished: each node's timeline of it has the five
+    events in order, each naming the node it happened on, and no gap."""
+    one, two = nodes
+    topic, channel = f"traced-{uuid.uuid4().hex[:8]}", "workers"
+    assert _post(one, f"/api/trace/on?topic={topic}") == {"topic": topic, "traced": True}
+    wait_until(lambda: any(entry["name"] == topic and entry["traced"]
+                           for entry in http_json(two.http, "/api/trace")["topics"]), "the trace on node 2", SETTLED_S)
+    name_one, name_two = (http_json(gateway.http, "/api/trace")["node"] for gateway in (one, two))
+    assert name_one != name_two and all(re.fullmatch(r".+/\d+", name) for name in (name_one, name_two))
+    with nsq_blocking.Connection(two.nsq_tcp, CLIENT_TIMEOUT_S) as elsewhere:
+        elsewhere.send(nsq_client.sub(topic, channel))
+        elsewhere.wait_for_ok("SUB")
+        with mqks_blocking.Connection(one.host_port("mqks"), CLIENT_TIMEOUT_S) as producer:
+            producer.request("p", "publish", f"{topic} traced body", confirm=True)
+            assert producer.next_line() == b"p ok "
+        elsewhere.send(nsq_client.rdy(1))
+        first = _next_message(elsewhere)
+        elsewhere.send(nsq_client.rdy(0))
+        elsewhere.send(nsq_client.req(first.msg_id, 0))
+        with nsq_blocking.Connection(one.nsq_tcp, CLIENT_TIMEOUT_S) as here:
+            here.send(nsq_client.sub(topic, channel))
+            here.wait_for_ok("SUB")
+            here.send(nsq_client.rdy(1))
+            again = _next_message(here)
+            assert (again.msg_id, again.body, again.attempts) == (first.msg_id, b"traced body", 2)
+            here.send(nsq_client.fin(again.msg_id))
+            expected = [("published", name_one, "mqks"), ("delivered", name_two, "nsq"),
+                        ("requeued", name_two, "nsq"), ("delivered", name_one, "nsq"), ("finished", name_one, "nsq")]
+
+            for gateway in (one, two):
+                def timeline(gateway: GatewayProcess = gateway) -> dict[str, Any]:
+                    [found] = http_json(gateway.http, f"/api/trace/find?q={first.msg_id.decode()}")["messages"]
+                    shown = [(event["event"], event["node"], event.get("protocol")) for event in found["events"]]
+                    assert shown == expected, shown
+                    return found
+
+                found = wait_until(timeline, f"the whole path on {gateway.http}", SETTLED_S)
+                assert found["gaps"] == [], found

@@ -182,3 +182,30 @@ def test_a_backlog_spilled_to_disk_is_queued_for_the_first_queue_event_by_event(
         [found] = trace.find(str(message_id))
         assert gaps(trace.timeline(found)) == [], trace.timeline(found)
     store.close()
+
+
+def test_another_nodes_events_join_the_timeline_in_time_order_and_an_older_one_moves_no_place() -> None:
+    """Events another node tells (`absorb`): kept in the topic's ring with their node, the timeline in time
+    order; an event older than this node's last at a place leaves the place's state; bad ones are refused."""
+    engine, trace, _ = _engine()
+    trace.adopts = True
+    trace.trace("orders")
+    engine.ensure_queue("billing")
+    engine.bind("billing", "orders")
+    got: list[Message] = []
+    consumer = engine.attach("billing", got.append, credit=5, client=Client("nsq", "127.0.0.1:5000", "w"))
+    message_id = engine.publish("orders", b"order 1")
+    remote = {"seq": 7, "event": "requeued", "node": "vm/2", "traced_topic": "orders", "message_id": message_id,
+              "ids": {"hex": f"{message_id:016x}"}, "queue": "billing", "protocol": "mqks", "client": "10.0.0.2:1",
+              "client_name": "", "attempt": 1, "time_ns": engine.clock.wall_ns() - 1_000}
+    assert consumer.finish(message_id).name == "OK"  # this node's finish, after the other node's requeue
+    assert trace.absorb(remote)
+    [traced] = trace.find(f"{message_id:016x}")
+    events = Tracer.timeline(traced)
+    assert [(event.kind, event.node) for event in events] == [
+        ("requeued", "vm/2"), ("published", None), ("queued", None), ("delivered", None), ("finished", None)]
+    assert event_json(events[0], "vm/1")["node"] == "vm/2" and event_json(events[1], "vm/1")["node"] == "vm/1"
+    assert gaps(events) == []  # the older requeue did not put the copy back in the queue
+    for bad in ({**remote, "event": "exploded"}, {**remote, "message_id": "1"}, {**remote, "traced_topic": "other"},
+                {**remote, "queue": 5}, {k: v for k, v in remote.items() if k != "node"}):
+        assert not trace.absorb(bad)
