@@ -27,7 +27,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from support.namespace import BLOCK_TIMEOUT_S, ENTER, Namespace, namespace
+from support.namespace import BLOCK_TIMEOUT_S, Namespace, namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").rglob("*.md"))]
@@ -136,7 +136,9 @@ ELSEWHERE: dict[tuple[str, str], RunBy | NotRun] = {
     ("docs/cluster.md", "nsqlookupd --broadcast-address=127.0.0.1 &                              # TCP 4160, HTTP "
                         "4161"): RunBy(LOOKUPD_EXAMPLE, NSQ_OR_FAKES),
     ("docs/cluster.md", "polymq serve --bind 0.0.0.0 --lookupd-tcp-address lookupd1:4160 --lookupd-tcp-address "
-                        "lookupd2:4160"): NotRun("names the machines of a deployment (lookupd1, lookupd2)"),
+                        "lookupd2:4160"):
+        RunBy("tests/test_docs_deployment.py::test_a_node_of_a_deployment_registers_with_both_lookupds_it_names",
+              "as printed, lookupd1 and lookupd2 named in the namespace's own /etc/hosts"),
     ("docs/cluster.md", "nsq_tail --lookupd-http-address=127.0.0.1:4161 --topic=orders"):
         RunBy(LOOKUPD_EXAMPLE, "each line in the background, against the block above, " + NSQ_OR_FAKES),
     ("docs/cluster.md", "mkdir -p js"):
@@ -152,7 +154,8 @@ ELSEWHERE: dict[tuple[str, str], RunBy | NotRun] = {
               "its second line as printed on a stale copy of the page; the first is the suite's own run of "
               "tests/test_matrix.py"),
     ("docs/operations.md", "sysctl -w net.ipv4.ip_local_reserved_ports=47290-47299"):
-        NotRun("changes the machine's settings (/etc/sysctl.d)"),
+        RunBy("tests/test_docs_deployment.py::test_the_reserved_ports_are_set_now_and_for_the_next_boot",
+              "as printed, in a namespace with its own network settings and /etc/sysctl.d"),
     ("docs/operations.md", "openssl rand -hex 16 > admin-token && chmod 600 admin-token"):
         RunBy("tests/test_admin_api.py::test_a_real_gateway_says_how_its_api_is_guarded_and_checks_the_token",
               "the same flags and header on loopback: the block names a deployment's address (192.0.2.10)"),
@@ -279,7 +282,7 @@ class Foreground:
     def __init__(self, space: Namespace, line: str) -> None:
         self.line = line
         self.process = subprocess.Popen(
-            ["nsenter", *ENTER, f"--net=/proc/{space.holder.pid}/ns/net", "--", "bash", "-c", line],
+            [*space.enter, "bash", "-c", line],
             cwd=space.folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         deadline = time.monotonic() + SERVE_TIMEOUT_S
         while (waited := space._run(".venv/bin/polymq wait", BLOCK_TIMEOUT_S)).returncode:
@@ -315,7 +318,7 @@ def read_until_ctrl_c(space: Namespace, command: str, shows: str, timeout: float
     """Run `command` on a terminal of its own (its prints reach the reader line by line there, not held in a
     pipe's buffer) until it prints `shows`, then press Ctrl-C (SIGINT to its process group); all it printed."""
     terminal, its_end = os.openpty()
-    process = subprocess.Popen(["nsenter", *ENTER, f"--net=/proc/{space.holder.pid}/ns/net", "--", "bash", "-c",
+    process = subprocess.Popen([*space.enter, "bash", "-c",
                                 command], cwd=space.folder, stdin=its_end, stdout=its_end, stderr=its_end,
                                start_new_session=True)
     os.close(its_end)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from support.namespace import ENTER, Namespace, namespace
+from support.namespace import Namespace, namespace
 from support.nsq_programs import home_with_nsq_programs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,7 +136,7 @@ def test_a_block_runs_as_printed_on_a_small_count(page: str, line: int, text: st
             # Into a file, not a pipe: what the block leaves running in the background holds its output open.
             with (tmp_path / "output").open("w+") as output:
                 done = subprocess.run(
-                    ["nsenter", *ENTER, f"--net=/proc/{space.holder.pid}/ns/net", "--", "bash", "-c",
+                    [*space.enter, "bash", "-c",
                      "set -e -o pipefail -x\n" + script], cwd=space.folder, stdout=output, stderr=subprocess.STDOUT,
                     timeout=BLOCK_TIMEOUT_S, env={**os.environ, "HOME": str(home)})
                 output.seek(0)

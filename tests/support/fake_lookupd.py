@@ -11,7 +11,8 @@ by connection id.
 The HTTP side answers what consumers and nsqadmin read, shaped as `nsqlookupd/http.go` shapes them:
 `/ping`, `/info`, `/lookup?topic=`, `/topics`, `/channels?topic=`, `/nodes`, `/debug`, and the POSTs
 `/topic/create|delete`, `/channel/create|delete`, `/topic/tombstone`. Threads, no trio: a test may
-drive it from plain code while a gateway runs in another process. Everything binds 127.0.0.1.
+drive it from plain code while a gateway runs in another process. Everything binds loopback (127.0.0.1
+unless told another loopback address).
 """
 
 from __future__ import annotations
@@ -85,8 +86,10 @@ class ClientError(Exception):
 class FakeLookupd:
     """The registration DB, its TCP and HTTP listeners, and a log of the commands nodes sent."""
 
-    def __init__(self, port: int = 0, http_port: int = 0, broadcast_address: str = "127.0.0.1") -> None:
+    def __init__(self, port: int = 0, http_port: int = 0, broadcast_address: str = "127.0.0.1",
+                 host: str = "127.0.0.1") -> None:
         self.broadcast_address = broadcast_address  # what IDENTIFY's answer names the lookupd by
+        self.host = host  # a loopback address
         self.db: dict[Registration, dict[str, Producer]] = {}
         self.commands: list[tuple[str, str]] = []  # (connection id, the command line)
         self.connections = 0  # TCP connections accepted so far
@@ -110,19 +113,19 @@ class FakeLookupd:
                 pass
 
         socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self.tcp = socketserver.ThreadingTCPServer(("127.0.0.1", port), TcpHandler)
+        self.tcp = socketserver.ThreadingTCPServer((host, port), TcpHandler)
         self.tcp.daemon_threads = True
-        self.http = ThreadingHTTPServer(("127.0.0.1", http_port), HttpHandler)
+        self.http = ThreadingHTTPServer((host, http_port), HttpHandler)
         self.http.daemon_threads = True
         self._open: set[socket.socket] = set()
 
     @property
     def tcp_address(self) -> str:
-        return f"127.0.0.1:{self.tcp.server_address[1]}"
+        return f"{self.host}:{self.tcp.server_address[1]}"
 
     @property
     def http_address(self) -> str:
-        return f"127.0.0.1:{self.http.server_address[1]}"
+        return f"{self.host}:{self.http.server_address[1]}"
 
     def start(self) -> None:
         for server in (self.tcp, self.http):
@@ -458,8 +461,8 @@ def running_lookupd() -> Iterator[FakeLookupd]:
 
 def main(argv: list[str]) -> None:
     """`nsqlookupd` as a program (its flags that the docs use), run as `python fake_lookupd.py`: listens on
-    127.0.0.1 at the ports of --tcp-address and --http-address (nsqlookupd's 4160 and 4161) until SIGINT
-    or SIGTERM."""
+    the loopback address of --tcp-address (else 127.0.0.1) at the ports of --tcp-address and --http-address
+    (nsqlookupd's 4160 and 4161) until SIGINT or SIGTERM."""
     sys.path.insert(0, str(Path(__file__).parent))
     from fake_nsq_common import BOOL, STRING, catch_signals, exit_now, parse_flags
 
@@ -470,8 +473,9 @@ def main(argv: list[str]) -> None:
         print(f"nsqlookupd v{VERSION} (fake)")
         return
     stopped = catch_signals([signal.SIGINT, signal.SIGTERM])
+    host = values["tcp-address"].rpartition(":")[0]
     lookupd = FakeLookupd(int(values["tcp-address"].rpartition(":")[2]), int(values["http-address"].rpartition(":")[2]),
-                          values["broadcast-address"])
+                          values["broadcast-address"], host if host.startswith("127.") else "127.0.0.1")
     lookupd.start()
     print(f"[nsqlookupd] INFO: nsqlookupd v{VERSION} (fake)", flush=True)
     print(f"[nsqlookupd] INFO: TCP: listening on {lookupd.tcp_address}", flush=True)

@@ -8,12 +8,13 @@ The blocks run in a folder of their own whose entries are links to this checkout
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,22 +32,35 @@ NOT_LINKED = {".git", "data", ".pytest_cache", ".ruff_cache", ".hypothesis"}
 
 
 class Namespace:
-    """A network namespace with its loopback up, held open by a sleeping process, and a folder to run in."""
+    """A network namespace with its loopback up, held open by a sleeping process, and a folder to run in.
+    `covered`: machine paths (/etc/hosts, /etc/sysctl.d) each covered, in a mount namespace of its own, by a
+    file or folder of the test's, so what a block reads or writes there stays the test's."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, covered: Mapping[str, Path] | None = None) -> None:
         self.folder = folder
+        self.covered = dict(covered or {})
         for entry in ROOT.iterdir():
             if entry.name not in NOT_LINKED and not entry.name.endswith((".log", ".pid")):
                 (folder / entry.name).symlink_to(entry)
-        self.holder = subprocess.Popen([*NAMESPACE, "sh", "-c", "ip link set lo up && exec sleep 3600"])
+        mounts = "".join(f" && mount --bind {shlex.quote(str(mine))} {shlex.quote(path)}"
+                         for path, mine in self.covered.items())
+        unshare = [*NAMESPACE, "--mount"] if self.covered else list(NAMESPACE)
+        self.holder = subprocess.Popen([*unshare, "sh", "-c", f"ip link set lo up{mounts} && exec sleep 3600"])
         deadline = time.monotonic() + 10
         while self._run("ip -o link show lo").stdout.find("UP") < 0:
             assert self.holder.poll() is None and time.monotonic() < deadline, "the namespace did not come up"
             time.sleep(0.05)
 
+    @property
+    def enter(self) -> list[str]:
+        """nsenter's arguments into it."""
+        # Entering a mount namespace starts at its root: back to the folder.
+        mount = [f"--mount=/proc/{self.holder.pid}/ns/mnt", f"--wd={self.folder}"] if self.covered else []
+        return ["nsenter", *ENTER, f"--net=/proc/{self.holder.pid}/ns/net", *mount, "--"]
+
     def _run(self, script: str, timeout: float = BLOCK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["nsenter", *ENTER, f"--net=/proc/{self.holder.pid}/ns/net", "--", "bash", "-c",
-                               script], cwd=self.folder, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run([*self.enter, "bash", "-c", script], cwd=self.folder, capture_output=True, text=True,
+                              timeout=timeout)
 
     def run(self, script: str, timeout: float = BLOCK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
         result = self._run(script, timeout)
@@ -105,11 +119,11 @@ def alive(pid: int) -> bool:
 
 
 @contextmanager
-def namespace() -> Iterator[Namespace]:
+def namespace(covered: Mapping[str, Path] | None = None) -> Iterator[Namespace]:
     if shutil.which("unshare") is None or shutil.which("nsenter") is None or shutil.which("ip") is None:
         pytest.fail("the docs blocks need unshare, nsenter (util-linux) and ip (iproute2): make system-tools")
     folder = Path(tempfile.mkdtemp(prefix="polymq-docs-"))
-    space = Namespace(folder)
+    space = Namespace(folder, covered)
     try:
         yield space
     finally:
