@@ -174,7 +174,8 @@ ELSEWHERE: dict[tuple[str, str], RunBy | NotRun] = {
         RunBy(SPARK_EXAMPLE, "its script, as make runs it"),
     ("docs/spark.md", "make install                                             # this clone's .venv has it "
                       "(and polymq) already"):
-        NotRun("installs another Python's environment from PyPI"),
+        RunBy("tests/test_docs_deployment.py::test_another_python_gets_polymq_and_its_spark_source_from_the_clone",
+              "as printed, /tmp/spark-env the test's, pip given wheels built beforehand"),
     ("docs/spark.md", "make example-spark          # or: .venv/bin/python examples/spark_orders/run.py"):
         RunBy(SPARK_EXAMPLE, "its script, as make runs it"),
     ("docs/spark.md", "pip install '/path/to/polymq[spark]'                     # on the driver's and every "

@@ -42,6 +42,10 @@ class Namespace:
         for entry in ROOT.iterdir():
             if entry.name not in NOT_LINKED and not entry.name.endswith((".log", ".pid")):
                 (folder / entry.name).symlink_to(entry)
+        # A covered path that is not there gets a mount point for the while (removed at the close).
+        self.made = [Path(path) for path in self.covered if not os.path.lexists(path)]
+        for path in self.made:
+            path.mkdir() if self.covered[str(path)].is_dir() else path.touch()
         mounts = "".join(f" && mount --bind {shlex.quote(str(mine))} {shlex.quote(path)}"
                          for path, mine in self.covered.items())
         unshare = [*NAMESPACE, "--mount"] if self.covered else list(NAMESPACE)
@@ -108,6 +112,8 @@ class Namespace:
                 os.kill(pid, signal.SIGKILL)
         self.holder.kill()
         self.holder.wait()
+        for path in self.made:
+            path.rmdir() if path.is_dir() else path.unlink()
 
 
 def alive(pid: int) -> bool:
