@@ -59,6 +59,28 @@ class QueueTotals:
 
 
 @attrs.frozen(slots=True)
+class ReplicaView:
+    """A server holding a copy of a topic's stream, as its leader sees it."""
+
+    server: str
+    current: bool  # caught up with the leader
+    lag: int  # operations it is behind
+    active_s: float | None  # seconds since the leader last heard from it
+    offline: bool
+
+
+@attrs.frozen(slots=True)
+class StreamView:
+    """A topic's stream in the cluster: its leader, its other replicas, what it holds."""
+
+    topic: str
+    leader: str | None  # none while it elects one
+    replicas: tuple[ReplicaView, ...]
+    messages: int
+    read_s: float  # seconds since it was read
+
+
+@attrs.frozen(slots=True)
 class ClusterView:
     """The cluster as one node sees it now."""
 
@@ -70,6 +92,8 @@ class ClusterView:
     # that are summed over the nodes (nsqd's /stats under nsqadmin, per-node metrics): the lowest-numbered
     # node heard from, so a sum over the nodes counts them once.
     reporter: int
+    connected: str | None = None  # the server this node talks to
+    streams: dict[str, StreamView] = attrs.Factory(dict)  # by topic, as last read
 
     @property
     def reports_stored(self) -> bool:

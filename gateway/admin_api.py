@@ -44,10 +44,10 @@ def _failure(status: int, code: str, reason: str) -> Response:
     return _answer(status, {"message": code, "reason": reason})
 
 
-def _deepest(items: Iterable[Any], depth: Callable[[Any], int]) -> tuple[list[Any], int]:
-    """The `MAX_LISTED` deepest items sorted by name, and how many were left out."""
+def _deepest(items: Iterable[Any], depth: Callable[[Any], int], key: str = "name") -> tuple[list[Any], int]:
+    """The `MAX_LISTED` deepest items sorted by name (`key`), and how many were left out."""
     ordered = sorted(items, key=depth, reverse=True)
-    return sorted(ordered[:MAX_LISTED], key=lambda item: item.name), max(0, len(ordered) - MAX_LISTED)
+    return sorted(ordered[:MAX_LISTED], key=lambda item: getattr(item, key)), max(0, len(ordered) - MAX_LISTED)
 
 
 def _cluster(view: ClusterView | None) -> dict[str, Any] | None:
@@ -55,6 +55,7 @@ def _cluster(view: ClusterView | None) -> dict[str, Any] | None:
     if view is None:
         return None
     queues, omitted = _deepest(view.queues.values(), lambda queue: queue.depth)
+    streams, streams_omitted = _deepest(view.streams.values(), lambda stream: stream.messages, key="topic")
     return {
         "node": view.node,
         "reporter": view.reporter,
@@ -66,7 +67,14 @@ def _cluster(view: ClusterView | None) -> dict[str, Any] | None:
                     "nodes": [{"node": node, "consumers": part.consumers, "in_flight": part.in_flight,
                                "held": part.held} for node, part in queue.parts.items()]}
                    for queue in queues],
-        "omitted": {"queues": omitted},
+        "connected": view.connected,
+        "streams": [{"topic": stream.topic, "leader": stream.leader, "messages": stream.messages,
+                     "read_s": round(stream.read_s, 3),
+                     "replicas": [{"server": replica.server, "current": replica.current, "lag": replica.lag,
+                                   "active_s": None if replica.active_s is None else round(replica.active_s, 3),
+                                   "offline": replica.offline} for replica in stream.replicas]}
+                    for stream in streams],
+        "omitted": {"queues": omitted, "streams": streams_omitted},
     }
 
 

@@ -105,6 +105,18 @@ class EngineCollector(Collector):
             "redelivered": "Copies of the queue given out more than once and not finished (JetStream's count).",
             "consumers": "Consumers of the queue on every node.",
         }
+        streams, _ = _limited(view.streams.values(), lambda stream: stream.messages)
+        lag = GaugeMetricFamily("polymq_cluster_stream_lag", "Operations the furthest replica of a topic's stream "
+                                "is behind its leader.", labels=["topic"])
+        behind = GaugeMetricFamily("polymq_cluster_stream_replicas_behind", "Replicas of a topic's stream not "
+                                   "caught up with its leader (offline included); with no leader, all of them.",
+                                   labels=["topic"])
+        for stream in streams:
+            lag.add_metric([stream.topic], max((replica.lag for replica in stream.replicas), default=0))
+            behind.add_metric([stream.topic], sum(1 for replica in stream.replicas if not replica.current
+                                                  or replica.offline) + (0 if stream.leader else 1))
+        yield lag
+        yield behind
         shown, rest = _limited(view.queues.values(), lambda queue: queue.depth)
         for name, text in gauges.items():
             family = GaugeMetricFamily(f"polymq_cluster_queue_{name}", text, labels=["queue"])

@@ -6,8 +6,9 @@ clients have not finished, the copies it fetched and has not handed out. Every n
 of each; a node not heard from for REPORT_LAPSE_S is gone from the view. Beside them, the cluster's own
 counts of each queue (JetStream's consumer info: what it has not given out, what it gave out and was not
 answered, what it gave more than once), which the node's topology reads in turn (every topic at least once
-a second, 20 topics a second), and the deferred publishes of each topic (one read of the deferred stream's
-subjects per report). `view()` puts them together (core/cluster.py says what each number counts).
+a second, 20 topics a second), the deferred publishes of each topic (one read of the deferred stream's
+subjects per report), and each topic's stream (its leader, its replicas and their lag: 20 streams per
+report, in turn). `view()` puts them together (core/cluster.py says what each number counts).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from polymq.core.cluster import ClusterView, NodeView, QueuePart, QueueTotals
+from polymq.core.cluster import ClusterView, NodeView, QueuePart, QueueTotals, ReplicaView, StreamView
 from polymq.core.shared import SharedQueue
 from polymq.jetstream import api, deferred
 from polymq.jetstream.nats_connection import Msg, NatsError
@@ -42,6 +43,9 @@ REPORT_LAPSE_S = 3 * REPORT_INTERVAL_S
 REPORT_QUEUES = 2000
 # Host names and the like from another node's report are cut to this (they reach logs and pages).
 TEXT_LIMIT = 255
+# Topic streams whose info (leader, replicas, lag) is read per report, in turn: a large cluster's are read
+# over several reports, at a pace that does not load its meta leader.
+STREAMS_PER_REPORT = 20
 
 
 @attrs.frozen(slots=True)
@@ -100,6 +104,9 @@ class NodeReports:
         self.pid = os.getpid()
         self.started = time.time()
         self.deferred_by_topic: dict[str, int] = {}
+        self.streams: dict[str, StreamView] = {}  # by topic, as last read
+        self._streams_read_at: dict[str, float] = {}
+        self._streams_from = 0
         self.sent = 0
         self.refused = 0  # reports of others that were not reports
 
@@ -110,6 +117,7 @@ class NodeReports:
         while True:
             self.send()
             await self._read_deferred()
+            await self._read_streams()
             await trio.sleep(REPORT_INTERVAL_S)
 
     def send(self) -> None:
@@ -138,6 +146,33 @@ class NodeReports:
                 continue
         self.deferred_by_topic = counts
 
+    async def _read_streams(self) -> None:
+        """The next STREAMS_PER_REPORT topics' stream infos: leader, replicas and their lag."""
+        topics = sorted(self.link.topology.read)
+        for topic in list(self.streams):
+            if topic not in self.link.topology.read:
+                del self.streams[topic]
+        if self._streams_from >= len(topics):
+            self._streams_from = 0
+        for topic in topics[self._streams_from:self._streams_from + STREAMS_PER_REPORT]:
+            try:
+                info = await api.api(self.link.connection, f"STREAM.INFO.{api.topic_stream(topic)}",
+                                     timeout=REPORT_INTERVAL_S)
+            except NatsError:
+                continue  # as last read
+            cluster = info.get("cluster") or {}
+            replicas = tuple(
+                ReplicaView(str(replica.get("name", ""))[:TEXT_LIMIT], bool(replica.get("current")),
+                            int(replica.get("lag", 0) or 0),
+                            None if replica.get("active") is None else int(replica["active"]) / 1e9,
+                            bool(replica.get("offline")))
+                for replica in cluster.get("replicas") or [])
+            leader = cluster.get("leader")
+            self.streams[topic] = StreamView(topic, str(leader)[:TEXT_LIMIT] if leader else None, replicas,
+                                             int((info.get("state") or {}).get("messages", 0)), 0.0)
+            self._streams_read_at[topic] = self.link.clock.now()
+        self._streams_from += STREAMS_PER_REPORT
+
     def _on_report(self, msg: Msg) -> None:
         engine = self.link.engine
         heard = decode(msg.payload, self.link.clock.now())
@@ -159,9 +194,11 @@ class NodeReports:
         nodes += [NodeView(h.node, h.host, h.pid, h.started, now - h.at, False) for h in self.heard.values()]
         parts_by_node = {node: heard.parts for node, heard in self.heard.items()}
         parts_by_node[engine.node] = own_parts(engine.queues.values())
+        streams = {topic: attrs.evolve(stream, read_s=now - self._streams_read_at.get(topic, now))
+                   for topic, stream in self.streams.items()}
         return ClusterView(engine.node, tuple(sorted(nodes, key=lambda view: view.node)),
                            self._queues(parts_by_node, now), frozenset(self.link.topology.read),
-                           min(view.node for view in nodes))
+                           min(view.node for view in nodes), self.link.connection.connected_url, streams)
 
     def _queues(self, parts_by_node: dict[int, dict[str, QueuePart]], now: float) -> dict[str, QueueTotals]:
         topology = self.link.topology

@@ -167,8 +167,9 @@ def _holding(gateway: GatewayProcess, topic: str, channel: str, count: int) -> n
 def test_a_nodes_page_shows_the_cluster_with_a_queue_read_through_both_nodes(
         tmp_path: Path, nats_server: NatsServer) -> None:
     """Two nodes on JetStream, a channel's consumers holding 2 messages on one node and 1 on the other, 10
-    published: the other node's page lists both nodes and the queue over both (7 ready, 3 in flight, 2
-    consumers, each node's part). Its picture (POLYMQ_SCREENSHOTS=DIR writes it there: docs/images)."""
+    published: the other node's page lists both nodes, the topic's stream with its leader, and the queue over
+    both (7 ready, 3 in flight, 2 consumers, each node's part). Its picture (POLYMQ_SCREENSHOTS=DIR writes it
+    there: docs/images)."""
     topic, channel = "orders", "billing"
     with running_gateway("--jetstream", nats_server.url, data_dir=tmp_path / "one") as one, \
             running_gateway("--jetstream", nats_server.url, data_dir=tmp_path / "two") as two:
@@ -190,6 +191,10 @@ def test_a_nodes_page_shows_the_cluster_with_a_queue_read_through_both_nodes(
                 wait.until(lambda driver: [_text(driver, f"{row} td:nth-child({n})") for n in (3, 4, 5, 7)]
                            == ["7", "3", "0", "2"])
                 assert _text(browser, f"{row} td:nth-child(2)") == topic
+                stream = f'tr[data-stream="{topic}"]'  # its stream on the one server, which leads it
+                wait.until(lambda driver: _text(driver, f"{stream} td:nth-child(2)") == nats_server.name)
+                assert _text(browser, f"{stream} td:nth-child(4)") == "10"
+                assert _text(browser, "#cluster-server") == nats_server.url
                 parts = [item.text for item in browser.find_elements(By.CSS_SELECTOR, f"{row} li[data-part]")]
                 assert sorted(parts) == sorted([f"node {number_one}: 1, 2, 0", f"node {number_two}: 1, 1, 0"]), parts
                 listed = [row.get_attribute("data-node") for row in

@@ -59,7 +59,7 @@ def _holding(gateway: GatewayProcess, topic: str, channel: str, count: int) -> n
 
 
 def test_every_node_shows_the_clusters_numbers_of_a_queue_read_through_both(
-        nodes: tuple[GatewayProcess, GatewayProcess]) -> None:
+        nodes: tuple[GatewayProcess, GatewayProcess], nats_cluster: NatsCluster) -> None:
     """10 messages in a channel whose consumers hold 2 on node 1 and 1 on node 2: on each node's admin API,
     7 ready, 3 in flight (2 on node 1, 1 on node 2), 2 consumers, both nodes listed; on each node's /metrics,
     the same series."""
@@ -92,11 +92,19 @@ def test_every_node_shows_the_clusters_numbers_of_a_queue_read_through_both(
             assert found["topics"] == [topic] and found["redelivered"] == 0
             cluster = _state(gateway)["cluster"]
             assert {node["node"] for node in cluster["nodes"]} >= {node_one, node_two}
+            assert cluster["connected"] in nats_cluster.urls
+            stream = wait_until(lambda gateway=gateway: next(  # type: ignore[misc]
+                entry for entry in _state(gateway)["cluster"]["streams"] if entry["topic"] == topic),
+                f"the topic's stream on {gateway.http}", SETTLED_S)
+            servers = {server.name for server in nats_cluster.servers}
+            assert stream["leader"] in servers and stream["messages"] == 10, stream
+            assert {replica["server"] for replica in stream["replicas"]} == servers - {stream["leader"]}, stream
             assert cluster["reporter"] == min(node["node"] for node in cluster["nodes"])
             metrics = http(gateway.http, "/metrics")[1].decode()
             for name, value in (("depth", 7), ("in_flight", 3), ("consumers", 2)):
                 assert re.search(rf'^polymq_cluster_queue_{name}{{queue="{queue}"}} {value}\.0$', metrics,
                                  re.MULTILINE), name
+            assert re.search(rf'^polymq_cluster_stream_lag{{topic="{topic}"}} \d+\.0$', metrics, re.MULTILINE)
     finally:
         first.close()
         second.close()
