@@ -180,7 +180,8 @@ ELSEWHERE: dict[tuple[str, str], RunBy | NotRun] = {
         RunBy(SPARK_EXAMPLE, "its script, as make runs it"),
     ("docs/spark.md", "pip install '/path/to/polymq[spark]'                     # on the driver's and every "
                       "executor's Python (a clone)"):
-        NotRun("needs a Spark cluster and HDFS of the reader's"),
+        RunBy("tests/test_docs_deployment.py::test_the_example_job_runs_on_a_spark_cluster_as_submitted",
+              "as printed, its names filled in: a standalone Spark master and worker on loopback, a gateway"),
     ("docs/spark.md", ".venv/bin/polymq serve --no-pzq --no-emqp &"): RunBy(PERFORMANCE_BLOCKS, ON_A_SMALL_COUNT),
     ("docs/testing.md", "make test"): RunBy(".ci/run", "CI's own command"),
     ("docs/testing.md", ".venv/bin/pytest -q tests/test_mqks.py"):
