@@ -1,5 +1,5 @@
 """Every shell block of README.md and docs/: each is run here as printed, or by the test named for it, or
-is the same commands as a block run here, or is listed with the one reason it cannot run in the suite.
+is the same commands as a block run here.
 A block added to a page, or changed, must be given its place here: the inventory test fails until it is.
 
 The blocks run here go in scenes: each scene is one network namespace (tests/support/namespace.py: every
@@ -82,13 +82,6 @@ class RunBy:
     how: str = "as printed"
 
 
-@attrs.frozen(slots=True)
-class NotRun:
-    """Cannot run in the suite, for this one reason."""
-
-    reason: str
-
-
 ON_A_SMALL_COUNT = "as printed on a small count, a recipe's PID, DIR and BEFORE filled in"
 PERFORMANCE_BLOCKS = "tests/test_docs_performance.py::test_a_block_runs_as_printed_on_a_small_count"
 SPARK_EXAMPLE = "tests/test_spark.py::test_the_example_pipeline_runs_end_to_end_from_one_command"
@@ -125,7 +118,7 @@ SCENES: dict[str, list[tuple[str, str]]] = {
 # What the README says stops its gateway (in its text, not a block).
 README_STOP = "kill $(cat polymq-try.pid)"
 
-ELSEWHERE: dict[tuple[str, str], RunBy | NotRun] = {
+ELSEWHERE: dict[tuple[str, str], RunBy] = {
     ("README.md", "make serve   # fresh machine: installs into .venv and starts the gateway (NSQ 4150/4151, MQKS "
                   "25000, PHPMQ 9100/9101, PZQ 11131-11133, eMQP 47290-47299, its own HTTP 4181; loopback, "
                   "durable storage in ./data)"):
@@ -211,8 +204,8 @@ def _performance(block: Block) -> RunBy:
     return RunBy(PERFORMANCE_BLOCKS, ON_A_SMALL_COUNT)
 
 
-def placed(block: Block) -> str | RunBy | NotRun:
-    """Where the block is run: a scene's name, a test, or the reason it is not."""
+def placed(block: Block) -> str | RunBy:
+    """Where the block is run: a scene's name, or a test."""
     for scene, keys in SCENES.items():
         if block.key in keys:
             return scene
@@ -231,7 +224,7 @@ def placed(block: Block) -> str | RunBy | NotRun:
     same = _same_as_run(block)
     if same is not None:
         return same
-    raise LookupError(f"{block.page}:{block.line} is not placed: run it in a scene, name its test, or say why not")
+    raise LookupError(f"{block.page}:{block.line} is not placed: run it in a scene, or name its test")
 
 
 def _same_as_run(block: Block) -> RunBy | None:
