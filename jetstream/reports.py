@@ -114,10 +114,16 @@ class NodeReports:
         self.link.connection.subscribe(REPORT_PREFIX + "*", self._on_report)
 
     async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._send_on_a_clock)  # reads that wait on a slow cluster never delay a report
+            while True:
+                await self._read_deferred()
+                await self._read_streams()
+                await trio.sleep(REPORT_INTERVAL_S)
+
+    async def _send_on_a_clock(self) -> None:
         while True:
             self.send()
-            await self._read_deferred()
-            await self._read_streams()
             await trio.sleep(REPORT_INTERVAL_S)
 
     def send(self) -> None:
