@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from polymq.adapters.protocol import Service
 from polymq.adapters.traffic import Traffic
-from polymq.core.cluster import queue_share, topic_share
+from polymq.core.cluster import ClusterView, queue_share, topic_share
 from polymq.core.disk_storage import DiskStorage
 from polymq.core.engine import Engine
 from polymq.gateway.committer import SYNC_BUCKETS_S, Committer
@@ -55,8 +55,9 @@ class EngineCollector(Collector):
         self.http: Traffic | None = None  # the gateway's own listener's, once it serves
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._topics()
-        yield from self._queues()
+        view = self.engine.cluster()  # read once a scrape: on a cluster, what each node's share is made of
+        yield from self._topics(view)
+        yield from self._queues(view)
         yield from self._protocols()
         storage = self.engine.storage
         yield CounterMetricFamily("polymq_store_syncs", "fdatasync jobs of the store that ended.",
@@ -65,7 +66,7 @@ class EngineCollector(Collector):
                                 value=1 if getattr(storage, "failure", None) is not None else 0)
         yield from self._disk(storage)
         yield from self._backend()
-        yield from self._cluster()
+        yield from self._cluster(view)
 
     def _backend(self) -> Iterator[Metric]:
         """Where the queues live; for a JetStream cluster, its servers and the publish acks' latency."""
@@ -88,10 +89,9 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily("polymq_jetstream_unreachable", "1 while the JetStream cluster cannot be reached.",
                                 value=1 if backend.get("failure") else 0)
 
-    def _cluster(self) -> Iterator[Metric]:
+    def _cluster(self, view: ClusterView | None) -> Iterator[Metric]:
         """A cluster's queues over all its nodes: the same series on every node, so one scrape of any node
         gives them, and `max by (queue)` over several counts each once."""
-        view = self.engine.cluster()
         if view is None:
             return
         yield GaugeMetricFamily("polymq_cluster_nodes", "Nodes of the cluster heard from lately, this one included.",
@@ -188,7 +188,7 @@ class EngineCollector(Collector):
         yield from families.values()
         yield errors
 
-    def _topics(self) -> Iterator[Metric]:
+    def _topics(self, view: ClusterView | None) -> Iterator[Metric]:
         depth = GaugeMetricFamily("polymq_topic_depth", "Messages a topic keeps for no queue yet (or while paused).",
                                   labels=["topic"])
         messages = CounterMetricFamily("polymq_topic_messages", "Messages published to a topic.", labels=["topic"])
@@ -196,7 +196,7 @@ class EngineCollector(Collector):
                                         labels=["topic"])
         finished = CounterMetricFamily("polymq_topic_finished", "Deliveries acknowledged from the queues bound "
                                        "to a topic.", labels=["topic"])
-        view = self.engine.cluster()  # on a cluster, each node's share: summed over the nodes, counted once
+        # On a cluster, each node's share: summed over the nodes, counted once.
         families = ((depth, lambda topic: topic_share(view, topic).depth),
                     (messages, lambda topic: topic.message_count),
                     (delivered, lambda topic: sum(queue.delivered_count for queue in topic.queues)),
@@ -209,8 +209,8 @@ class EngineCollector(Collector):
                 family.add_metric([OTHER], sum(value(topic) for topic in rest))
             yield family
 
-    def _queues(self) -> Iterator[Metric]:
-        view = self.engine.cluster()  # on a cluster, each node's share: summed over the nodes, counted once
+    def _queues(self, view: ClusterView | None) -> Iterator[Metric]:
+        # On a cluster, each node's share: summed over the nodes, counted once.
         gauges = {
             "depth": ("Messages ready in a queue (in memory and on disk); on a cluster, this node's share.",
                       lambda queue: queue_share(view, queue).depth),

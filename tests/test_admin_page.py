@@ -20,6 +20,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from polymq.clients import nsq as nsq_blocking
 from polymq.codecs import nsq_client, phpmq
 
+from support import nsq_wire
 from support.browser import chromium
 from support.gateway import GatewayProcess, running_gateway
 from support.nats_cluster import NatsServer
@@ -150,20 +151,6 @@ def test_the_status_line_names_the_jetstream_server_and_the_node(tmp_path: Path,
         assert status.startswith("updated ")
 
 
-def _holding(gateway: GatewayProcess, topic: str, channel: str, count: int) -> nsq_blocking.Connection:
-    """An NSQ consumer of the channel on `gateway` holding `count` deliveries, unfinished."""
-    consumer = nsq_blocking.Connection(gateway.nsq_tcp, WAIT_S)
-    consumer.send(nsq_client.sub(topic, channel))
-    consumer.wait_for_ok("SUB")
-    consumer.send(nsq_client.rdy(count))
-    held = 0
-    while held < count:
-        frame = consumer.next_frame(WAIT_S)
-        assert frame is not None and not frame.is_error, frame
-        held += frame.is_message
-    return consumer
-
-
 def test_a_nodes_page_shows_the_cluster_with_a_queue_read_through_both_nodes(
         tmp_path: Path, nats_server: NatsServer) -> None:
     """Two nodes on JetStream, a channel's consumers holding 2 messages on one node and 1 on the other, 10
@@ -181,7 +168,8 @@ def test_a_nodes_page_shows_the_cluster_with_a_queue_read_through_both_nodes(
         body = b"\n".join(b"order %d" % index for index in range(10))
         urllib.request.urlopen(urllib.request.Request(f"http://{one.nsq_http}/mpub?topic={topic}", data=body,
                                                       method="POST"), timeout=10).close()
-        first, second = _holding(one, topic, channel, 2), _holding(two, topic, channel, 1)
+        first = nsq_wire.holding(one.nsq_tcp, topic, channel, 2)
+        second = nsq_wire.holding(two.nsq_tcp, topic, channel, 1)
         try:
             number_one, number_two = (_state(gateway)["backend"]["node"] for gateway in (one, two))
             with chromium() as browser:

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_docs_commands import blocks
 from test_docs_lookupd import programs
 
 from support.namespace import namespace
 from support.nsq_cluster import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"^```sh\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 DEPLOYMENT_NODE = "polymq serve --bind 0.0.0.0 --lookupd-tcp-address lookupd1:4160 --lookupd-tcp-address lookupd2:4160"
 RESERVED_PORTS = "sysctl -w net.ipv4.ip_local_reserved_ports=47290-47299"
 CLUSTER_JOB = "pip install '/path/to/polymq[spark]'"
@@ -38,7 +38,7 @@ HOSTS = {"lookupd1": "127.0.0.2", "lookupd2": "127.0.0.3"}
 
 
 def page_block(page: str, start: str) -> str:
-    return next(block for block in BLOCK.findall((ROOT / page).read_text()) if block.startswith(start))
+    return next(block.text for block in blocks() if block.page == page and block.text.startswith(start))
 
 
 def test_a_node_of_a_deployment_registers_with_both_lookupds_it_names(tmp_path: Path) -> None:

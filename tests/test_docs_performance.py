@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_docs_commands import blocks as docs_blocks
 
 from support.namespace import Namespace, namespace
 from support.nsq_programs import home_with_nsq_programs
@@ -31,7 +32,6 @@ BENCHMARKS_ELSEWHERE = {
                               "its default ports",
     "docs/spark.md": ".venv/bin/polymq serve --no-pzq --no-emqp &",
 }
-SH_BLOCK = re.compile(r"^```sh\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 # Each program's counts and durations on a small count: flag -> value.
 SMALL_COUNTS: dict[str, dict[str, str]] = {
     "polymq bench nsq": {"--count": "2000"},
@@ -65,15 +65,9 @@ READER_GATEWAY_TIMEOUT_S = 60
 def blocks() -> list[tuple[str, int, str]]:
     """(page, line, text) of each shell block of the performance page, but the README's versus-nsqd
     (tests/test_bench_versus_nsqd.py runs it as printed), and the benchmark blocks of other pages."""
-    found = []
-    for page in (PAGE, *BENCHMARKS_ELSEWHERE):
-        text = (ROOT / page).read_text()
-        for match in SH_BLOCK.finditer(text):
-            first = match.group(1).splitlines()[0].rstrip()
-            if (page == PAGE and not README_VERSUS_NSQD.match(match.group(1))) or \
-                    first == BENCHMARKS_ELSEWHERE.get(page):
-                found.append((page, text.count("\n", 0, match.start()) + 1, match.group(1)))
-    return found
+    return [(block.page, block.line, block.text) for block in docs_blocks()
+            if (block.page == PAGE and not README_VERSUS_NSQD.match(block.text))
+            or block.key[1] == BENCHMARKS_ELSEWHERE.get(block.page)]
 
 
 def on_a_small_count(line: str) -> str:

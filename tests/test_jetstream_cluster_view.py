@@ -18,6 +18,7 @@ from polymq.clients import mqks_blocking
 from polymq.clients import nsq as nsq_blocking
 from polymq.codecs import nsq_client
 
+from support import nsq_wire
 from support.gateway import GatewayProcess, running_gateway
 from support.nats_cluster import NatsCluster, NatsServer
 from support.nsq_cluster import Lookupd, Program, http, http_json, nsq_tool, nsq_tool_label, wait_until
@@ -43,21 +44,6 @@ def _queue(gateway: GatewayProcess, name: str) -> dict[str, Any] | None:
     return next((queue for queue in _state(gateway)["cluster"]["queues"] if queue["name"] == name), None)
 
 
-def _holding(gateway: GatewayProcess, topic: str, channel: str, count: int) -> nsq_blocking.Connection:
-    """An NSQ consumer of the channel on `gateway` holding `count` deliveries, unfinished."""
-    consumer = nsq_blocking.Connection(gateway.nsq_tcp, CLIENT_TIMEOUT_S)
-    consumer.send(nsq_client.sub(topic, channel))
-    consumer.wait_for_ok("SUB")
-    consumer.send(nsq_client.rdy(count))
-    held = 0
-    while held < count:
-        frame = consumer.next_frame(CLIENT_TIMEOUT_S)
-        assert frame is not None and not frame.is_error, frame
-        if frame.is_message:
-            held += 1
-    return consumer
-
-
 def test_every_node_shows_the_clusters_numbers_of_a_queue_read_through_both(
         nodes: tuple[GatewayProcess, GatewayProcess], nats_cluster: NatsCluster) -> None:
     """10 messages in a channel whose consumers hold 2 on node 1 and 1 on node 2: on each node's admin API,
@@ -71,8 +57,8 @@ def test_every_node_shows_the_clusters_numbers_of_a_queue_read_through_both(
         maker.wait_for_ok("SUB")
     status, _ = http(one.nsq_http, f"/mpub?topic={topic}", "POST", b"\n".join(b"m%d" % i for i in range(10)))
     assert status == 200
-    first = _holding(one, topic, channel, 2)
-    second = _holding(two, topic, channel, 1)
+    first = nsq_wire.holding(one.nsq_tcp, topic, channel, 2)
+    second = nsq_wire.holding(two.nsq_tcp, topic, channel, 1)
     try:
         node_one, node_two = _state(one)["cluster"]["node"], _state(two)["cluster"]["node"]
         expected = {"depth": 7, "in_flight": 3, "deferred": 0, "consumers": 2,
@@ -135,8 +121,8 @@ def test_nsqd_stats_summed_over_the_nodes_count_a_shared_channel_once_as_nsqadmi
         assert http(one.nsq_http, f"/channel/create?topic={topic}&channel={channel}", "POST")[0] == 200
         status, _ = http(one.nsq_http, f"/mpub?topic={topic}", "POST", b"\n".join(b"m%d" % i for i in range(10)))
         assert status == 200
-        first = _holding(one, topic, channel, 2)
-        second = _holding(two, topic, channel, 1)
+        first = nsq_wire.holding(one.nsq_tcp, topic, channel, 2)
+        second = nsq_wire.holding(two.nsq_tcp, topic, channel, 1)
         admin = Program([*nsq_tool(tool).argv, "--http-address=127.0.0.1:0",
                          f"--lookupd-http-address={lookupd.http_address}"])
         try:
@@ -171,14 +157,6 @@ def _post(gateway: GatewayProcess, path: str) -> Any:
     return json.loads(body)
 
 
-def _next_message(consumer: nsq_blocking.Connection) -> nsq_client.Message:
-    while True:
-        frame = consumer.next_frame(CLIENT_TIMEOUT_S)
-        assert frame is not None and not frame.is_error, frame
-        if frame.is_message:
-            return nsq_client.decode_message(frame.data)
-
-
 def test_a_topic_traced_on_one_node_is_traced_on_both_and_either_shows_the_whole_path(
         nodes: tuple[GatewayProcess, GatewayProcess]) -> None:
     """Traced through node 1's admin API; published on node 1 over MQKS; delivered on node 2 over NSQ and
@@ -191,21 +169,16 @@ def test_a_topic_traced_on_one_node_is_traced_on_both_and_either_shows_the_whole
                            for entry in http_json(two.http, "/api/trace")["topics"]), "the trace on node 2", SETTLED_S)
     name_one, name_two = (http_json(gateway.http, "/api/trace")["node"] for gateway in (one, two))
     assert name_one != name_two and all(re.fullmatch(r".+/\d+", name) for name in (name_one, name_two))
-    with nsq_blocking.Connection(two.nsq_tcp, CLIENT_TIMEOUT_S) as elsewhere:
-        elsewhere.send(nsq_client.sub(topic, channel))
-        elsewhere.wait_for_ok("SUB")
+    with nsq_wire.consumer(two.nsq_tcp, topic, channel) as elsewhere:
         with mqks_blocking.Connection(one.host_port("mqks"), CLIENT_TIMEOUT_S) as producer:
             producer.request("p", "publish", f"{topic} traced body", confirm=True)
             assert producer.next_line() == b"p ok "
         elsewhere.send(nsq_client.rdy(1))
-        first = _next_message(elsewhere)
+        first = elsewhere.read_message(CLIENT_TIMEOUT_S)
         elsewhere.send(nsq_client.rdy(0))
         elsewhere.send(nsq_client.req(first.msg_id, 0))
-        with nsq_blocking.Connection(one.nsq_tcp, CLIENT_TIMEOUT_S) as here:
-            here.send(nsq_client.sub(topic, channel))
-            here.wait_for_ok("SUB")
-            here.send(nsq_client.rdy(1))
-            again = _next_message(here)
+        with nsq_wire.consumer(one.nsq_tcp, topic, channel, rdy=1) as here:
+            again = here.read_message(CLIENT_TIMEOUT_S)
             assert (again.msg_id, again.body, again.attempts) == (first.msg_id, b"traced body", 2)
             here.send(nsq_client.fin(again.msg_id))
             expected = [("published", name_one, "mqks"), ("delivered", name_two, "nsq"),

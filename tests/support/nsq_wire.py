@@ -19,8 +19,8 @@ from polymq.codecs.nsq import HEARTBEAT
 
 OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
 
-__all__ = ["DEFAULT_TIMEOUT", "HEARTBEAT", "OK_FRAME", "Closed", "RawClient", "consumer", "publish", "publisher",
-           "split_address", "subscribed_socket"]
+__all__ = ["DEFAULT_TIMEOUT", "HEARTBEAT", "OK_FRAME", "Closed", "RawClient", "consumer", "holding", "publish",
+           "publisher", "split_address", "subscribed_socket"]
 
 
 class RawClient(Connection):
@@ -89,6 +89,14 @@ def consumer(address: str, topic: str, channel: str, rdy: int | None = None, **i
     conn.expect_response(b"OK")
     if rdy is not None:
         conn.send(client.rdy(rdy))
+    return conn
+
+
+def holding(address: str, topic: str, channel: str, count: int, timeout: float = DEFAULT_TIMEOUT) -> RawClient:
+    """A consumer of the channel holding `count` deliveries, unfinished (RDY `count`)."""
+    conn = consumer(address, topic, channel, rdy=count)
+    for _ in range(count):
+        conn.read_message(timeout)
     return conn
 
 
