@@ -675,10 +675,9 @@ class SharedEngine(Engine):
         self._publisher: Client | None = None  # who makes the publish under way, when the adapter says
         self._orders: dict[Client, PublisherOrder] = {}  # clients with publishes not stored yet
         self.hands_over_at_once = False
-        # A node holds only the copies it fetched for its consumers: a snapshot here would see a part of
-        # the queue, and silently. (Streams read by position are the shared engine's: `SharedStreams`.)
-        self.streams_refused = ("a node on JetStream does not serve snapshots of queues (the Spark source's batch "
-                                "reads): read the topic as a stream, or through a gateway on the embedded store")
+        # A node holds only the copies it fetched for its consumers: its own queues are not what a stream or a
+        # snapshot reads. Both are the shared engine's (`SharedStreams`), whichever node holds the messages.
+        self.streams_refused = "a node on JetStream serves streams and snapshots from its JetStream cluster only"
         # How often copies held for credit are reported as still worked on (well inside the ack wait).
         self.hold_refresh_s = DEFAULT_HOLD_REFRESH_S
         # The shared engine's ack wait: what the node said nothing of for this long, it gave again (None: never).

@@ -57,6 +57,11 @@ class SharedStreams(Protocol):
     async def load_dedup(self, group: str) -> None:
         """What every node published under a de-duplication group, known here before a publish decides."""
 
+    async def snapshot(self, name: str, max_read_back: int) -> tuple[list[Message], int, str]:
+        """Every message queue (or stream) `name` holds now, whichever node holds it, the memory the copies read
+        back take, and the key every node of the cluster answers for it; SnapshotTooLarge past `max_read_back`
+        bytes."""
+
 
 def open_stream(engine: Engine, name: str, topics: Iterable[str], origin: str | None = None) -> Queue:
     """The stream `name`, made if missing (by `origin`), bound to `topics` as well (bindings are only

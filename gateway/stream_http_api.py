@@ -100,7 +100,8 @@ class StreamHttpApi:
             **{path: {method: self._guarded(own) if self.shared is None else self._guarded_later(shared)}
                for path, method, own, shared in positioned},
             "/stream/publish": {"POST": self._guarded(self._publish)},
-            "/stream/snapshot": {"POST": self._guarded(self._snapshot)},
+            "/stream/snapshot": {"POST": self._guarded(self._snapshot) if self.shared is None
+                                 else self._guarded_later(self._shared_snapshot)},
             "/stream/snapshot/read": {"GET": self._guarded(self._snapshot_read)},
             "/stream/snapshot/close": {"POST": self._guarded(self._snapshot_close)},
         }
@@ -313,20 +314,44 @@ class StreamHttpApi:
         if queue is None:
             raise streams.StreamError(f"no stream or queue {name}")
         self._expire_snapshots()
+        try:
+            messages, read_back = streams.snapshot(queue, self._snapshot_room())
+        except streams.SnapshotTooLarge as error:
+            raise self._too_large(error) from error
+        return self._keep_snapshot(name, messages, read_back)
+
+    async def _shared_snapshot(self, params: Params) -> Response:
+        """The same of a queue (or a stream) of the shared engine: whichever node holds its messages."""
+        name = self._name(params, b"queue")
+        self._expire_snapshots()
+        try:
+            messages, read_back, shared = await self._shared_streams().snapshot(name, self._snapshot_room())
+        except streams.SnapshotTooLarge as error:
+            raise self._too_large(error) from error
+        return self._keep_snapshot(name, messages, read_back, shared)
+
+    def _snapshot_room(self) -> int:
+        """What a new snapshot may read back, the oldest open ones making room as needed."""
         while len(self._snapshots) >= MAX_SNAPSHOTS:
             self._snapshots.pop(next(iter(self._snapshots)))  # the oldest goes
-        held = sum(taken.read_back for taken in self._snapshots.values())
-        try:
-            messages, read_back = streams.snapshot(queue, self.snapshot_memory - held)
-        except streams.SnapshotTooLarge as error:
-            raise BadRequest(failure(413, "SNAPSHOT_TOO_LARGE", f"{error} (--snapshot-memory "
-                                     f"{self.snapshot_memory >> 20} MiB, {held >> 20} MiB held by open snapshots): "
-                                     "read it as a stream, or close other snapshots")) from error
+        return self.snapshot_memory - sum(taken.read_back for taken in self._snapshots.values())
+
+    def _too_large(self, error: streams.SnapshotTooLarge) -> BadRequest:
+        held = self.snapshot_memory - self._snapshot_room()
+        return BadRequest(failure(413, "SNAPSHOT_TOO_LARGE", f"{error} (--snapshot-memory "
+                                  f"{self.snapshot_memory >> 20} MiB, {held >> 20} MiB held by open snapshots): "
+                                  "read it as a stream, or close other snapshots"))
+
+    def _keep_snapshot(self, name: str, messages: list[Message], read_back: int, shared: str | None = None) -> Response:
+        """Kept for its reads; `shared`, the key every node of a cluster answers for the same queue (one reader
+        reads it once)."""
         taken = Snapshot(name, messages, time.monotonic(), read_back)
         snapshot_id = secrets.token_hex(8)
         self._snapshots[snapshot_id] = taken
-        return Response(200, go_json({"snapshot": snapshot_id, "queue": name, "rows": len(taken.messages)}),
-                        JSON_TYPE)
+        answer: dict[str, Any] = {"snapshot": snapshot_id, "queue": name, "rows": len(taken.messages)}
+        if shared is not None:
+            answer["shared"] = shared
+        return Response(200, go_json(answer), JSON_TYPE)
 
     def _taken(self, params: Params) -> tuple[str, Snapshot]:
         raw = params.get(b"snapshot")

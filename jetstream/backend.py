@@ -44,6 +44,7 @@ from polymq.jetstream.nats_connection import (
 )
 from polymq.jetstream.reports import NodeReports
 from polymq.jetstream.schedules import SharedScheduleKeeper
+from polymq.jetstream.snapshots import QueueSnapshots
 from polymq.jetstream.topology import Topology, paused_key
 
 log = logging.getLogger("polymq.jetstream")
@@ -209,6 +210,7 @@ class JetStreamLink:
         self.deferred = DeferredMover(self)
         self.topology = Topology(self)
         self.reports = NodeReports(self)
+        self.snapshots = QueueSnapshots(self)
         # This node's changes to the cluster, which a read of the cluster taken before one finished must not
         # undo: bindings made, removed or deleted, by (queue, topic); streams made or deleted, by topic.
         self.pending: Counter[Any] = Counter()  # asked for, not finished
@@ -239,6 +241,7 @@ class JetStreamLink:
         self.connection.subscribe(TOLD_PREFIX + "*", self._on_told)
         if self.engine is not None:
             self.reports.subscribe()
+            self.snapshots.subscribe()
             own = f"{TO_NODE_PREFIX}{self.engine.node}."
             self.connection.subscribe(own + "*", lambda msg: self._on_told_to_this_node(msg, len(own)))
         if self.engine is not None:
@@ -1014,6 +1017,8 @@ class JetStreamLink:
             log.error("a delivery polymq cannot read, left to JetStream: %r", str(error))
             return
         queue = puller.queue
+        if self.snapshots.delayed:
+            self.snapshots.given_again(queue.name, puller.topic, delivery.stream_seq)
         puller.pending = delivery.pending
         queue.shared_log.spilled = delivery.pending
         queue.receive([(message, msg.reply)])
@@ -1076,6 +1081,9 @@ class JetStreamLink:
         self._reply(queue, message, api.ACK)
 
     def nak(self, queue: SharedQueue, message: Message, delay: float) -> None:
+        handle = queue.handles.get(message.id)
+        if handle is not None:  # held by no node until given again: a snapshot asks this one for it
+            self.snapshots.given_back(queue.name, handle, message.attempts, delay)
         self._reply(queue, message, api.nak(delay))
 
     def term(self, queue: SharedQueue, message: Message) -> None:

@@ -34,9 +34,9 @@ import trio
 from polymq.core.dedup import KEPT_DEDUP
 from polymq.core.message import Message
 from polymq.core.shared import Stored
-from polymq.core.streams import PositionsGone, StreamError
+from polymq.core.streams import MESSAGE_OVERHEAD, PositionsGone, SnapshotTooLarge, StreamError
 from polymq.jetstream import api, kv
-from polymq.jetstream.nats_connection import Msg, NatsError, RequestTimeout
+from polymq.jetstream.nats_connection import Msg, NatsConnection, NatsError, RequestTimeout
 
 if TYPE_CHECKING:
     from polymq.core.shared import SharedEngine
@@ -213,6 +213,25 @@ class JetStreamStreams:
 
     # -- publish de-duplication, shared ---------------------------------------------------------------
 
+    async def snapshot(self, name: str, max_read_back: int) -> tuple[list[Message], int, str]:
+        """A queue's messages, wherever they are (`jetstream/snapshots.py`); a stream's rows from its start to
+        its end."""
+        if await self._kept_topic(name) is None:
+            return await self.link.snapshots.take(name, max_read_back)
+        positions = await self.positions(name)
+        messages: list[Message] = []
+        begin, read_back = positions["start"], 0
+        while begin < positions["end"]:
+            _, page, at = await self.read(name, begin, positions["end"], DIRECT_BATCH)
+            if not page:
+                break
+            read_back += sum(len(message.body) + MESSAGE_OVERHEAD for message in page)
+            if read_back > max_read_back:
+                raise SnapshotTooLarge(f"a snapshot of {name} would read back more than {max_read_back >> 20} MiB")
+            messages += page
+            begin = at[-1] + 1
+        return messages, read_back, positions["shared"]
+
     async def load_dedup(self, group: str) -> None:
         """What any node published under `group`, known to this node's de-duplication before it decides."""
         await self._make_bucket(DEDUP_BUCKET, max_age_s=self.engine.dedup.window_s)
@@ -300,16 +319,12 @@ class JetStreamStreams:
     # -- reading the topic's stream -------------------------------------------------------------------
 
     async def _stream_info(self, topic: str) -> dict[str, Any]:
-        """The topic's stream as its leader sees it; made to answer direct gets if it was not (a stream an
-        older release made)."""
+        """The topic's stream as its leader sees it, answering direct gets."""
         stream = api.topic_stream(topic)
-        info = await api.api(self.connection, f"STREAM.INFO.{stream}")
-        if topic not in self._direct_ready:
-            config = dict(info.get("config") or {})
-            if not config.get("allow_direct"):
-                config["allow_direct"] = True
-                await api.api(self.connection, f"STREAM.UPDATE.{stream}", config)
-            self._direct_ready.add(topic)
+        if topic in self._direct_ready:
+            return await api.api(self.connection, f"STREAM.INFO.{stream}")
+        info = await allow_direct(self.connection, stream)
+        self._direct_ready.add(topic)
         return info
 
     async def _rows_from(self, topic: str, seq: int) -> int:
@@ -336,39 +351,55 @@ class JetStreamStreams:
         return int((answer.get("message") or {}).get("seq", 0))
 
     async def _direct(self, topic: str, request: dict[str, Any]) -> list[tuple[Msg, int]]:
-        """One batched direct get: its messages with their sequences, up to the end of the batch."""
-        inbox = self.connection.new_inbox()
-        got: list[tuple[Msg, int]] = []
-        done = trio.Event()
-        failure: list[str] = []
-
-        def on_message(msg: Msg) -> None:
-            if msg.status is None:
-                got.append((msg, int((msg.headers or {}).get("Nats-Sequence", 0))))
-                return
-            if msg.status not in (END_OF_BATCH, NOT_FOUND):
-                failure.append(f"{msg.status} {msg.description}")
-            done.set()
-
-        sid = self.connection.subscribe(inbox, on_message)
-        try:
-            with trio.move_on_after(api.API_ATTEMPT_S * 5) as waited:
-                self.connection.publish(f"$JS.API.DIRECT.GET.{api.topic_stream(topic)}",
-                                        json.dumps(request).encode(), reply=inbox)
-                await done.wait()
-        finally:
-            self.connection.unsubscribe(sid)
-        if waited.cancelled_caught:
-            raise RequestTimeout(f"JetStream did not answer a read of topic {topic}")
-        if failure:
-            raise NatsError(f"JetStream refused a read of topic {topic}: {failure[0]}")
-        return got
+        return await direct_get(self.connection, api.topic_stream(topic), request, f"topic {topic}")
 
     def _message(self, topic: str, msg: Msg, position: int) -> Message:
         headers = msg.headers or {}
         # JetStream's own time stamp only for a message some other NATS client stored (no polymq header).
         stored_at = 0 if api.HEADER_POLYMQ_TIMESTAMP in headers else _stored_at(headers.get("Nats-Time-Stamp", ""))
         return self.link.message_of(topic, msg, attempts=0, fallback_id=position, fallback_timestamp=stored_at)
+
+
+async def direct_get(connection: NatsConnection, stream: str, request: dict[str, Any],
+                     what: str) -> list[tuple[Msg, int]]:
+    """One batched direct get of JetStream stream `stream` (`what` it holds, for errors): its messages with their
+    sequences, up to the end of the batch."""
+    inbox = connection.new_inbox()
+    got: list[tuple[Msg, int]] = []
+    done = trio.Event()
+    failure: list[str] = []
+
+    def on_message(msg: Msg) -> None:
+        if msg.status is None:
+            got.append((msg, int((msg.headers or {}).get("Nats-Sequence", 0))))
+            return
+        if msg.status not in (END_OF_BATCH, NOT_FOUND):
+            failure.append(f"{msg.status} {msg.description}")
+        done.set()
+
+    sid = connection.subscribe(inbox, on_message)
+    try:
+        with trio.move_on_after(api.API_ATTEMPT_S * 5) as waited:
+            connection.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox)
+            await done.wait()
+    finally:
+        connection.unsubscribe(sid)
+    if waited.cancelled_caught:
+        raise RequestTimeout(f"JetStream did not answer a read of {what}")
+    if failure:
+        raise NatsError(f"JetStream refused a read of {what}: {failure[0]}")
+    return got
+
+
+async def allow_direct(connection: NatsConnection, stream: str) -> dict[str, Any]:
+    """The stream's info as its leader has it; made to answer direct gets first if it did not (a stream an
+    older release made)."""
+    info = await api.api(connection, f"STREAM.INFO.{stream}")
+    config = dict(info.get("config") or {})
+    if not config.get("allow_direct"):
+        config["allow_direct"] = True
+        await api.api(connection, f"STREAM.UPDATE.{stream}", config)
+    return info
 
 
 def consumer_name(stream: str, start: int) -> str:

@@ -101,16 +101,16 @@ def test_the_cluster_pages_example_runs_as_printed_twice(nats_server: NatsServer
                 "c1 ok \np1 ok \nc1 ok p1 event=greetings hello from node 1\nc1 ok --update shared-demo\nc2 ok \n")
 
 
-def test_a_node_on_jetstream_refuses_snapshots_and_takes_row_publishes(nats_server: NatsServer) -> None:
-    """A node holds only what it fetched for its consumers: a snapshot of a queue (the Spark source's batch
-    read) is refused with one message rather than answered with a part of the queue; its writes are
-    publishes like any other. (Streams read by position are the cluster's: test_jetstream_streams.py.)"""
+def test_a_node_on_jetstream_takes_row_publishes(nats_server: NatsServer) -> None:
+    """The Spark source's writes are publishes like any other; a snapshot of a queue no node knows is refused as
+    on the embedded store. (Snapshots of shared queues: test_jetstream_snapshots.py; streams read by position:
+    test_jetstream_streams.py.)"""
     with running_gateway("--jetstream", nats_server.url) as gateway, StreamClient(gateway.http) as client, \
             RawClient(gateway.nsq_tcp) as nsq:
         with pytest.raises(StreamClientError) as refused:
             client.snapshot("orders")
-        assert refused.value.status == 409 and refused.value.code == "STREAM_ERROR"
-        assert "a node on JetStream does not serve snapshots of queues" in str(refused.value)
+        assert refused.value.status == 404 and refused.value.code == "STREAM_ERROR"
+        assert str(refused.value).endswith("no stream or queue orders"), refused.value
         nsq.send(b"SUB orders spark-rows\n")
         nsq.expect_response()
         nsq.send(b"RDY 2\n")

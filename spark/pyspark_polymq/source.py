@@ -519,10 +519,16 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
         planned: list[InputPartition] = []
+        # Gateways of one JetStream cluster answer with the same `shared` key: what they hold is one, read once.
+        seen: set[str] = set()
         if options.queue:
             for node in options.nodes(()):
                 def take(client: StreamClient, node: str = node) -> list[SnapshotRange]:
                     taken = client.snapshot(str(options.queue))
+                    if taken.get("shared") in seen:
+                        client.snapshot_close(taken["snapshot"])
+                        return []
+                    seen.add(str(taken.get("shared") or node))
                     rows, parts = int(taken["rows"]), options.partitions
                     bounds = sorted({rows * part // parts for part in range(parts + 1)})
                     return [SnapshotRange(node, taken["snapshot"], low, high)
@@ -534,6 +540,9 @@ class BatchReader(DataSourceReader):
         for node in options.nodes(options.topics):
             def plan(client: StreamClient, node: str = node) -> list[PositionRange]:
                 offsets = client.offsets(stream)
+                if offsets.get("shared") in seen:
+                    return []
+                seen.add(str(offsets.get("shared") or node))
                 return _ranges(client, node, stream, int(offsets["start"]), int(offsets["end"]), options.partitions)
 
             planned += _call(options, node, plan)
