@@ -23,7 +23,7 @@ from polymq.codecs import nsq_client, phpmq
 from support import nsq_wire
 from support.browser import chromium
 from support.gateway import GatewayProcess, running_gateway
-from support.nats_cluster import NatsServer
+from support.nats_cluster import NatsCluster, NatsServer
 from support.nsq_wire import subscribed_socket
 
 TOKEN = "page-test-token-0123456789"
@@ -152,14 +152,16 @@ def test_the_status_line_names_the_jetstream_server_and_the_node(tmp_path: Path,
 
 
 def test_a_nodes_page_shows_the_cluster_with_a_queue_read_through_both_nodes(
-        tmp_path: Path, nats_server: NatsServer) -> None:
-    """Two nodes on JetStream, a channel's consumers holding 2 messages on one node and 1 on the other, 10
-    published: the other node's page lists both nodes, the topic's stream with its leader, and the queue over
-    both (7 ready, 3 in flight, 2 consumers, each node's part). Its picture (POLYMQ_SCREENSHOTS=DIR writes it
-    there: docs/images)."""
+        tmp_path: Path, nats_cluster: NatsCluster) -> None:
+    """Two nodes on the three-server cluster, a channel's consumers holding 2 messages on one node and 1 on the
+    other, 10 published: the other node's page lists both nodes, the topic's stream with its leader and its two
+    other replicas current, and the queue over both (7 ready, 3 in flight, 2 consumers, each node's part). Its
+    picture (POLYMQ_SCREENSHOTS=DIR writes it there: docs/images)."""
     topic, channel = "orders", "billing"
-    with running_gateway("--jetstream", nats_server.url, data_dir=tmp_path / "one") as one, \
-            running_gateway("--jetstream", nats_server.url, data_dir=tmp_path / "two") as two:
+    servers = ",".join(nats_cluster.urls)
+    names = {server.name for server in nats_cluster.servers}
+    with running_gateway("--jetstream", servers, data_dir=tmp_path / "one") as one, \
+            running_gateway("--jetstream", servers, data_dir=tmp_path / "two") as two:
         request = urllib.request.Request(f"http://{one.nsq_http}/channel/create?topic={topic}&channel={channel}",
                                          method="POST")
         urllib.request.urlopen(urllib.request.Request(f"http://{one.nsq_http}/topic/create?topic={topic}",
@@ -179,10 +181,18 @@ def test_a_nodes_page_shows_the_cluster_with_a_queue_read_through_both_nodes(
                 wait.until(lambda driver: [_text(driver, f"{row} td:nth-child({n})") for n in (3, 4, 5, 7)]
                            == ["7", "3", "0", "2"])
                 assert _text(browser, f"{row} td:nth-child(2)") == topic
-                stream = f'tr[data-stream="{topic}"]'  # its stream on the one server, which leads it
-                wait.until(lambda driver: _text(driver, f"{stream} td:nth-child(2)") == nats_server.name)
+                stream = f'tr[data-stream="{topic}"]'  # led by one server, its replicas on the two others
+                leader = wait.until(lambda driver: _text(driver, f"{stream} td:nth-child(2)") in names
+                                    and _text(driver, f"{stream} td:nth-child(2)"))
+
+                def replicas(driver: WebDriver) -> list[str]:
+                    return sorted(item.text for item in driver.find_elements(By.CSS_SELECTOR,
+                                                                               f"{stream} li[data-replica]"))
+
+                wait.until(lambda driver: replicas(driver) == sorted(f"{name}: current (0)"
+                                                                     for name in names - {leader}))
                 assert _text(browser, f"{stream} td:nth-child(4)") == "10"
-                assert _text(browser, "#cluster-server") == nats_server.url
+                assert _text(browser, "#cluster-server") in nats_cluster.urls
                 parts = [item.text for item in browser.find_elements(By.CSS_SELECTOR, f"{row} li[data-part]")]
                 assert sorted(parts) == sorted([f"node {number_one}: 1, 2, 0", f"node {number_two}: 1, 1, 0"]), parts
                 listed = [row.get_attribute("data-node") for row in

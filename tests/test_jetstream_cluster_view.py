@@ -13,17 +13,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from polymq.clients import mqks_blocking
 from polymq.clients import nsq as nsq_blocking
 from polymq.codecs import nsq_client
 
 from support import nsq_wire
+from support.browser import chromium
 from support.gateway import GatewayProcess, running_gateway
 from support.nats_cluster import NatsCluster, NatsServer
 from support.nsq_cluster import Lookupd, Program, http, http_json, nsq_tool, nsq_tool_label, wait_until
 
 CLIENT_TIMEOUT_S = 30.0
+RETRIED = (StaleElementReferenceException, NoSuchElementException)  # the page redraws its tables every poll
 # Reports every 2 s, every topic read at least once a second: this only turns a hang into a failure.
 SETTLED_S = 30.0
 
@@ -193,3 +198,16 @@ def test_a_topic_traced_on_one_node_is_traced_on_both_and_either_shows_the_whole
 
                 found = wait_until(timeline, f"the whole path on {gateway.http}", SETTLED_S)
                 assert found["gaps"] == [], found
+
+            # The page of the node that only delivered shows the same path, each row naming its node.
+            with chromium() as browser:
+                browser.get(f"http://{two.http}/")
+                wait = WebDriverWait(browser, CLIENT_TIMEOUT_S, ignored_exceptions=RETRIED)
+                wait.until(lambda driver: driver.find_element(By.ID, "trace-query")).send_keys(first.msg_id.decode())
+                browser.find_element(By.CSS_SELECTOR, "#trace-search button").click()
+                wait.until(lambda driver: len(driver.find_elements(By.CSS_SELECTOR, "#trace-found tr[data-event]"))
+                           == len(expected))
+                rows = [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+                        for row in browser.find_elements(By.CSS_SELECTOR, "#trace-found tr[data-event]")]
+                assert [(row[1], row[7], row[3]) for row in rows] == expected, rows
+                assert browser.find_element(By.CSS_SELECTOR, "#trace-found .ok").text == "Every copy came to an end."
