@@ -1,9 +1,9 @@
 """A network link a run can cut as a failing switch does: TCP connections from a port of its own to one
-server, forwarded both ways until `cut()`, then held silent (nothing forwarded, nothing closed: no FIN,
-no RST, as a dropped packet stream looks to both ends) until `heal()` resets them, as a peer's kernel
-answers a segment of a connection it has forgotten. Connections made while cut are accepted and held
-silent too. One thread per proxy, one selector over its connections; plain sockets, so a trio test and
-the torture run's threads use it alike."""
+server, forwarded both ways until `cut()` (or `cut_after()` so many more bytes from clients), then held
+silent (nothing forwarded, nothing closed: no FIN, no RST, as a dropped packet stream looks to both ends)
+until `heal()` resets them, as a peer's kernel answers a segment of a connection it has forgotten.
+Connections made while cut are accepted and held silent too. One thread per proxy, one selector over its
+connections; plain sockets, so a trio test and the torture run's threads use it alike."""
 
 from __future__ import annotations
 
@@ -47,9 +47,12 @@ class LinkProxy:
         self.port: int = self.address[1]
         self._pairs: list[_Pair] = []
         self._cut = False
+        self._allowance: int | None = None  # bytes clients may still send the server before a cut (`cut_after`)
+        self._draining = False  # the allowance read: what is read of it goes to the server, then the cut
         self._reset_all = False
         self._closing = False
         self.connections = 0  # accepted so far
+        self.forwarded_up = 0  # bytes read from clients for the server so far
         self.resets = 0  # connections reset at heals
         self._thread = threading.Thread(target=self._run, name=f"link-proxy-{self.port}", daemon=True)
         self._thread.start()
@@ -70,6 +73,11 @@ class LinkProxy:
 
     def cut(self) -> None:
         self._cut = True
+
+    def cut_after(self, upstream_bytes: int) -> None:
+        """Forward `upstream_bytes` more bytes from clients to the server (what servers send still goes back), then
+        cut: a link that fails in the middle of a client's write."""
+        self._allowance = upstream_bytes
 
     def heal(self) -> None:
         """Every connection there is now is reset; from now on new ones are forwarded."""
@@ -114,6 +122,8 @@ class LinkProxy:
         for key in list(selector.get_map().values()):
             selector.unregister(key.fileobj)
         selector.register(self._listener, selectors.EVENT_READ)
+        if self._draining and not any(pair.server.pending for pair in self._pairs if pair.server is not None):
+            self._draining, self._cut = False, True  # the allowance is at the server: silence from now on
         if self._cut:
             return  # nothing read, nothing written: silence both ways
         for pair in self._pairs:
@@ -121,9 +131,9 @@ class LinkProxy:
                 continue
             for side, other in ((pair.client, pair.server), (pair.server, pair.client)):
                 events = 0
-                if len(other.pending) < MAX_PENDING:
+                if len(other.pending) < MAX_PENDING and not self._draining:
                     events |= selectors.EVENT_READ
-                if side.pending:
+                if side.pending and (side is pair.server or not self._draining):
                     events |= selectors.EVENT_WRITE
                 if events:
                     selector.register(side.sock, events, pair)
@@ -158,6 +168,13 @@ class LinkProxy:
                 if not data:  # an end closed: so does the other (FIN passed on as a close)
                     self._close(pair)
                     return
+                if side is pair.client:
+                    self.forwarded_up += len(data)
+                if side is pair.client and self._allowance is not None:
+                    data = data[:self._allowance]
+                    self._allowance -= len(data)
+                    if self._allowance == 0:
+                        self._allowance, self._draining = None, True
                 other.pending += data
         except (BlockingIOError, InterruptedError):
             return

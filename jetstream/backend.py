@@ -31,6 +31,7 @@ from polymq.core.message import Message, shown_headers
 from polymq.core.shared import SharedEngine, SharedQueue, SharedTopicLog, Stored
 from polymq.core.timers import TimerService
 from polymq.jetstream import api
+from polymq.jetstream.batches import BATCH_MAX, ERR_BATCH_DISABLED, Batches
 from polymq.jetstream.deferred import DeferredMover
 from polymq.jetstream.nats_connection import (
     NO_RESPONDERS,
@@ -190,6 +191,16 @@ class TopicState:
     asking: list[tuple[list[Message], Stored]] | None = None
 
 
+@attrs.frozen(slots=True)
+class Gathered:
+    """A single publish waiting to go with others to its topic (`JetStreamLink._send_gathered`)."""
+
+    message: Message
+    deadline: float
+    finished: Callable[[int, Exception | None], None]  # how many it stored now, or why not
+    answered: Callable[[Msg | NatsError], None]  # the same from a plain publish's answer
+
+
 class JetStreamLink:
     """`core.shared.Link` on JetStream (see the table above)."""
 
@@ -211,6 +222,10 @@ class JetStreamLink:
         self.topology = Topology(self)
         self.reports = NodeReports(self)
         self.snapshots = QueueSnapshots(self)
+        self.batches = Batches(connection, clock, lambda: None if self.engine is None else self.engine.timers.schedule)
+        # Single publishes waiting for the end of the loop's turn, by topic (`_send_gathered`).
+        self._gathered: dict[str, list[Gathered]] = {}
+        self._gather_wake = trio.Event()
         # This node's changes to the cluster, which a read of the cluster taken before one finished must not
         # undo: bindings made, removed or deleted, by (queue, topic); streams made or deleted, by topic.
         self.pending: Counter[Any] = Counter()  # asked for, not finished
@@ -253,6 +268,7 @@ class JetStreamLink:
             await self.schedule_keeper.prepare(self.settings.replicas)
             nursery.start_soon(self.schedule_keeper.run)
         nursery.start_soon(self._control)
+        nursery.start_soon(self._send_gathered)
         nursery.start_soon(self.deferred.run)
         if self.engine is not None:
             nursery.start_soon(self.topology.run)
@@ -497,27 +513,101 @@ class JetStreamLink:
         clock = self.clock
         sent = clock.now()
 
-        def answered(reply: Msg | NatsError) -> None:
-            if isinstance(reply, NatsError):
-                first_error[0] = first_error[0] or reply
-            else:
-                try:
-                    _, _, duplicate = api.parse_publish_ack(reply.payload)
-                    if not duplicate:
-                        self._count_stored(topic)
-                except (api.JetStreamError, ValueError, KeyError) as error:
-                    first_error[0] = first_error[0] or error
+        def finished(count: int, error: Exception | None) -> None:
+            for _ in range(count):
+                self._count_stored(topic)
+            first_error[0] = first_error[0] or error
             left[0] -= 1
             if left[0] == 0:
                 self.publish_latency.observe(clock.now() - sent)
                 stored(first_error[0])
 
+        def answered(reply: Msg | NatsError) -> None:
+            if isinstance(reply, NatsError):
+                finished(0, reply)
+                return
+            try:
+                _, _, duplicate = api.parse_publish_ack(reply.payload)
+            except (api.JetStreamError, ValueError, KeyError) as error:
+                finished(0, error)
+                return
+            finished(0 if duplicate else 1, None)
+
         if not messages:
             stored(None)
             return
         deadline = sent + self.settings.publish_timeout_s
-        for message in messages:
-            self._publish_one(subject, message.body, self._headers(message), deadline, answered)
+        if len(messages) == 1 and topic not in self.batches.plain:
+            self._gathered.setdefault(topic, []).append(Gathered(messages[0], deadline, finished, answered))
+            self._gather_wake.set()
+            return
+        if topic in self.batches.plain:
+            for message in messages:
+                self._publish_one(subject, message.body, self._headers(message), deadline, answered)
+            return
+        self._send_batches(topic, messages, deadline, stored)
+
+    async def _send_gathered(self) -> None:
+        """Single publishes to a topic made in one turn of the node's loop (many clients' at once) go as one
+        batch: the servers' quorum wait is paid once for all of them, and each client is answered when the
+        batch's answer comes. One alone goes as a plain publish."""
+        while True:
+            await self._gather_wake.wait()
+            self._gather_wake = trio.Event()
+            gathered, self._gathered = self._gathered, {}
+            for topic, items in gathered.items():
+                self._send_group(topic, items)
+
+    def _send_group(self, topic: str, items: list[Gathered]) -> None:
+        subject = api.topic_subject(topic)
+        if len(items) == 1 or topic in self.batches.plain:
+            for item in items:
+                self._publish_one(subject, item.message.body, self._headers(item.message), item.deadline,
+                                  item.answered)
+            return
+        for start in range(0, len(items), BATCH_MAX):
+            chunk = items[start:start + BATCH_MAX]
+
+            def done(count: int, error: Exception | None, chunk: list[Gathered] = chunk) -> None:
+                if error is None:
+                    for item in chunk:
+                        item.finished(1 if count else 0, None)  # 0: stored by an earlier try of the batch
+                    return
+                # Refused: each goes alone, so what one client sent (too large, say) fails no other client's.
+                for item in chunk:
+                    self._publish_one(subject, item.message.body, self._headers(item.message), item.deadline,
+                                      item.answered)
+
+            self.batches.publish(topic, [(item.message.body, self._headers(item.message)) for item in chunk],
+                                 min(item.deadline for item in chunk), done)
+
+    def _send_batches(self, topic: str, messages: list[Message], deadline: float, stored: Stored) -> None:
+        """Several messages at once: atomic batches (jetstream/batches.py), BATCH_MAX a batch; `stored` is told
+        once every batch is answered (the first failure, if any: a failed batch stored none of its messages)."""
+        chunks = [messages[start:start + BATCH_MAX] for start in range(0, len(messages), BATCH_MAX)]
+        left = [len(chunks)]
+        first_error: list[Exception | None] = [None]
+        clock = self.clock
+        sent = clock.now()
+
+        def answered(chunk: list[Message], count: int, error: Exception | None) -> None:
+            if isinstance(error, api.JetStreamError) and error.err_code == ERR_BATCH_DISABLED:
+                self._send(topic, chunk, lambda plain_error: finished(0, plain_error))  # one at a time after all
+                return
+            finished(count, error)
+
+        def finished(count: int, error: Exception | None) -> None:
+            for _ in range(count):
+                self._count_stored(topic)
+            first_error[0] = first_error[0] or error
+            left[0] -= 1
+            if left[0] == 0:
+                self.publish_latency.observe(clock.now() - sent)
+                stored(first_error[0])
+
+        for chunk in chunks:
+            self.batches.publish(topic, [(message.body, self._headers(message)) for message in chunk], deadline,
+                                 lambda count, error, chunk=chunk: answered(chunk, count, error))
 
     def _count_stored(self, topic: str) -> None:
         """One more message waits in the topic: in each of this node's queues bound to it, or in its backlog.
@@ -1236,7 +1326,9 @@ class JetStreamLink:
                 "publish_ack_buckets_s": list(PUBLISH_ACK_BUCKETS_S),
                 "publish_ack_counts": list(self.publish_latency.counts),
                 "publish_ack_total_s": self.publish_latency.total_s, "lost_pull_requests": self.lost_pulls,
-                "lapses": self.lapses, "taken_back": self._taken_back()}
+                "lapses": self.lapses, "taken_back": self._taken_back(), "batches": self.batches.sent,
+                "batches_sent_again": self.batches.retried, "snapshots": self.snapshots.taken,
+                "snapshots_refused": self.snapshots.refused}
 
     def _taken_back(self) -> int:
         engine = self.engine
