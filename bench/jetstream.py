@@ -1,15 +1,21 @@
-"""`polymq bench jetstream`: polymq on a three-server JetStream cluster, beside nats-py on the same cluster.
+"""`polymq bench jetstream`: polymq on a three-server JetStream cluster, beside direct clients of the same cluster.
 
 One run starts its own cluster of three `nats-server` processes (R3 streams, on loopback, from the
 venv), then measures in turn:
 
-- **nats-py, direct**: the ceiling a NATS client sees, an async publish of every message (acks awaited
-  in a window) and a pull consumer's fetch of 256 with an ack per message;
+- **direct clients**, the ceiling a client sees: nats-py's async publish of every message (acks awaited 256
+  at a time) and a pull consumer's fetch of 256 with an ack per message; and atomic batches of 200 with 8 in
+  flight (the gateway's own batch publisher, `jetstream/batches.py`, on its NATS client), the most a
+  batching client gets;
 - **polymq on JetStream**: a gateway started with `--jetstream` on that cluster, measured with the NSQ
-  bench (MPUB batches, PUB one per round trip, consume with RDY) and the MQKS bench (manual acks);
+  bench (MPUB batches of 200 over 2 connections, PUB one per round trip over 8 and over 32, consume) and
+  the MQKS bench (manual acks);
 - **polymq embedded**: the same benches against a gateway on its embedded store (`--fsync=always`).
 
-Each gateway runs alone, on free loopback ports, with a data dir in the system's temporary folder.
+With each rate, the servers' CPU per message (the three nats-servers' user and system time over the measure)
+and the gateway's CPU with its run-queue wait (time it was runnable and had no core: on 2 cores, what the
+benchmark's clients and the servers took from it). Each gateway runs alone, on free loopback ports, with a data
+dir in the system's temporary folder.
 """
 
 from __future__ import annotations
@@ -27,12 +33,19 @@ from pathlib import Path
 
 import attrs
 import click
+import trio
 
+from polymq.bench import common
 from polymq.bench import mqks as mqks_bench
 from polymq.bench import nsq as nsq_bench
+from polymq.bench.common import process_cpu_s
 from polymq.bench.versus_nsqd import START_TIMEOUT_S, BenchError, stop_server, wait_accepting
 from polymq.clients.nats_servers import NatsCluster, NatsServerError
 from polymq.clients.ports import free_ports
+from polymq.core.clock import SystemClock
+from polymq.jetstream import api
+from polymq.jetstream.batches import Batches
+from polymq.jetstream.nats_connection import NatsConnection, NatsOptions
 
 MESSAGE_SIZE = 200  # nsq's bench_writer's default
 DIRECT_WINDOW = 256  # publish acks awaited at once by the direct client
@@ -40,14 +53,38 @@ FETCH_BATCH = 256
 STREAM_READY_S = 20.0  # how long a new stream may take to elect its leader
 
 
+BATCH_SIZE = 200  # the direct batching client's batches (the NSQ bench's MPUB batch)
+# Batches the direct client keeps in flight: as many as the NSQ bench's MPUB connections (each waits for its
+# answer), and the most a gateway keeps per topic.
+BATCHES_IN_FLIGHT = (2, 8)
+PUB_CONNECTIONS = (8, 32)
+
+
 @attrs.define
 class Row:
     label: str
     rates: dict[str, float] = attrs.Factory(dict)  # msgs/s by measure
+    servers_us: dict[str, float] = attrs.Factory(dict)  # the nats-servers' CPU µs per message, by measure
+    gateway_cpu: dict[str, list[float]] = attrs.Factory(dict)  # the gateway's (user, system, wait) shares
     error: str | None = None
 
 
-async def _direct(urls: list[str], messages: int) -> dict[str, float]:
+class ServersCpu:
+    """The cluster's servers' CPU (user + system) over a measure."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self._start = self._now()
+
+    def _now(self) -> float:
+        readings = [process_cpu_s(pid) for pid in self.pids]
+        return sum(reading[0] + reading[1] for reading in readings if reading is not None)
+
+    def per_message_us(self, messages: int) -> float:
+        return (self._now() - self._start) / max(messages, 1) * 1e6
+
+
+async def _direct(urls: list[str], messages: int, pids: list[int], row: Row) -> None:
     import nats  # the bench's own dependency (the test extra): the ceiling a NATS client sees
 
     client = await nats.connect(servers=urls)
@@ -74,6 +111,7 @@ async def _direct(urls: list[str], messages: int) -> dict[str, float]:
                     raise
                 await asyncio.sleep(0.1)
         await js.purge_stream("BENCH_DIRECT")
+        servers = ServersCpu(pids)
         started = time.perf_counter()
         pending: list[asyncio.Future[object]] = []
         for _ in range(messages):
@@ -83,7 +121,9 @@ async def _direct(urls: list[str], messages: int) -> dict[str, float]:
                 pending.clear()
         await asyncio.gather(*pending)
         publish_s = time.perf_counter() - started
+        row.rates["publish"], row.servers_us["publish"] = messages / publish_s, servers.per_message_us(messages)
         subscription = await js.pull_subscribe("bench.direct", durable="bench")
+        servers = ServersCpu(pids)
         started = time.perf_counter()
         received = 0
         while received < messages:
@@ -91,14 +131,61 @@ async def _direct(urls: list[str], messages: int) -> dict[str, float]:
                 await message.ack()
                 received += 1
         consume_s = time.perf_counter() - started
+        row.rates["fetch + ack"], row.servers_us["fetch + ack"] = messages / consume_s, servers.per_message_us(messages)
         await js.delete_stream("BENCH_DIRECT")
-        return {"publish": messages / publish_s, "consume": messages / consume_s}
     finally:
         await client.close()
 
 
+async def _direct_batches(urls: list[str], messages: int, pids: list[int], row: Row) -> None:
+    """Atomic batches of BATCH_SIZE, each of BATCHES_IN_FLIGHT at once, on the gateway's NATS client, to a stream
+    made as a topic's is, with a consumer keeping what it holds (as a topic's first queue does)."""
+    async with trio.open_nursery() as nursery:
+        connection = await NatsConnection.connect(NatsOptions(urls, name="polymq-bench"), nursery)
+        try:
+            await api.ensure_stream(connection, "bench-batches", api.StreamSettings(replicas=min(3, len(urls))))
+            await api.ensure_consumer(connection, "bench-batches", "keeper", api.consumer_config(
+                "keeper", topic="bench-batches", ack_wait_s=60.0, start_seq=0))
+            for in_flight in BATCHES_IN_FLIGHT:
+                await _batches(connection, in_flight, messages, pids, row)
+            await api.delete_stream(connection, "bench-batches")
+        finally:
+            await connection.close()
+            nursery.cancel_scope.cancel()
+
+
+async def _batches(connection: NatsConnection, in_flight: int, messages: int, pids: list[int], row: Row) -> None:
+    await api.api(connection, f"STREAM.PURGE.{api.topic_stream('bench-batches')}")
+    batches = Batches(connection, SystemClock(), lambda: None, in_flight=in_flight)
+    body = b"x" * MESSAGE_SIZE
+    done = trio.Event()
+    left = [-(-messages // BATCH_SIZE)]
+    failures: list[Exception] = []
+
+    def answered(_: int, error: Exception | None) -> None:
+        if error is not None:
+            failures.append(error)
+        left[0] -= 1
+        if left[0] == 0:
+            done.set()
+
+    servers = ServersCpu(pids)
+    started = time.perf_counter()
+    deadline = SystemClock().now() + STREAM_READY_S
+    for first in range(0, messages, BATCH_SIZE):
+        count = min(BATCH_SIZE, messages - first)
+        batches.publish("bench-batches", [(body, {})] * count, deadline, answered)
+        await trio.lowlevel.checkpoint()  # the connection writes as the batches go
+    await done.wait()
+    elapsed = time.perf_counter() - started
+    if failures:
+        raise failures[0]
+    label = f"atomic batches of {BATCH_SIZE}, {in_flight} in flight"
+    row.rates[label], row.servers_us[label] = messages / elapsed, servers.per_message_us(messages)
+
+
 @contextlib.contextmanager
-def _gateway(extra: list[str]) -> Iterator[tuple[int, int, int]]:
+def _gateway(extra: list[str]) -> Iterator[tuple[int, int, int, int]]:
     tcp, http, mqks = free_ports(3)
     data = Path(tempfile.mkdtemp(prefix="polymq-bench-js-"))
     log = data / "gateway.log"
@@ -115,7 +202,7 @@ def _gateway(extra: list[str]) -> Iterator[tuple[int, int, int]]:
         except BenchError as error:  # the gateway's own last line says why it did not start
             lines = log.read_text(errors="replace").strip().splitlines()
             raise BenchError(f"{error}: {lines[-1] if lines else 'it printed nothing'}") from None
-        yield tcp, http, mqks
+        yield tcp, http, mqks, process.pid
     finally:
         stop_server(process)
         shutil.rmtree(data, ignore_errors=True)
@@ -132,45 +219,63 @@ def _wait_ready(log: Path, process: subprocess.Popen[bytes]) -> None:
         time.sleep(0.05)
 
 
-def _through_gateway(extra: list[str], messages: int) -> dict[str, float]:
-    rates: dict[str, float] = {}
-    with _gateway(extra) as (tcp, http, mqks):
-        for scenario, publishers in (("mpub", 2), ("pub", 8), ("sub", 2)):
+def _through_gateway(extra: list[str], messages: int, pids: list[int], row: Row) -> None:
+    with _gateway(extra) as (tcp, http, mqks, gateway_pid):
+        for scenario, publishers, label in (("mpub", 2, "NSQ MPUB"),
+                                            *(("pub", count, f"NSQ PUB x{count}") for count in PUB_CONNECTIONS),
+                                            ("sub", 2, "NSQ consume")):
             opts = nsq_bench.BenchOptions(
                 host="127.0.0.1", port=tcp, http=("127.0.0.1", http), scenarios=(scenario,), duration_s=None,
                 count=messages, size=MESSAGE_SIZE, batch=nsq_bench.DEFAULT_BATCH, rdy=nsq_bench.DEFAULT_RDY,
-                publishers=publishers, consumers=2, pub_consumers=0, processes=None,
-                topic_prefix=f"bench_js_{scenario}", output_buffer_timeout_ms=None, progress=False)
+                publishers=publishers, consumers=2, pub_consumers=0, processes=min(publishers, 2),
+                topic_prefix=f"bench_js_{scenario}{publishers}", output_buffer_timeout_ms=None, progress=False,
+                server_pid=gateway_pid)
+            servers = ServersCpu(pids)
             [result] = nsq_bench.run_bench(opts)
-            if scenario == "sub":
-                rates["NSQ consume"] = result.sub_rate()
-            else:
-                rates[f"NSQ {scenario.upper()}"] = result.pub_rate()
+            measured = result.sub_rate() if scenario == "sub" else result.pub_rate()
+            _measured(row, label, measured, servers, result.published or result.consumed, result.server_cpu)
         mqks_opts = mqks_bench.BenchOptions(
             host="127.0.0.1", port=mqks, scenarios=("manual",), clients=mqks_bench.DEFAULT_CLIENTS,
             messages=messages, latency_clients=0, latency_messages=0, interval_s=mqks_bench.DEFAULT_INTERVAL_S,
-            size=mqks_bench.DEFAULT_SIZE, processes=None, prefix="bench_js", progress=False)
+            size=mqks_bench.DEFAULT_SIZE, processes=None, prefix="bench_js", progress=False, server_pid=gateway_pid)
+        servers = ServersCpu(pids)
         [manual] = mqks_bench.run_bench(mqks_opts)
-        rates["MQKS publish"] = manual.pub_rate()
-        rates["MQKS end to end"] = manual.e2e_rate()
-    return rates
+        row.rates["MQKS publish"] = manual.pub_rate()
+        _measured(row, "MQKS end to end", manual.e2e_rate(), servers, messages * mqks_bench.DEFAULT_CLIENTS,
+                  manual.server_cpu)
+
+
+def _measured(row: Row, label: str, rate: float, servers: ServersCpu, messages: int,
+              gateway: tuple[float, float, float] | None) -> None:
+    row.rates[label] = rate
+    if servers.pids:
+        row.servers_us[label] = servers.per_message_us(messages)
+    if gateway is not None:
+        row.gateway_cpu[label] = [round(share, 3) for share in gateway]
 
 
 def render(rows: list[Row], messages: int, sync_always: bool) -> str:
-    measures = list(dict.fromkeys(name for row in rows for name in row.rates))
     lines = [f"{messages:,} messages of {MESSAGE_SIZE} bytes per measure; three nats-servers, R3, "
              f"sync_interval {'always' if sync_always else 'default'}", "",
-             "| | " + " | ".join(measures) + " |", "|---|" + "---|" * len(measures)]
+             "| client | measure | msgs/s | servers' CPU per message | gateway CPU (+ run-queue wait) |",
+             "|---|---|---|---|---|"]
     for row in rows:
-        cells = [f"{row.rates[name]:,.0f}" if name in row.rates else "" for name in measures]
-        lines.append(f"| {row.label} | " + " | ".join(cells) + " |" + (f" {row.error}" if row.error else ""))
-    direct = next((row for row in rows if row.label.startswith("nats-py")), None)
-    shared = next((row for row in rows if "JetStream" in row.label), None)
-    if direct is not None and shared is not None and direct.rates:
-        lines.append("")
-        publish = max((rate for name, rate in shared.rates.items() if name in ("NSQ MPUB", "NSQ PUB")), default=0.0)
-        lines.append(f"polymq on JetStream / nats-py: publish {publish / direct.rates['publish']:.2f}x (its best NSQ "
-                     f"publish), consume {shared.rates.get('NSQ consume', 0.0) / direct.rates['consume']:.2f}x")
+        if row.error:
+            lines.append(f"| {row.label} | {row.error} | | | |")
+        for name, rate in row.rates.items():
+            servers = f"{row.servers_us[name]:.0f} µs" if name in row.servers_us else ""
+            gateway = common.cpu_text(tuple(row.gateway_cpu[name])) if name in row.gateway_cpu else ""  # type: ignore[arg-type]
+            lines.append(f"| {row.label} | {name} | {rate:,.0f} | {servers} | {gateway} |")
+    rates = {(row.label, name): rate for row in rows for name, rate in row.rates.items()}
+    shared = "polymq on JetStream"
+    ratios = [*(("NSQ MPUB", "direct, batching", f"atomic batches of {BATCH_SIZE}, {count} in flight")
+                for count in BATCHES_IN_FLIGHT),
+              (f"NSQ PUB x{PUB_CONNECTIONS[-1]}", "nats-py, direct", "publish"),
+              ("NSQ consume", "nats-py, direct", "fetch + ack")]
+    found = [f"{ours} {rates[(shared, ours)] / rates[(label, theirs)]:.2f}x {theirs}"
+             for ours, label, theirs in ratios if (shared, ours) in rates and rates.get((label, theirs))]
+    if found:
+        lines += ["", "polymq on JetStream against the direct clients: " + "; ".join(found)]
     return "\n".join(lines)
 
 
@@ -181,7 +286,7 @@ def render(rows: list[Row], messages: int, sync_always: bool) -> str:
               "every publish acknowledgement).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
 def command(messages: int, sync_always: bool, as_json: bool) -> None:
-    """nats-py straight to a three-server JetStream cluster, polymq on that cluster, and polymq embedded."""
+    """Direct clients of a three-server JetStream cluster, polymq on that cluster, and polymq embedded."""
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="polymq-bench-nats-") as folder:
         cluster = NatsCluster(Path(folder), 3, sync_always=sync_always)
@@ -191,16 +296,19 @@ def command(messages: int, sync_always: bool, as_json: bool) -> None:
         except NatsServerError as error:
             cluster.stop()
             raise click.ClickException(str(error)) from error
+        pids = [server.pid for server in cluster.servers if server.pid is not None]
+        urls = cluster.urls
         try:
             for label, run in (
-                    ("nats-py, direct", lambda: asyncio.run(_direct(cluster.urls, messages))),
-                    ("polymq on JetStream", lambda: _through_gateway(["--jetstream", ",".join(cluster.urls)],
-                                                                     messages)),
-                    ("polymq embedded (--fsync=always)", lambda: _through_gateway([], messages))):
+                    ("nats-py, direct", lambda row: asyncio.run(_direct(urls, messages, pids, row))),
+                    ("direct, batching", lambda row: trio.run(_direct_batches, urls, messages, pids, row)),
+                    ("polymq on JetStream", lambda row: _through_gateway(["--jetstream", ",".join(urls)], messages,
+                                                                         pids, row)),
+                    ("polymq embedded (--fsync=always)", lambda row: _through_gateway([], messages, [], row))):
                 click.echo(f"measuring {label} ...", err=True)
                 row = Row(label)
                 try:
-                    row.rates = run()
+                    run(row)
                 except Exception as error:  # a failed measure is a row saying why, the others still run
                     row.error = f"{type(error).__name__}: {error}"
                     click.echo(f"{label} failed: {row.error}", err=True)
