@@ -508,19 +508,7 @@ class JetStreamLink:
 
     def _send(self, topic: str, messages: list[Message], stored: Stored) -> None:
         subject = api.topic_subject(topic)
-        left = [len(messages)]
-        first_error: list[Exception | None] = [None]
-        clock = self.clock
-        sent = clock.now()
-
-        def finished(count: int, error: Exception | None) -> None:
-            for _ in range(count):
-                self._count_stored(topic)
-            first_error[0] = first_error[0] or error
-            left[0] -= 1
-            if left[0] == 0:
-                self.publish_latency.observe(clock.now() - sent)
-                stored(first_error[0])
+        finished = self._tally(topic, len(messages), stored)
 
         def answered(reply: Msg | NatsError) -> None:
             if isinstance(reply, NatsError):
@@ -536,7 +524,7 @@ class JetStreamLink:
         if not messages:
             stored(None)
             return
-        deadline = sent + self.settings.publish_timeout_s
+        deadline = self.clock.now() + self.settings.publish_timeout_s
         if len(messages) == 1 and topic not in self.batches.plain:
             self._gathered.setdefault(topic, []).append(Gathered(messages[0], deadline, finished, answered))
             self._gather_wake.set()
@@ -546,6 +534,25 @@ class JetStreamLink:
                 self._publish_one(subject, message.body, self._headers(message), deadline, answered)
             return
         self._send_batches(topic, messages, deadline, stored)
+
+    def _tally(self, topic: str, parts: int, stored: Stored) -> Callable[[int, Exception | None], None]:
+        """What `parts` answers come to, each with how many messages it stored now, or why not: `stored` is told
+        once all have come (the first failure, if any)."""
+        left = [parts]
+        first_error: list[Exception | None] = [None]
+        clock = self.clock
+        sent = clock.now()
+
+        def finished(count: int, error: Exception | None) -> None:
+            for _ in range(count):
+                self._count_stored(topic)
+            first_error[0] = first_error[0] or error
+            left[0] -= 1
+            if left[0] == 0:
+                self.publish_latency.observe(clock.now() - sent)
+                stored(first_error[0])
+
+        return finished
 
     async def _send_gathered(self) -> None:
         """Single publishes to a topic made in one turn of the node's loop (many clients' at once) go as one
@@ -585,25 +592,13 @@ class JetStreamLink:
         """Several messages at once: atomic batches (jetstream/batches.py), BATCH_MAX a batch; `stored` is told
         once every batch is answered (the first failure, if any: a failed batch stored none of its messages)."""
         chunks = [messages[start:start + BATCH_MAX] for start in range(0, len(messages), BATCH_MAX)]
-        left = [len(chunks)]
-        first_error: list[Exception | None] = [None]
-        clock = self.clock
-        sent = clock.now()
+        finished = self._tally(topic, len(chunks), stored)
 
         def answered(chunk: list[Message], count: int, error: Exception | None) -> None:
             if isinstance(error, api.JetStreamError) and error.err_code == ERR_BATCH_DISABLED:
                 self._send(topic, chunk, lambda plain_error: finished(0, plain_error))  # one at a time after all
                 return
             finished(count, error)
-
-        def finished(count: int, error: Exception | None) -> None:
-            for _ in range(count):
-                self._count_stored(topic)
-            first_error[0] = first_error[0] or error
-            left[0] -= 1
-            if left[0] == 0:
-                self.publish_latency.observe(clock.now() - sent)
-                stored(first_error[0])
 
         for chunk in chunks:
             self.batches.publish(topic, [(message.body, self._headers(message)) for message in chunk], deadline,

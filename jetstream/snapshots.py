@@ -101,14 +101,10 @@ class QueueSnapshots:
     # -- what this node holds ----------------------------------------------------------------------
 
     def given_back(self, queue: str, handle: str, attempts: int, delay_s: float) -> None:
-        try:
-            delivery = api.parse_ack_subject(handle)
-        except ValueError:
-            return
-        topic = api.topic_of_stream(delivery.stream)
-        if topic is not None:
+        place = _place(handle)
+        if place is not None:
             due = self.link.clock.wall_ns() + int(delay_s * 1e9)
-            self.delayed.setdefault(queue, {})[(topic, delivery.stream_seq)] = (attempts, due)
+            self.delayed.setdefault(queue, {})[place] = (attempts, due)
         self._given_back += 1
         if self._given_back % PRUNE_EVERY == 0:  # what was given again on other nodes goes from here too
             for name in list(self.delayed):
@@ -126,16 +122,9 @@ class QueueSnapshots:
         if isinstance(queue, SharedQueue):
             for state, messages in ((IN_FLIGHT, queue.in_flight.values()), (READY, queue.ready)):
                 for message in messages:
-                    handle = queue.handles.get(message.id)
-                    if handle is None:
-                        continue
-                    try:
-                        delivery = api.parse_ack_subject(handle)
-                    except ValueError:
-                        continue
-                    topic = api.topic_of_stream(delivery.stream)
-                    if topic is not None:
-                        found.append(Held(topic, delivery.stream_seq, message.attempts, state))
+                    place = _place(queue.handles.get(message.id))
+                    if place is not None:
+                        found.append(Held(place[0], place[1], message.attempts, state))
         self._prune(name)
         delayed = self.delayed.get(name, {})
         found += [Held(topic, seq, attempts, DELAYED, due) for (topic, seq), (attempts, due) in delayed.items()]
@@ -308,6 +297,18 @@ class QueueSnapshots:
             if short > 0:
                 missing[topic] = short
         return missing
+
+
+def _place(handle: Any) -> tuple[str, int] | None:
+    """The topic and stream sequence of the message a delivery's handle (its ack subject) stands for."""
+    if handle is None:
+        return None
+    try:
+        delivery = api.parse_ack_subject(handle)
+    except ValueError:
+        return None
+    topic = api.topic_of_stream(delivery.stream)
+    return None if topic is None else (topic, delivery.stream_seq)
 
 
 def _first(item: tuple[int, Message]) -> int:

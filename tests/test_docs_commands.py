@@ -198,7 +198,7 @@ ELSEWHERE: dict[tuple[str, str], RunBy] = {
 
 
 def _performance(block: Block) -> RunBy:
-    """The performance page's blocks: benchmarks and profiling recipes, their figures the page's."""
+    """The performance pages' blocks: benchmarks and profiling recipes, their figures the page's."""
     if block.commands == [".venv/bin/polymq bench versus-nsqd"]:
         return RunBy(VERSUS_NSQD, NSQ_OR_FAKES)
     return RunBy(PERFORMANCE_BLOCKS, ON_A_SMALL_COUNT)
@@ -219,7 +219,7 @@ def placed(block: Block) -> str | RunBy:
             return RunBy(TRACE_EXAMPLE, "as printed, against the gateway the block before starts")
     if block.key in ELSEWHERE:
         return ELSEWHERE[block.key]
-    if block.page == "docs/performance.md":
+    if block.page in ("docs/performance.md", "docs/performance-history.md"):
         return _performance(block)
     same = _same_as_run(block)
     if same is not None:

@@ -15,9 +15,8 @@ import re
 import subprocess
 from pathlib import Path
 
-import attrs
 import pytest
-from test_docs_commands import PAGES
+from test_docs_commands import PAGES, Block
 from test_docs_deployment import page_block
 from test_docs_lookupd import programs
 
@@ -83,23 +82,12 @@ EOF
 """
 
 
-@attrs.frozen(slots=True)
-class Fragment:
-    page: str
-    line: int  # where it starts in the page
-    text: str
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.page, self.text.splitlines()[0].rstrip())
-
-
-def fragments() -> dict[tuple[str, str], Fragment]:
+def fragments() -> dict[tuple[str, str], Block]:
     found = {}
     for page in PAGES:
         text = (ROOT / page).read_text()
         for match in FRAGMENT.finditer(text):
-            fragment = Fragment(page, text.count("\n", 0, match.start()) + 1, match.group(1))
+            fragment = Block(page, text.count("\n", 0, match.start()) + 1, match.group(1))
             found[fragment.key] = fragment
     return found
 

@@ -1,5 +1,5 @@
-"""Every block of docs/performance.md, and the benchmark blocks of other pages, runs here as printed, on a
-small count: its benchmarks, profiles and comparisons with an earlier checkout are minutes of the whole
+"""Every block of docs/performance.md and its history, and the benchmark blocks of other pages, runs here as
+printed, on a small count: its benchmarks, profiles and comparisons with an earlier checkout are minutes of the whole
 machine, their figures the page's, so each program's counts and durations are made small (SMALL_COUNTS: set
 where the block prints them, added after the program where it does not) and nothing else is changed. What a
 recipe leaves to the reader is filled in: PID is a durable gateway on the default ports started for the
@@ -25,7 +25,8 @@ from support.namespace import Namespace, namespace
 from support.nsq_programs import home_with_nsq_programs
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = "docs/performance.md"
+# The performance page and its history: their blocks are benchmarks and profiling recipes.
+PAGES = ("docs/performance.md", "docs/performance-history.md")
 # The benchmark blocks of other pages (page: the block's first line).
 BENCHMARKS_ELSEWHERE = {
     "docs/protocols/emqp.md": ".venv/bin/polymq serve &                          # durable, every protocol on "
@@ -66,7 +67,7 @@ def blocks() -> list[tuple[str, int, str]]:
     """(page, line, text) of each shell block of the performance page, but the README's versus-nsqd
     (tests/test_bench_versus_nsqd.py runs it as printed), and the benchmark blocks of other pages."""
     return [(block.page, block.line, block.text) for block in docs_blocks()
-            if (block.page == PAGE and not README_VERSUS_NSQD.match(block.text))
+            if (block.page in PAGES and not README_VERSUS_NSQD.match(block.text))
             or block.key[1] == BENCHMARKS_ELSEWHERE.get(block.page)]
 
 
