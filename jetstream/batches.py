@@ -45,10 +45,11 @@ BATCH_MAX = 1000
 # Batches in flight per topic from one node: several, so the servers' replication of one overlaps the next one's
 # arrival, well under a stream's 50 (`max_inflight_per_stream`) with a few nodes publishing.
 IN_FLIGHT = 8
-# JetStream's refusals of a batch (err_code): its start never reached the server (the link broke midway: asked
-# again), the stream does not take batches, a message of it was stored before (the batch asked again after its
-# answer was lost: stored).
+# JetStream's refusals of a batch (err_code): its start never reached the server (the link broke midway), the
+# stream has its 50 batches in flight (other nodes' too): both asked again; the stream does not take batches;
+# a message of it was stored before (the batch asked again after its answer was lost: stored).
 ERR_BATCH_INCOMPLETE = 10176
+ERR_BATCH_TOO_MANY = 10210
 ERR_BATCH_DISABLED = 10174
 ERR_BATCH_DUPLICATE = 10201
 RETRY_S = 0.1
@@ -119,7 +120,7 @@ class Batches:
             except api.JetStreamError as error:
                 if error.err_code == ERR_BATCH_DUPLICATE:
                     done(0, None)  # an earlier try of it was stored
-                elif error.err_code == ERR_BATCH_INCOMPLETE and again():
+                elif error.err_code in (ERR_BATCH_INCOMPLETE, ERR_BATCH_TOO_MANY) and again():
                     pass
                 elif error.err_code == ERR_BATCH_DISABLED:
                     log.warning("the stream of topic %r takes no atomic batches (made by an older release): its "

@@ -10,9 +10,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import trio
 
 from polymq.clients.link_proxy import LinkProxy
 from polymq.codecs import nsq_client
+from polymq.jetstream.batches import HEADER_BATCH_COMMIT, HEADER_BATCH_ID, HEADER_BATCH_SEQUENCE
+from polymq.jetstream.nats_connection import NatsConnection, NatsOptions
 
 from support.gateway import running_gateway
 from support.nats_cluster import NatsServer
@@ -148,3 +151,36 @@ def test_single_publishes_that_come_together_go_as_one_batch_each_answered(
             reader.send(nsq_client.fin(message.msg_id))
             got.append(message.body)
         assert sorted(got) == sorted(b"%d-%d" % (r, n) for r in range(5) for n in range(16))
+
+
+def test_an_mpub_waits_while_the_stream_has_all_its_batches_in_flight(tmp_path: Path, nats_server: NatsServer) -> None:
+    """Another client holds the stream's 50 batches open (nats-server's most per stream): the node's batch is
+    refused (10210) and sent again until a slot frees, then stored once and answered OK."""
+    with running_gateway("--jetstream", nats_server.url, data_dir=tmp_path / "node") as node, \
+            RawClient(node.nsq_tcp) as producer:
+        assert http(node.nsq_http, "/topic/create?topic=crowded", "POST")[0] == 200
+        assert http(node.nsq_http, "/channel/create?topic=crowded&channel=check", "POST")[0] == 200
+
+        async def crowd() -> None:
+            async with trio.open_nursery() as nursery:
+                connection = await NatsConnection.connect(NatsOptions([nats_server.url]), nursery)
+                subject = "polymq.t.crowded"
+                for number in range(50):  # each batch's start, answered empty once the server holds it
+                    started = await connection.request(subject, b"open", headers={
+                        HEADER_BATCH_ID: f"crowd-{number}", HEADER_BATCH_SEQUENCE: "1"}, timeout=10)
+                    assert started.payload == b"", started.payload
+                producer.send(nsq_client.mpub("crowded", [b"one", b"two", b"three"]))
+                with trio.fail_after(30):
+                    while json.loads(http(node.http, "/api/state")[1])["backend"]["batches_sent_again"] < 1:
+                        await trio.sleep(0.05)
+                committed = await connection.request(subject, b"close", headers={
+                    HEADER_BATCH_ID: "crowd-0", HEADER_BATCH_SEQUENCE: "2", HEADER_BATCH_COMMIT: "1"}, timeout=10)
+                assert json.loads(committed.payload)["count"] == 2
+                await connection.close()
+                nursery.cancel_scope.cancel()
+
+        trio.run(crowd)
+        producer.expect_response(timeout=30)
+        with consumer(node.nsq_tcp, "crowded", "check", rdy=10) as reader:
+            got = [reader.read_message().body for _ in range(5)]
+        assert sorted(got) == sorted([b"open", b"close", b"one", b"two", b"three"])
