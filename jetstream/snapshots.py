@@ -35,7 +35,7 @@ from polymq.core.message import Message
 from polymq.core.shared import SharedQueue
 from polymq.core.streams import MESSAGE_OVERHEAD, SnapshotTooLarge, StreamError
 from polymq.jetstream import api, deferred
-from polymq.jetstream.nats_connection import Msg, NatsError
+from polymq.jetstream.nats_connection import Msg, NatsError, RequestTimeout
 from polymq.jetstream.reports import REPORT_LAPSE_S
 from polymq.jetstream.streams import DIRECT_BATCH, allow_direct, direct_get
 
@@ -178,6 +178,8 @@ class QueueSnapshots:
         topics = sorted(topic for topic, consumers in topology.read.items() if name in consumers)
         if not topics:
             raise StreamError(f"no stream or queue {name}")
+        unaccounted: dict[str, int] | None = None  # None until one round was asked whole
+        missing_nodes: set[int] = set()
         with trio.move_on_after(SETTLE_S) as settling:
             while True:
                 before = {topic: await self._delivered(topic, name) for topic in topics}
@@ -188,6 +190,8 @@ class QueueSnapshots:
                     break
                 await trio.sleep(SETTLE_RETRY_S)
         if settling.cancelled_caught:
+            if unaccounted is None:
+                raise RequestTimeout(f"JetStream did not answer for queue {name} within {SETTLE_S:g} s")
             self.refused += 1
             count = sum(unaccounted.values())
             nodes = f"; nodes {sorted(missing_nodes)} did not answer" if missing_nodes else ""
