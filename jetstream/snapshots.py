@@ -132,6 +132,9 @@ class QueueSnapshots:
 
     def _prune(self, name: str) -> None:
         delayed = self.delayed.get(name)
+        if delayed and not any(name in consumers for consumers in self.link.topology.read.values()):
+            del self.delayed[name]  # the queue is gone from the cluster
+            return
         if delayed and self._consumed_anywhere(name):
             forget = self.link.clock.wall_ns() - int(DELAYED_GRACE_S * 1e9)
             for key in [key for key, (_, due) in delayed.items() if due < forget]:
