@@ -53,6 +53,9 @@ GATHER_S = 2.0
 # it is refused (what a node that went away held comes back after the ack wait, 60 s by default).
 SETTLE_S = 5.0
 SETTLE_RETRY_S = 0.1
+# A queue no read of the cluster has shown yet is looked for this long: every topic is read again within a second
+# (jetstream/topology.py's REFRESH_S), sooner on JetStream's advisory of its consumer.
+FOLLOW_S = 2.0
 # A node forgets what it gave back this long after it was due, while some node has a consumer of the queue: JetStream
 # gives it again at once to a node that asks, which then holds it.
 DELAYED_GRACE_S = 1.0
@@ -177,10 +180,7 @@ class QueueSnapshots:
         """Every message queue `name` holds (module's text), the memory they take, and the key every node of
         the cluster gives the same queue; SnapshotTooLarge past `max_bytes` of bodies (plus MESSAGE_OVERHEAD
         each) read back."""
-        topology = self.link.topology
-        topics = sorted(topic for topic, consumers in topology.read.items() if name in consumers)
-        if not topics:
-            raise StreamError(f"no stream or queue {name}")
+        topics = await self._topics_of(name)
         unaccounted: dict[str, int] | None = None  # None until one round was asked whole
         missing_nodes: set[int] = set()
         with trio.move_on_after(SETTLE_S) as settling:
@@ -236,6 +236,20 @@ class QueueSnapshots:
                 rows.append(message)
         self.taken += 1
         return rows, reader.read_back, reader.cluster_key
+
+    async def _topics_of(self, name: str) -> list[str]:
+        """The topics the queue is bound to: as the cluster was last read, and as this node bound it. A queue
+        another node made a moment ago is in the cluster's next read (within FOLLOW_S)."""
+        engine = self.link.engine
+        with trio.move_on_after(FOLLOW_S):
+            while True:
+                local = engine.queue(name) if engine is not None else None
+                topics = {topic for topic, consumers in self.link.topology.read.items() if name in consumers}
+                topics.update(local.topics if local is not None else ())
+                if topics:
+                    return sorted(topics)
+                await trio.sleep(SETTLE_RETRY_S)
+        raise StreamError(f"no stream or queue {name}")
 
     async def _delivered(self, topic: str, name: str) -> Delivered:
         try:
