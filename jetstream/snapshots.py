@@ -37,7 +37,7 @@ from polymq.core.streams import MESSAGE_OVERHEAD, SnapshotTooLarge, StreamError
 from polymq.jetstream import api, deferred
 from polymq.jetstream.nats_connection import Msg, NatsError, RequestTimeout
 from polymq.jetstream.reports import REPORT_LAPSE_S
-from polymq.jetstream.streams import DIRECT_BATCH, allow_direct, direct_get
+from polymq.jetstream.streams import DIRECT_BATCH, allow_direct, direct_get, leader_first_at
 
 if TYPE_CHECKING:
     from polymq.jetstream.backend import JetStreamLink
@@ -386,20 +386,11 @@ class _Reader:
                 if page:
                     seq = page[-1][1] + 1
                 if len(page) < DIRECT_BATCH:
-                    beyond = await self._leader_first_at(stream, subject, seq)
+                    beyond = await leader_first_at(self.connection, stream, subject, seq)
                     if beyond is None or beyond > last:
                         break
                     await trio.sleep(0.02)  # a replica that has not applied the tail yet answered
         return found
-
-    async def _leader_first_at(self, stream: str, subject: str, seq: int) -> int | None:
-        try:
-            answer = await api.api(self.connection, f"STREAM.MSG.GET.{stream}", {"seq": seq, "next_by_subj": subject})
-        except api.JetStreamError as error:
-            if error.err_code == api.ERR_NO_MESSAGE_FOUND:
-                return None
-            raise
-        return int((answer.get("message") or {}).get("seq", 0))
 
     async def deferred(self, topics: list[str]) -> list[tuple[int, Message]]:
         """Deferred publishes to the topics, not moved yet, with their due times."""

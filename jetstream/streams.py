@@ -188,7 +188,7 @@ class JetStreamStreams:
                     seq = page[-1][1] + 1
                 if len(messages) >= limit or seq >= until:
                     return topic, messages, positions
-                beyond = await self._leader_first_at(topic, seq)
+                beyond = await leader_first_at(self.connection, api.topic_stream(topic), api.topic_subject(topic), seq)
                 if beyond is None or beyond >= until:
                     return topic, messages, positions
                 await trio.sleep(LAGGING_RETRY_S)  # the replica that answered has not applied it yet
@@ -339,17 +339,6 @@ class JetStreamStreams:
         msg, position = page[0]
         return Found(position, int((msg.headers or {}).get("Nats-Num-Pending", 0)))
 
-    async def _leader_first_at(self, topic: str, seq: int) -> int | None:
-        """The sequence of the first row at or after `seq` as the stream's leader has it."""
-        try:
-            answer = await api.api(self.connection, f"STREAM.MSG.GET.{api.topic_stream(topic)}",
-                                   {"seq": max(seq, 1), "next_by_subj": api.topic_subject(topic)})
-        except api.JetStreamError as error:
-            if error.err_code == api.ERR_NO_MESSAGE_FOUND:
-                return None
-            raise
-        return int((answer.get("message") or {}).get("seq", 0))
-
     async def _direct(self, topic: str, request: dict[str, Any]) -> list[tuple[Msg, int]]:
         return await direct_get(self.connection, api.topic_stream(topic), request, f"topic {topic}")
 
@@ -389,6 +378,18 @@ async def direct_get(connection: NatsConnection, stream: str, request: dict[str,
     if failure:
         raise NatsError(f"JetStream refused a read of {what}: {failure[0]}")
     return got
+
+
+async def leader_first_at(connection: NatsConnection, stream: str, subject: str, seq: int) -> int | None:
+    """The sequence of the first message on `subject` at or after `seq` as the stream's leader has it (a replica
+    answering a direct get may not have applied the tail yet)."""
+    try:
+        answer = await api.api(connection, f"STREAM.MSG.GET.{stream}", {"seq": max(seq, 1), "next_by_subj": subject})
+    except api.JetStreamError as error:
+        if error.err_code == api.ERR_NO_MESSAGE_FOUND:
+            return None
+        raise
+    return int((answer.get("message") or {}).get("seq", 0))
 
 
 async def allow_direct(connection: NatsConnection, stream: str) -> dict[str, Any]:
