@@ -9,6 +9,7 @@ backend (`backend.py`) decides what polymq's queues make of them.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import re
@@ -50,12 +51,13 @@ API_RETRY_S = 0.1
 # Headers polymq writes beside a body (NATS header values are text).
 HEADER_MSG_ID = "Nats-Msg-Id"  # JetStream's de-duplication key: the engine id, so a retry is dropped
 HEADER_TTL = "Nats-TTL"  # per-message TTL (nats-server 2.11+, a stream with allow_msg_ttl)
-HEADER_POLYMQ_ID = "Polymq-Id"
-HEADER_POLYMQ_TIMESTAMP = "Polymq-Timestamp"
+HEADER_POLYMQ_ID = "Polymq-Id"  # the message's id, where the Nats-Msg-Id is another's (a copy put back, requeued)
+HEADER_POLYMQ_TIMESTAMP = "Polymq-Timestamp"  # its own time, where not when the cluster stored it
 HEADER_POLYMQ_ORIGIN = "Polymq-Origin"
 HEADER_POLYMQ_HEADERS = "Polymq-Headers"  # the engine's headers of the message, as JSON
 HEADER_POLYMQ_EXPIRES = "Polymq-Expires"  # wall-clock ns after which the copy is not delivered
 HEADER_POLYMQ_ATTEMPTS = "Polymq-Attempts"  # deliveries a copy put back at a queue's tail had before
+HEADER_TIME_STAMP = "Nats-Time-Stamp"  # when JetStream stored a message, in a direct get's answer
 
 # Acks, as nats-server reads them from a delivery's reply subject.
 ACK = b"+ACK"
@@ -520,3 +522,15 @@ def publish_failure(reply: Msg | NatsError) -> Exception | None:
 
 
 PublishAck = Callable[[Exception | None], None]
+
+
+def stored_at(stamp: str) -> int:
+    """Nanoseconds of JetStream's RFC 3339 time stamp."""
+    if not stamp:
+        return 0
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    try:
+        seconds = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return 0
+    return int(seconds) * 1_000_000_000 + int((fraction or "0")[:9].ljust(9, "0"))

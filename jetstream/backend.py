@@ -105,6 +105,9 @@ MAX_PULLS_WAITING = 64
 # A publish JetStream had no answer for (a stream electing its leader) is tried again this often, until
 # `JetStreamSettings.publish_timeout_s` (publish acks paused 5-9 s while a killed leader was replaced).
 PUBLISH_RETRY_S = 0.1
+# A message made longer ago than this before its first publish carries its own time (a deferred one moved to
+# its topic, one that waited for a leader); others take the time the cluster stores them, a few ms later.
+OWN_TIME_AFTER_NS = 100_000_000
 # How long a node waits at start-up for the stream of node numbers to take publishes: as long as any API
 # request (a stream whose leader was cut off or paused answers nothing until the others elect one).
 STREAM_READY_S = api.API_DEADLINE_S
@@ -427,7 +430,7 @@ class JetStreamLink:
             message = messages[0]  # NSQ's DPUB: kept in the cluster until it is due (deferred.py)
             due_wall_ns = self.clock.wall_ns() + int((message.due - now) * 1e9)  # type: ignore[operator]
             self.deferred.defer(topic.name, message, due_wall_ns, self._counting_deferred(topic, stored),
-                                self._headers(message))
+                                self._kept_headers(message, f"deferred-{message.id}"))
             return
         self.publish_to(topic.name, messages, stored, drop_if_unbound)
 
@@ -641,11 +644,11 @@ class JetStreamLink:
             answered(error)
 
     def _headers(self, message: Message) -> dict[str, str]:
-        headers = {
-            api.HEADER_MSG_ID: str(message.id),
-            api.HEADER_POLYMQ_ID: str(message.id),
-            api.HEADER_POLYMQ_TIMESTAMP: str(message.timestamp_ns),
-        }
+        """The headers of a message's first publish: its `Nats-Msg-Id` is its id; its time is when the cluster
+        stores it (each header costs the servers: docs/performance.md), unless it was made a while before."""
+        headers = {api.HEADER_MSG_ID: str(message.id)}
+        if self.clock.wall_ns() - message.timestamp_ns > OWN_TIME_AFTER_NS:
+            headers[api.HEADER_POLYMQ_TIMESTAMP] = str(message.timestamp_ns)
         if message.origin is not None:
             headers[api.HEADER_POLYMQ_ORIGIN] = message.origin
         shown = shown_headers(message)  # a publisher's id kept apart travels among the headers
@@ -654,6 +657,15 @@ class JetStreamLink:
         if message.expires_at is not None:
             wall = self.clock.wall_ns() + int((message.expires_at - self.clock.now()) * 1e9)
             headers[api.HEADER_POLYMQ_EXPIRES] = str(wall)
+        return headers
+
+    def _kept_headers(self, message: Message, msg_id: str) -> dict[str, str]:
+        """The headers of another publish of a message (put back, requeued, deferred): its own `Nats-Msg-Id`,
+        and the message's id and time kept beside it."""
+        headers = self._headers(message)
+        headers[api.HEADER_MSG_ID] = msg_id
+        headers[api.HEADER_POLYMQ_ID] = str(message.id)
+        headers[api.HEADER_POLYMQ_TIMESTAMP] = str(message.timestamp_ns)
         return headers
 
     # -- queues -----------------------------------------------------------------------------
@@ -1142,8 +1154,12 @@ class JetStreamLink:
         """The engine's message a stored one stands for (its id, timestamp, headers, expiry, origin); the
         fallbacks are for a message some other NATS client stored, without polymq's headers."""
         headers = msg.headers or {}
-        message_id = int(headers.get(api.HEADER_POLYMQ_ID) or fallback_id)
-        timestamp = int(headers.get(api.HEADER_POLYMQ_TIMESTAMP) or fallback_timestamp)
+        # A first publish's id is its Nats-Msg-Id; another publish of it keeps the id apart.
+        shown_id = headers.get(api.HEADER_POLYMQ_ID) or headers.get(api.HEADER_MSG_ID, "")
+        message_id = int(shown_id) if shown_id.isdigit() else fallback_id
+        # Its time is when the cluster stored it, unless it keeps its own (a deferred or requeued copy).
+        timestamp = int(headers.get(api.HEADER_POLYMQ_TIMESTAMP) or fallback_timestamp
+                        or api.stored_at(headers.get(api.HEADER_TIME_STAMP, "")))
         engine_headers: Mapping[str, Any] | None = None
         if api.HEADER_POLYMQ_HEADERS in headers:
             engine_headers = json.loads(headers[api.HEADER_POLYMQ_HEADERS])
@@ -1184,8 +1200,7 @@ class JetStreamLink:
         """A copy of the message at the tail of this queue only (its own subject), with its attempts and its
         new expiry; the delivery is acked once the copy is stored, and given back if it cannot be."""
         topic = message.topic or ""
-        headers = self._headers(message)
-        headers[api.HEADER_MSG_ID] = f"requeue-{message.id}-{message.attempts}"
+        headers = self._kept_headers(message, f"requeue-{message.id}-{message.attempts}")
         headers[api.HEADER_POLYMQ_ATTEMPTS] = str(message.attempts)
         handle = queue.handles.pop(message.id, None)
 
@@ -1207,8 +1222,7 @@ class JetStreamLink:
         attempt): stored first, then the delivery acked; given back with -NAK (counted) when the copy cannot
         be stored. Its Nats-Msg-Id names the delivery it ends, so a publish asked again is stored once, and a
         message put back twice is two copies, never one taken for a repeat of the other."""
-        headers = self._headers(message)
-        headers[api.HEADER_MSG_ID] = f"put-back-{delivery.stream_seq}-{delivery.delivered}"
+        headers = self._kept_headers(message, f"put-back-{delivery.stream_seq}-{delivery.delivered}")
         headers[api.HEADER_POLYMQ_ATTEMPTS] = str(message.attempts)
 
         def answered(reply: Msg | NatsError) -> None:

@@ -23,7 +23,6 @@ store after a restart: only counts say whether a range holds rows.
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -343,10 +342,7 @@ class JetStreamStreams:
         return await direct_get(self.connection, api.topic_stream(topic), request, f"topic {topic}")
 
     def _message(self, topic: str, msg: Msg, position: int) -> Message:
-        headers = msg.headers or {}
-        # JetStream's own time stamp only for a message some other NATS client stored (no polymq header).
-        stored_at = 0 if api.HEADER_POLYMQ_TIMESTAMP in headers else _stored_at(headers.get("Nats-Time-Stamp", ""))
-        return self.link.message_of(topic, msg, attempts=0, fallback_id=position, fallback_timestamp=stored_at)
+        return self.link.message_of(topic, msg, attempts=0, fallback_id=position, fallback_timestamp=0)
 
 
 async def direct_get(connection: NatsConnection, stream: str, request: dict[str, Any],
@@ -409,14 +405,3 @@ def consumer_name(stream: str, start: int) -> str:
         raise StreamError(f"stream name too long for JetStream ({len(stream)} characters)")
     return name
 
-
-def _stored_at(stamp: str) -> int:
-    """Nanoseconds of JetStream's RFC 3339 time stamp (a message some other NATS client stored)."""
-    if not stamp:
-        return 0
-    whole, _, fraction = stamp.rstrip("Z").partition(".")
-    try:
-        seconds = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.UTC).timestamp()
-    except ValueError:
-        return 0
-    return int(seconds) * 1_000_000_000 + int((fraction or "0")[:9].ljust(9, "0"))

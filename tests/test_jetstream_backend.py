@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -28,6 +29,7 @@ from polymq.core.trace import Client
 from polymq.jetstream import api
 from polymq.jetstream.backend import PULL_RETRY_S, JetStreamLink, JetStreamSettings, open_shared_engine
 from polymq.jetstream.nats_connection import NatsOptions
+from polymq.jetstream.streams import direct_get
 
 from support.nats_cluster import NatsCluster
 
@@ -113,6 +115,7 @@ async def test_a_message_published_on_one_node_is_consumed_on_the_other_once(nat
         consumer, got = b.consumer(queue, topic)
         await attached(b, queue)
         sent = []
+        before_ns = time.time_ns()
         for index in range(20):
             message_id, stored = a.publish(topic, b"order %d" % index)
             sent.append(message_id)
@@ -121,6 +124,11 @@ async def test_a_message_published_on_one_node_is_consumed_on_the_other_once(nat
         await until(lambda: len(got) == 20, "20 deliveries on the other node")
         assert [m.body for m in got] == [b"order %d" % i for i in range(20)]
         assert [m.id for m in got] == sent
+        # A first publish carries its id as its Nats-Msg-Id alone; its time is when the cluster stored it.
+        (first, _), = await direct_get(a.link.connection, api.topic_stream(topic), {"seq": 1, "batch": 1}, topic)
+        assert first.headers is not None and first.headers[api.HEADER_MSG_ID] == str(sent[0])
+        assert [header for header in first.headers if not header.startswith("Nats-")] == []
+        assert all(before_ns <= m.timestamp_ns <= time.time_ns() for m in got)
         assert {m.attempts for m in got} == {1}
         assert {m.topic for m in got} == {topic}
         for message in got:
@@ -311,6 +319,7 @@ async def test_a_deferred_publish_reaches_the_queues_when_it_is_due_with_its_fir
         arrived_at = trio.current_time()
         assert [m.body for m in got] == [b"now", b"in a second"]
         assert got[1].id == message_id and got[1].attempts == 1
+        assert got[1].timestamp_ns < got[0].timestamp_ns  # the time of its publish, not of its move
         assert arrived_at - published_at >= 0.95  # never before it is due
         assert b.link.deferred.moved + a.link.deferred.moved == 1
 
