@@ -1200,7 +1200,10 @@ class JetStreamLink:
         """A copy of the message at the tail of this queue only (its own subject), with its attempts and its
         new expiry; the delivery is acked once the copy is stored, and given back if it cannot be."""
         topic = message.topic or ""
-        headers = self._kept_headers(message, f"requeue-{message.id}-{message.attempts}")
+        # Its key names the queue: the stream holds every queue's copies of the message (those of the topic's
+        # other queues, requeued at the same attempt, are not repeats of this one).
+        key = f"requeue-{api.queue_consumer(queue.name)}-{message.id}-{message.attempts}"
+        headers = self._kept_headers(message, key)
         headers[api.HEADER_POLYMQ_ATTEMPTS] = str(message.attempts)
         handle = queue.handles.pop(message.id, None)
 
@@ -1220,9 +1223,11 @@ class JetStreamLink:
         """The delivery `handle` ends in a copy of its message at the tail of its queue only (the queue's own
         subject) carrying the message's attempts (JetStream counts every delivery; a copy no client saw is no
         attempt): stored first, then the delivery acked; given back with -NAK (counted) when the copy cannot
-        be stored. Its Nats-Msg-Id names the delivery it ends, so a publish asked again is stored once, and a
-        message put back twice is two copies, never one taken for a repeat of the other."""
-        headers = self._kept_headers(message, f"put-back-{delivery.stream_seq}-{delivery.delivered}")
+        be stored. Its Nats-Msg-Id names the delivery it ends (its queue's consumer, the stream sequence, the
+        delivery count), so a publish asked again is stored once, and a message put back twice, or by two queues
+        of its topic, is two copies, never one taken for a repeat of the other."""
+        key = f"put-back-{delivery.consumer}-{delivery.stream_seq}-{delivery.delivered}"
+        headers = self._kept_headers(message, key)
         headers[api.HEADER_POLYMQ_ATTEMPTS] = str(message.attempts)
 
         def answered(reply: Msg | NatsError) -> None:

@@ -431,6 +431,54 @@ async def test_a_copy_held_where_no_consumer_has_room_goes_to_another_nodes_cons
         consumer.finish(got[0].id)
 
 
+async def test_copies_of_one_message_in_two_queues_go_back_unseen_and_both_are_delivered(
+        nats_cluster: NatsCluster) -> None:
+    """Two queues of one topic hold their copies of a message where no consumer has room, and give them back in
+    turn: each copy goes back to its own queue (one stream holds both: the second put back is no repeat of the
+    first)."""
+    topic, queues = name("shared-stream"), [name("channel"), name("worker")]
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        held = []
+        for queue in queues:
+            stalled, got = b.consumer(queue, topic)
+            await attached(b, queue)
+            stalled.set_credit(0)  # its pull request stays with the cluster and brings the copy
+            held.append(got)
+        _, stored = a.publish(topic, b"one for each")
+        await stored.wait()
+        shared = [b.engine.queues[queue] for queue in queues]
+        await until(lambda: all(len(queue.ready) == 1 for queue in shared), "both copies fetched by B, waiting")
+        for queue in shared:
+            assert isinstance(queue, SharedQueue)
+            queue.give_back()
+            _, got = a.consumer(queue.name, topic)
+            await until(lambda got=got: len(got) == 1, "the copy given back by B, delivered by A")
+            assert (got[0].body, got[0].attempts) == (b"one for each", 1)
+        assert held == [[], []]
+
+
+async def test_copies_of_one_message_in_two_queues_requeued_to_their_tails_both_come_back(
+        nats_cluster: NatsCluster) -> None:
+    topic, first, second = name("tails"), name("Foo"), name("Bar")
+    async with node(nats_cluster) as a:
+        consumers = [a.consumer(queue, topic) for queue in (first, second)]
+        for queue in (first, second):
+            await attached(a, queue)
+        _, stored = a.publish(topic, b"again in both")
+        await stored.wait()
+        await until(lambda: all(len(got) == 1 for _, got in consumers), "the message in both queues")
+        for queue, (_, got) in zip((first, second), consumers, strict=True):
+            shared = a.engine.queues[queue]
+            assert isinstance(shared, SharedQueue)
+            assert shared.requeue_to_tail(got[0].id, 100.0).name == "OK"
+        await until(lambda: all(len(got) == 2 for _, got in consumers), "the requeued copy in each queue")
+        again = [got[1] for _, got in consumers]
+        assert [message.attempts for message in again] == [2, 2]
+        # Each came by its queue's tail (its TTL new), not given back to where it was.
+        assert all(message.expires_at is not None and message.expires_at > a.engine.clock.now() + 90
+                   for message in again)
+
+
 async def test_a_requeue_to_the_tail_comes_after_the_others_with_its_attempts_and_new_ttl(
         nats_cluster: NatsCluster) -> None:
     """PHPMQ's 005: the message again at the tail of this queue only, its attempts kept, its TTL new."""
