@@ -43,6 +43,7 @@ from polymq.jetstream.nats_connection import (
     NoResponders,
     RequestTimeout,
 )
+from polymq.jetstream.orphans import Orphans
 from polymq.jetstream.reports import NodeReports
 from polymq.jetstream.schedules import SharedScheduleKeeper
 from polymq.jetstream.snapshots import QueueSnapshots
@@ -223,6 +224,7 @@ class JetStreamLink:
         self.publish_latency = PublishLatency()  # from a publish to JetStream's last answer for it
         self.deferred = DeferredMover(self)
         self.topology = Topology(self)
+        self.orphans = Orphans(connection, clock)  # what a replica's diverging state leaves kept (orphans.py)
         self.reports = NodeReports(self)
         self.snapshots = QueueSnapshots(self)
         self.batches = Batches(connection, clock, lambda: None if self.engine is None else self.engine.timers.schedule)

@@ -156,6 +156,10 @@ class Topology:
                     log.warning("could not read topic %r of the JetStream cluster: %s", topic, error)
                     continue
                 self.apply(topic, consumers, since)
+                if consumers is None:
+                    self.link.orphans.forget(topic)
+                else:
+                    await self.link.orphans.check(topic, consumers)
             # No read is under way: a later one is taken after every change known now, so what tells a read
             # taken before a change from one taken after is done with (it would grow with every name changed).
             self.link.finished.clear()
