@@ -135,7 +135,7 @@ class QueueSnapshots:
 
     def _prune(self, name: str) -> None:
         delayed = self.delayed.get(name)
-        if delayed and not any(name in consumers for consumers in self.link.topology.read.values()):
+        if delayed and not self._exists(name):
             del self.delayed[name]  # the queue is gone from the cluster
             return
         if delayed and self._consumed_anywhere(name):
@@ -144,6 +144,14 @@ class QueueSnapshots:
                 del delayed[key]
             if not delayed:
                 del self.delayed[name]
+
+    def _exists(self, name: str) -> bool:
+        """Whether the queue is this node's, or in the cluster as last read (a queue this node made may not be in
+        a read yet: under load the next one can be seconds away)."""
+        engine = self.link.engine
+        if engine is not None and engine.queue(name) is not None:
+            return True
+        return any(name in consumers for consumers in self.link.topology.read.values())
 
     def _consumed_anywhere(self, name: str) -> bool:
         """Whether this node, or a node heard from, has a consumer of the queue."""

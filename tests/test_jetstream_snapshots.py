@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from test_jetstream_backend import attached, name, node, until
 
 from polymq.clients.stream import StreamClient, StreamClientError
 from polymq.codecs import nsq_client, stream_rows
+from polymq.jetstream.snapshots import DELAYED
 
 from support.gateway import GatewayProcess, running_gateway
 from support.nats_cluster import NatsCluster
@@ -121,3 +123,20 @@ def test_a_snapshot_is_refused_while_a_node_that_went_away_held_part_of_the_queu
         rows = _snapshot(stream_b, "orphans/c")[1]
         assert sorted(row.body for row in rows) == [b"one", b"three", b"two"]
         assert sorted(row.attempts for row in rows if row.body in lost) == [2, 2]
+
+
+async def test_a_copy_given_back_is_held_while_the_cluster_was_not_read_since_its_queue_was_made(
+        nats_cluster: NatsCluster) -> None:
+    """A node answers for a copy it gave back with a delay though its last read of the cluster does not show the
+    queue yet (under load the next read can be seconds away): the queue is its own, not gone."""
+    topic, queue = name("unread"), name("given-back")
+    async with node(nats_cluster) as a:
+        consumer_, got = a.consumer(queue, topic, credit=1)
+        await attached(a, queue)
+        _, stored = a.publish(topic, b"again later")
+        await stored.wait()
+        await until(lambda: len(got) == 1, "the delivery")
+        assert consumer_.requeue(got[0].id, REQ_MS / 1000).name == "OK"
+        a.link.topology.read.pop(topic, None)  # as before the read that shows the queue
+        [held] = a.link.snapshots.holdings(queue)
+        assert (held.topic, held.seq, held.attempts, held.state) == (topic, 1, 1, DELAYED)
