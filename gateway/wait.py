@@ -27,6 +27,10 @@ DEFAULT_TIMEOUT_S = 60.0
 START_GRACE_S = 5.0
 
 
+class NotHttp(Exception):
+    """Something listens at the address but does not answer HTTP (an NSQ or MQKS port given, say)."""
+
+
 def ping(host: str, port: int, timeout: float) -> bool:
     connection = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
@@ -34,6 +38,8 @@ def ping(host: str, port: int, timeout: float) -> bool:
         return connection.getresponse().status == 200
     except OSError:
         return False
+    except http.client.HTTPException as error:
+        raise NotHttp(str(error)) from None
     finally:
         connection.close()
 
@@ -49,6 +55,15 @@ def why_not(record: run_file.Record | None, started_at: float, now: float) -> st
     return None
 
 
+def _answers(address: str, host: str, port: int, timeout: float) -> bool:
+    try:
+        return ping(host, port, timeout)
+    except NotHttp:
+        click.echo(f"polymq: {address} answers, but not over HTTP: give the gateway's own HTTP listener "
+                   "(its --admin-port), not a protocol's port", err=True)
+        sys.exit(1)
+
+
 @click.command()
 @click.option("--address", default=f"127.0.0.1:{DEFAULT_HTTP_PORT}", show_default=True,
               help="The gateway's own HTTP listener (its --admin-port), HOST:PORT.")
@@ -61,7 +76,7 @@ def command(address: str, timeout: float) -> None:
         raise click.BadParameter(f"must be HOST:PORT, not {address!r}", param_hint="'--address'")
     started_at = run_file.process_started_at()
     deadline = time.monotonic() + timeout
-    while not ping(host, int(port), max(0.1, min(1.0, deadline - time.monotonic()))):
+    while not _answers(address, host, int(port), max(0.1, min(1.0, deadline - time.monotonic()))):
         reason = why_not(run_file.read(host, int(port)), started_at, time.time())
         if reason is not None:
             click.echo(f"polymq: {reason}", err=True)

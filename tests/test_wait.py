@@ -85,6 +85,17 @@ def test_a_gateway_that_serves_leaves_no_run_file_and_wait_says_ready(own_run_di
     assert result.stdout.splitlines() == [f"polymq: the gateway at 127.0.0.1:{admin_port} is ready"]
 
 
+def test_a_protocols_port_given_for_the_gateways_http_says_so_in_one_line() -> None:
+    """An NSQ port answers an HTTP request with its own error: the wait ends at once naming the address."""
+    with running_gateway("--in-memory") as gateway:
+        nsq_port = int(gateway.nsq_tcp.rpartition(":")[2])
+        result = _wait(nsq_port)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"polymq: 127.0.0.1:{nsq_port} answers, but not over HTTP: give the gateway's own HTTP listener "
+        "(its --admin-port), not a protocol's port"]
+
+
 def test_a_new_gateway_replaces_the_failure_of_an_earlier_one(own_run_dir: Path) -> None:
     admin_port = _free_port()
     run_file.run_dir(create=True)
