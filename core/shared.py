@@ -106,7 +106,9 @@ class Link(Protocol):
         """The cluster's nodes and its queues' numbers over all of them, as this node knows them now."""
         ...
 
-    def topic_made(self, topic: Topic) -> None: ...
+    def topic_made(self, topic: Topic, done: Stored) -> None:
+        """Make the topic's place in the cluster; `done` once it is there (or why not)."""
+        ...
 
     def topic_deleted(self, name: str) -> None: ...
 
@@ -756,7 +758,8 @@ class SharedEngine(Engine):
         topic = super().ensure_topic(name, ephemeral=ephemeral, origin=origin)
         if made and not topic.ephemeral:
             topic.log = SharedTopicLog(self.link, topic)
-            self.link.topic_made(topic)
+            # In the barrier as a publish is: a topic made through any client is in the cluster when it is told.
+            self.link.topic_made(topic, self.barrier.issue())
         return topic
 
     def ensure_queue(self, name: str, *, ephemeral: bool = False, auto_delete: float | None = None,

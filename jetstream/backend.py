@@ -305,8 +305,17 @@ class JetStreamLink:
 
     # -- topics -----------------------------------------------------------------------------
 
-    def topic_made(self, topic: Topic) -> None:
-        self._topic_state(topic.name)
+    def topic_made(self, topic: Topic, done: Stored) -> None:
+        state = self._topic_state(topic.name)
+        if state.ready:
+            done(None)
+            return
+
+        async def told() -> None:  # after the stream's making, which was asked for first
+            done(None if state.ready else RequestTimeout(f"the JetStream cluster made no stream for topic "
+                                                         f"{topic.name}"))
+
+        self._later(told)
 
     def _topic_state(self, name: str) -> TopicState:
         state = self.topics.get(name)

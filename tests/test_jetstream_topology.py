@@ -41,6 +41,28 @@ async def test_a_queue_bound_on_one_node_is_the_same_queue_on_the_other_for_any_
         b.engine.delete_queue(billing)
 
 
+async def test_a_topic_made_on_one_node_is_in_the_cluster_once_the_node_says_it_is_stored(
+        nats_cluster: NatsCluster) -> None:
+    """nsqd's `/topic/create` answers after the store's barrier: the barrier covers the topic's stream, so a topic
+    answered made has its stream in the cluster (the next publish waits for no stream), seen by every node."""
+    topic = name("made")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        a.engine.ensure_topic(topic)
+        settled = trio.Event()
+        told: list[tuple[Exception | None, bool]] = []  # the barrier's answer, and whether the stream was made then
+
+        def answered(error: Exception | None) -> None:
+            told.append((error, a.link.topics[topic].ready))
+            settled.set()
+
+        a.engine.settled(answered)
+        await settled.wait()
+        assert told == [(None, True)]
+        assert await api.stream_names(b.link.connection, api.topic_subject(topic)) == [api.topic_stream(topic)]
+        await until(lambda: topic in b.engine.topics, "the topic on the other node")
+        a.engine.delete_topic(topic)
+
+
 async def test_a_node_started_later_knows_every_queue_and_binding_before_it_serves(nats_cluster: NatsCluster) -> None:
     orders, billing = name("orders"), name("billing")
     async with node(nats_cluster) as a:
