@@ -4,12 +4,13 @@ One run starts its own cluster of three `nats-server` processes (R3 streams, on 
 venv), then measures in turn:
 
 - **direct clients**, the ceiling a client sees: nats-py's async publish of every message (acks awaited 256
-  at a time) and a pull consumer's fetch of 256 with an ack per message; and atomic batches of 200 with 8 in
-  flight (the gateway's own batch publisher, `jetstream/batches.py`, on its NATS client), the most a
-  batching client gets;
+  at a time, and 32 in flight, each sent as the oldest is answered) and a pull consumer's fetch of 256 with an
+  ack per message; and atomic batches of 200 with 2 and 8 in flight (the gateway's own batch publisher,
+  `jetstream/batches.py`, on its NATS client), what a batching client gets;
 - **polymq on JetStream**: a gateway started with `--jetstream` on that cluster, measured with the NSQ
-  bench (MPUB batches of 200 over 2 connections, PUB one per round trip over 8 and over 32, consume) and
-  the MQKS bench (manual acks);
+  bench (MPUB batches of 200 over 2 and over 8 connections, PUB one per round trip over 8 and over 32,
+  consume) and the MQKS bench (manual acks); each topic and channel made before its measure, as the direct
+  clients make their stream and consumer;
 - **polymq embedded**: the same benches against a gateway on its embedded store (`--fsync=always`).
 
 With each rate, the servers' CPU per message (the three nats-servers' user and system time over the measure)
@@ -21,6 +22,7 @@ dir in the system's temporary folder.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import shutil
@@ -54,8 +56,8 @@ STREAM_READY_S = 20.0  # how long a new stream may take to elect its leader
 
 
 BATCH_SIZE = 200  # the direct batching client's batches (the NSQ bench's MPUB batch)
-# Batches the direct client keeps in flight: as many as the NSQ bench's MPUB connections (each waits for its
-# answer), and the most a gateway keeps per topic.
+# Batches the direct client keeps in flight, and the NSQ bench's MPUB connections through a gateway (each waits
+# for its answer, so as many MPUBs in flight): 8 is also the most a gateway keeps per topic.
 BATCHES_IN_FLIGHT = (2, 8)
 PUB_CONNECTIONS = (8, 32)
 
@@ -122,6 +124,20 @@ async def _direct(urls: list[str], messages: int, pids: list[int], row: Row) -> 
         await asyncio.gather(*pending)
         publish_s = time.perf_counter() - started
         row.rates["publish"], row.servers_us["publish"] = messages / publish_s, servers.per_message_us(messages)
+        # As many in flight as the NSQ bench's PUB connections, each sent as the oldest is answered: what a
+        # client gets from the cluster at the concurrency those connections give a gateway.
+        in_flight = PUB_CONNECTIONS[-1]
+        servers = ServersCpu(pids)
+        started = time.perf_counter()
+        window: collections.deque[asyncio.Future[object]] = collections.deque()
+        for _ in range(messages):
+            window.append(await js.publish_async("bench.direct", body))
+            if len(window) >= in_flight:
+                await window.popleft()
+        await asyncio.gather(*window)
+        label = f"publish, {in_flight} in flight"
+        row.rates[label] = messages / (time.perf_counter() - started)
+        row.servers_us[label] = servers.per_message_us(messages)
         subscription = await js.pull_subscribe("bench.direct", durable="bench")
         servers = ServersCpu(pids)
         started = time.perf_counter()
@@ -221,7 +237,7 @@ def _wait_ready(log: Path, process: subprocess.Popen[bytes]) -> None:
 
 def _through_gateway(extra: list[str], messages: int, pids: list[int], row: Row) -> None:
     with _gateway(extra) as (tcp, http, mqks, gateway_pid):
-        for scenario, publishers, label in (("mpub", 2, "NSQ MPUB"),
+        for scenario, publishers, label in (*(("mpub", count, f"NSQ MPUB x{count}") for count in BATCHES_IN_FLIGHT),
                                             *(("pub", count, f"NSQ PUB x{count}") for count in PUB_CONNECTIONS),
                                             ("sub", 2, "NSQ consume")):
             opts = nsq_bench.BenchOptions(
@@ -229,7 +245,7 @@ def _through_gateway(extra: list[str], messages: int, pids: list[int], row: Row)
                 count=messages, size=MESSAGE_SIZE, batch=nsq_bench.DEFAULT_BATCH, rdy=nsq_bench.DEFAULT_RDY,
                 publishers=publishers, consumers=2, pub_consumers=0, processes=min(publishers, 2),
                 topic_prefix=f"bench_js_{scenario}{publishers}", output_buffer_timeout_ms=None, progress=False,
-                server_pid=gateway_pid)
+                server_pid=gateway_pid, make_first=True)
             servers = ServersCpu(pids)
             [result] = nsq_bench.run_bench(opts)
             measured = result.sub_rate() if scenario == "sub" else result.pub_rate()
@@ -268,9 +284,10 @@ def render(rows: list[Row], messages: int, sync_always: bool) -> str:
             lines.append(f"| {row.label} | {name} | {rate:,.0f} | {servers} | {gateway} |")
     rates = {(row.label, name): rate for row in rows for name, rate in row.rates.items()}
     shared = "polymq on JetStream"
-    ratios = [*(("NSQ MPUB", "direct, batching", f"atomic batches of {BATCH_SIZE}, {count} in flight")
+    ratios = [*((f"NSQ MPUB x{count}", "direct, batching", f"atomic batches of {BATCH_SIZE}, {count} in flight")
                 for count in BATCHES_IN_FLIGHT),
-              (f"NSQ PUB x{PUB_CONNECTIONS[-1]}", "nats-py, direct", "publish"),
+              *((f"NSQ PUB x{PUB_CONNECTIONS[-1]}", "nats-py, direct", theirs)
+                for theirs in ("publish", f"publish, {PUB_CONNECTIONS[-1]} in flight")),
               ("NSQ consume", "nats-py, direct", "fetch + ack")]
     found = [f"{ours} {rates[(shared, ours)] / rates[(label, theirs)]:.2f}x {theirs}"
              for ours, label, theirs in ratios if (shared, ours) in rates and rates.get((label, theirs))]
