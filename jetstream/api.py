@@ -58,6 +58,12 @@ HEADER_POLYMQ_HEADERS = "Polymq-Headers"  # the engine's headers of the message,
 HEADER_POLYMQ_EXPIRES = "Polymq-Expires"  # wall-clock ns after which the copy is not delivered
 HEADER_POLYMQ_ATTEMPTS = "Polymq-Attempts"  # deliveries a copy put back at a queue's tail had before
 HEADER_TIME_STAMP = "Nats-Time-Stamp"  # when JetStream stored a message, in a direct get's answer
+# An atomic batch's headers, which JetStream keeps with each message it stores.
+HEADER_BATCH_ID = "Nats-Batch-Id"
+HEADER_BATCH_SEQUENCE = "Nats-Batch-Sequence"
+# In a batch's id, before the first message's id and origin: the messages of it that carry no id of their own
+# have the first one's id plus their place in it, and its origin (jetstream/batches.py).
+BATCH_FIRST_MARK = "-id"
 
 # Acks, as nats-server reads them from a delivery's reply subject.
 ACK = b"+ACK"
@@ -522,6 +528,30 @@ def publish_failure(reply: Msg | NatsError) -> Exception | None:
 
 
 PublishAck = Callable[[Exception | None], None]
+
+
+def is_number(text: str) -> bool:
+    """Digits int() reads (str.isdigit alone takes "²", which it does not)."""
+    return text.isascii() and text.isdigit()
+
+
+def batch_tag(first_id: int, origin: str | None) -> str:
+    """What a batch's id says of its messages that carry no headers of their own (`batch_member`)."""
+    return f"{BATCH_FIRST_MARK}{first_id}" + ("" if origin is None else f"-{origin}")
+
+
+def batch_member(headers: Mapping[str, str]) -> tuple[int, str | None] | None:
+    """The id and origin of a message stored in a batch tagged by `batch_tag` without an id of its own: the
+    batch's first id plus its place in the batch (its `Nats-Batch-Sequence`, from 1); None if it is none."""
+    batch = headers.get(HEADER_BATCH_ID)
+    if batch is None:
+        return None
+    _, mark, tag = batch.partition(BATCH_FIRST_MARK)
+    first, _, origin = tag.partition("-")
+    place = headers.get(HEADER_BATCH_SEQUENCE, "")
+    if not mark or not is_number(first) or not is_number(place):
+        return None
+    return int(first) + int(place) - 1, origin or None
 
 
 def stored_at(stamp: str) -> int:

@@ -31,7 +31,7 @@ from polymq.core.message import Message, shown_headers
 from polymq.core.shared import SharedEngine, SharedQueue, SharedTopicLog, Stored
 from polymq.core.timers import TimerService
 from polymq.jetstream import api
-from polymq.jetstream.batches import BATCH_MAX, ERR_BATCH_DISABLED, Batches
+from polymq.jetstream.batches import BATCH_MAX, ERR_BATCH_DISABLED, Batches, Item
 from polymq.jetstream.deferred import DeferredMover
 from polymq.jetstream.nats_connection import (
     NO_RESPONDERS,
@@ -109,6 +109,11 @@ PUBLISH_RETRY_S = 0.1
 # A message made longer ago than this before its first publish carries its own time (a deferred one moved to
 # its topic, one that waited for a leader); others take the time the cluster stores them, a few ms later.
 OWN_TIME_AFTER_NS = 100_000_000
+# A batch's members without headers of their own share this (Batches copies what it adds its headers to).
+NO_HEADERS: dict[str, str] = {}
+# The longest origin a batch's id carries (a protocol's name; a batch id is at most 64 characters, nats-server's
+# limit): a batch of another origin keeps every message's headers.
+MAX_TAGGED_ORIGIN = 16
 # How long a node waits at start-up for the stream of node numbers to take publishes: as long as any API
 # request (a stream whose leader was cut off or paused answers nothing until the others elect one).
 STREAM_READY_S = api.API_DEADLINE_S
@@ -599,8 +604,8 @@ class JetStreamLink:
                     self._publish_one(subject, item.message.body, self._headers(item.message), item.deadline,
                                       item.answered)
 
-            self.batches.publish(topic, [(item.message.body, self._headers(item.message)) for item in chunk],
-                                 min(item.deadline for item in chunk), done)
+            batch, tag = self._batch([item.message for item in chunk])
+            self.batches.publish(topic, batch, min(item.deadline for item in chunk), done, tag)
 
     def _send_batches(self, topic: str, messages: list[Message], deadline: float, stored: Stored) -> None:
         """Several messages at once: atomic batches (jetstream/batches.py), BATCH_MAX a batch; `stored` is told
@@ -615,8 +620,9 @@ class JetStreamLink:
             finished(count, error)
 
         for chunk in chunks:
-            self.batches.publish(topic, [(message.body, self._headers(message)) for message in chunk], deadline,
-                                 lambda count, error, chunk=chunk: answered(chunk, count, error))
+            batch, tag = self._batch(chunk)
+            self.batches.publish(topic, batch, deadline,
+                                 lambda count, error, chunk=chunk: answered(chunk, count, error), tag)
 
     def _count_stored(self, topic: str) -> None:
         """One more message waits in the topic: in each of this node's queues bound to it, or in its backlog.
@@ -669,6 +675,24 @@ class JetStreamLink:
             wall = self.clock.wall_ns() + int((message.expires_at - self.clock.now()) * 1e9)
             headers[api.HEADER_POLYMQ_EXPIRES] = str(wall)
         return headers
+
+    def _batch(self, messages: list[Message]) -> tuple[list[Item], str]:
+        """A batch's bodies and headers, and the tag its id ends with (`api.batch_tag`): a message whose id is the
+        first's plus its place, of the first's origin, and that needs no other header goes with none (its id and
+        origin read back from the batch's headers, `api.batch_member`); the first keeps its `Nats-Msg-Id`, which
+        makes a batch asked again count once."""
+        first = messages[0]
+        origin = first.origin
+        if origin is not None and not (origin.isalnum() and len(origin) <= MAX_TAGGED_ORIGIN):
+            return [(message.body, self._headers(message)) for message in messages], ""
+        plain = 1 if origin is None else 2  # its Nats-Msg-Id, and its origin
+        items: list[Item] = []
+        for place, message in enumerate(messages):
+            headers = self._headers(message)
+            if place and message.id == first.id + place and message.origin == origin and len(headers) == plain:
+                headers = NO_HEADERS
+            items.append((message.body, headers))
+        return items, api.batch_tag(first.id, origin)
 
     def _kept_headers(self, message: Message, msg_id: str) -> dict[str, str]:
         """The headers of another publish of a message (put back, requeued, deferred): its own `Nats-Msg-Id`,
@@ -1167,7 +1191,12 @@ class JetStreamLink:
         headers = msg.headers or {}
         # A first publish's id is its Nats-Msg-Id; another publish of it keeps the id apart.
         shown_id = headers.get(api.HEADER_POLYMQ_ID) or headers.get(api.HEADER_MSG_ID, "")
-        message_id = int(shown_id) if shown_id.isdigit() else fallback_id
+        origin = headers.get(api.HEADER_POLYMQ_ORIGIN)
+        if api.is_number(shown_id):
+            message_id = int(shown_id)
+        else:  # one of a batch that went with no headers of its own
+            member = api.batch_member(headers)
+            message_id, origin = (fallback_id, origin) if member is None else member
         # Its time is when the cluster stored it, unless it keeps its own (a deferred or requeued copy).
         timestamp = int(headers.get(api.HEADER_POLYMQ_TIMESTAMP) or fallback_timestamp
                         or api.stored_at(headers.get(api.HEADER_TIME_STAMP, "")))
@@ -1179,8 +1208,7 @@ class JetStreamLink:
             left_ns = int(headers[api.HEADER_POLYMQ_EXPIRES]) - self.clock.wall_ns()
             expires_at = self.clock.now() + left_ns / 1e9
         attempts += int(headers.get(api.HEADER_POLYMQ_ATTEMPTS) or 0)  # a copy put back at a queue's tail
-        return Message(message_id, msg.payload, timestamp, engine_headers, expires_at, attempts, topic,
-                       headers.get(api.HEADER_POLYMQ_ORIGIN))
+        return Message(message_id, msg.payload, timestamp, engine_headers, expires_at, attempts, topic, origin)
 
     # -- acknowledgements -------------------------------------------------------------------
 

@@ -5,8 +5,11 @@ nsqd's promise for an MPUB, and the servers pay their quorum's wait once per bat
 A batch is its messages on the topic's subject with `Nats-Batch-Id` and `Nats-Batch-Sequence` (1, 2, …), the
 last one with `Nats-Batch-Commit: 1` sent as a request: JetStream answers it with one publish ack for the batch
 (`{"batch", "count", "seq"}`, seq the last message's), or an error, and stores nothing without a commit (a
-batch whose link broke midway is dropped by the server after 10 s). The messages keep their `Nats-Msg-Id`s, so
-a batch asked again after its answer was lost is refused as a duplicate (`10201`), which means it is stored.
+batch whose link broke midway is dropped by the server after 10 s). Its first message keeps its `Nats-Msg-Id`,
+so a batch asked again after its answer was lost is refused as a duplicate (`10201`), which means it is stored.
+JetStream keeps the batch headers with each message: a node's batch id ends with its first message's id and
+origin (`api.batch_tag`), and a message whose id is the first's plus its place, of the same origin and with no
+other header, goes with no header of its own (each costs the servers: docs/performance.md).
 Streams need `allow_atomic` (nats-server 2.12+; `api.stream_config`); a stream without it (made by an older
 release and not updated) is published to one message at a time.
 
@@ -37,8 +40,8 @@ from polymq.jetstream.nats_connection import (
 
 log = logging.getLogger("polymq.jetstream")
 
-HEADER_BATCH_ID = "Nats-Batch-Id"
-HEADER_BATCH_SEQUENCE = "Nats-Batch-Sequence"
+HEADER_BATCH_ID = api.HEADER_BATCH_ID
+HEADER_BATCH_SEQUENCE = api.HEADER_BATCH_SEQUENCE
 HEADER_BATCH_COMMIT = "Nats-Batch-Commit"
 # nats-server's `jetstream.limits.batch.max_msgs` default: a batch of more is refused (10199).
 BATCH_MAX = 1000
@@ -73,15 +76,16 @@ class Batches:
         self._prefix = secrets.token_hex(6)  # batch ids are unique per node and per life of it
         self._numbers = itertools.count(1)
         self._in_flight: dict[str, int] = {}
-        self._waiting: dict[str, deque[tuple[list[Item], float, Answered]]] = {}
+        self._waiting: dict[str, deque[tuple[list[Item], float, Answered, str]]] = {}
         self.plain: set[str] = set()  # topics whose stream takes no batches
         self.sent = 0  # batches committed
         self.retried = 0  # batches asked again (no answer, or incomplete at the server)
 
-    def publish(self, topic: str, items: list[Item], deadline: float, answered: Answered) -> None:
-        """Store `items` (at most BATCH_MAX) as one batch on the topic's stream, asked again until `deadline`."""
+    def publish(self, topic: str, items: list[Item], deadline: float, answered: Answered, tag: str = "") -> None:
+        """Store `items` (at most BATCH_MAX) as one batch on the topic's stream, asked again until `deadline`;
+        `tag` ends the batch's id (`api.batch_tag`: what its messages without headers of their own are)."""
         if self._in_flight.get(topic, 0) >= self.in_flight:
-            self._waiting.setdefault(topic, deque()).append((items, deadline, answered))
+            self._waiting.setdefault(topic, deque()).append((items, deadline, answered, tag))
             return
         self._in_flight[topic] = self._in_flight.get(topic, 0) + 1
 
@@ -94,12 +98,12 @@ class Batches:
                     del self._waiting[topic]
             answered(stored, error)
 
-        self._attempt(topic, items, deadline, done)
+        self._attempt(topic, items, deadline, done, tag)
 
-    def _attempt(self, topic: str, items: list[Item], deadline: float, done: Answered) -> None:
+    def _attempt(self, topic: str, items: list[Item], deadline: float, done: Answered, tag: str) -> None:
         connection = self.connection
         subject = api.topic_subject(topic)
-        batch = f"{self._prefix}-{next(self._numbers)}"
+        batch = f"{self._prefix}-{next(self._numbers)}{tag}"
 
         def again() -> bool:
             retry_at = self.clock.now() + RETRY_S
@@ -107,7 +111,7 @@ class Batches:
             if retry_at >= deadline or schedule is None:
                 return False
             self.retried += 1
-            schedule(retry_at, self._attempt, topic, items, deadline, done)
+            schedule(retry_at, self._attempt, topic, items, deadline, done, tag)
             return True
 
         def answer(reply: Msg | NatsError) -> None:

@@ -28,6 +28,7 @@ from polymq.core.shared import SharedEngine, SharedQueue
 from polymq.core.trace import Client
 from polymq.jetstream import api
 from polymq.jetstream.backend import PULL_RETRY_S, JetStreamLink, JetStreamSettings, open_shared_engine
+from polymq.jetstream.batches import BATCH_MAX
 from polymq.jetstream.nats_connection import NatsOptions
 from polymq.jetstream.streams import direct_get
 
@@ -106,6 +107,55 @@ async def until(condition: Callable[[], bool], what: str) -> None:
 
 async def attached(node: Node, queue: str) -> None:
     await until(lambda: bool(node.link.pullers.get(queue)), f"the consumer of {queue} in JetStream")
+
+
+async def test_a_batchs_messages_after_its_first_go_without_headers_and_are_read_back_with_their_ids(
+        nats_cluster: NatsCluster) -> None:
+    """An MPUB's messages are one atomic batch: its first carries its id (the batch's de-duplication key), the
+    others whose id is the first's plus their place and that need no header of their own carry none; the
+    other node reads their ids and origin from the batch's headers. One with headers of its own keeps them."""
+    topic, queue = name("batched"), name("its-queue")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        _, got = b.consumer(queue, topic)
+        await attached(b, queue)
+        first_id = a.engine.publish_many(topic, [b"one", b"two", b"three", b"four"], origin="nsq",
+                                         each_headers=[{}, {}, {"kind": "own"}, {}])
+        stored = Stored()
+        a.engine.storage.sync(stored.done)
+        await stored.wait()
+        assert stored.errors == [None]
+        await until(lambda: len(got) == 4, "the batch on the other node")
+        assert [(m.body, m.id, m.origin) for m in got] == [
+            (body, first_id + place, "nsq") for place, body in enumerate([b"one", b"two", b"three", b"four"])]
+        assert got[2].headers == {"kind": "own"}
+        stream = api.topic_stream(topic)
+        kept = [msg.headers or {} for msg, _ in await direct_get(a.link.connection, stream, {"seq": 1, "batch": 4},
+                                                                 topic)]
+        own = [{name: value for name, value in headers.items() if not name.startswith("Nats-")} for headers in kept]
+        assert own == [{api.HEADER_POLYMQ_ORIGIN: "nsq"}, {}, {api.HEADER_POLYMQ_ORIGIN: "nsq",
+                       api.HEADER_POLYMQ_HEADERS: '{"kind":"own"}'}, {}]
+        assert [headers.get(api.HEADER_MSG_ID) for headers in kept] == [str(first_id), None, str(first_id + 2),
+                                                                        None]
+        assert api.batch_member(kept[1]) == (first_id + 1, "nsq")
+
+
+async def test_more_single_publishes_in_one_turn_than_a_batch_holds_go_as_several_batches(
+        nats_cluster: NatsCluster) -> None:
+    """Single publishes made in one turn of the loop are gathered into batches of at most BATCH_MAX: each
+    batch's ids read back from its own first one."""
+    topic, queue = name("gathered"), name("its-queue")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        _, got = b.consumer(queue, topic, credit=BATCH_MAX + 500)
+        await attached(b, queue)
+        bodies = [b"single %d" % number for number in range(BATCH_MAX + 500)]
+        sent = [a.engine.publish(topic, body, origin="mqks") for body in bodies]
+        stored = Stored()
+        a.engine.storage.sync(stored.done)
+        await stored.wait()
+        assert stored.errors == [None]
+        await until(lambda: len(got) == len(bodies), "every single publish on the other node")
+        assert {m.id: (m.body, m.origin) for m in got} == {
+            message_id: (body, "mqks") for message_id, body in zip(sent, bodies, strict=True)}
 
 
 async def test_a_message_published_on_one_node_is_consumed_on_the_other_once(nats_cluster: NatsCluster) -> None:
