@@ -55,6 +55,9 @@ HEADER_POLYMQ_ID = "Polymq-Id"  # the message's id, where the Nats-Msg-Id is ano
 HEADER_POLYMQ_TIMESTAMP = "Polymq-Timestamp"  # its own time, where not when the cluster stored it
 HEADER_POLYMQ_ORIGIN = "Polymq-Origin"
 HEADER_POLYMQ_HEADERS = "Polymq-Headers"  # the engine's headers of the message, as JSON
+# The id its publisher chose, when the message has no other engine headers and the id is plain printable ASCII
+# (an MQKS request's id): as it is, not as JSON, which cost a node an encoding a publish and a decoding a delivery.
+HEADER_POLYMQ_PUBLISHER = "Polymq-Publisher-Id"
 HEADER_POLYMQ_EXPIRES = "Polymq-Expires"  # wall-clock ns after which the copy is not delivered
 HEADER_POLYMQ_ATTEMPTS = "Polymq-Attempts"  # deliveries a copy put back at a queue's tail had before
 HEADER_TIME_STAMP = "Nats-Time-Stamp"  # when JetStream stored a message, in a direct get's answer

@@ -16,6 +16,7 @@ import bisect
 import contextlib
 import json
 import logging
+import re
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -27,7 +28,7 @@ from polymq.core.clock import Clock, SystemClock
 from polymq.core.cluster import ClusterView
 from polymq.core.engine import Topic
 from polymq.core.ids import NODE_BITS
-from polymq.core.message import Message, shown_headers
+from polymq.core.message import PUBLISHER_ID_HEADER, Message, shown_headers
 from polymq.core.shared import SharedEngine, SharedQueue, SharedTopicLog, Stored
 from polymq.core.timers import TimerService
 from polymq.jetstream import api
@@ -109,6 +110,8 @@ PUBLISH_RETRY_S = 0.1
 # A message made longer ago than this before its first publish carries its own time (a deferred one moved to
 # its topic, one that waited for a leader); others take the time the cluster stores them, a few ms later.
 OWN_TIME_AFTER_NS = 100_000_000
+# A publisher's id that goes as a header value as it is: printable ASCII, no space (NATS trims a value's ends).
+PLAIN_VALUE = re.compile(rb"[!-~]+")
 # A batch's members without headers of their own share this (Batches copies what it adds its headers to).
 NO_HEADERS: dict[str, str] = {}
 # The longest origin a batch's id carries (a protocol's name; a batch id is at most 64 characters, nats-server's
@@ -668,9 +671,13 @@ class JetStreamLink:
             headers[api.HEADER_POLYMQ_TIMESTAMP] = str(message.timestamp_ns)
         if message.origin is not None:
             headers[api.HEADER_POLYMQ_ORIGIN] = message.origin
-        shown = shown_headers(message)  # a publisher's id kept apart travels among the headers
-        if shown:
-            headers[api.HEADER_POLYMQ_HEADERS] = json.dumps(dict(shown), separators=(",", ":"))
+        publisher_id = message.publisher_id
+        if not message.headers and publisher_id is not None and PLAIN_VALUE.fullmatch(publisher_id):
+            headers[api.HEADER_POLYMQ_PUBLISHER] = publisher_id.decode("ascii")
+        else:
+            shown = shown_headers(message)  # a publisher's id kept apart travels among the headers
+            if shown:
+                headers[api.HEADER_POLYMQ_HEADERS] = json.dumps(dict(shown), separators=(",", ":"))
         if message.expires_at is not None:
             wall = self.clock.wall_ns() + int((message.expires_at - self.clock.now()) * 1e9)
             headers[api.HEADER_POLYMQ_EXPIRES] = str(wall)
@@ -678,9 +685,9 @@ class JetStreamLink:
 
     def _batch(self, messages: list[Message]) -> tuple[list[Item], str]:
         """A batch's bodies and headers, and the tag its id ends with (`api.batch_tag`): a message whose id is the
-        first's plus its place, of the first's origin, and that needs no other header goes with none (its id and
-        origin read back from the batch's headers, `api.batch_member`); the first keeps its `Nats-Msg-Id`, which
-        makes a batch asked again count once."""
+        first's plus its place, of the first's origin, goes without its id and origin (read back from the batch's
+        headers, `api.batch_member`), with no header at all if it needs no other; the first keeps its
+        `Nats-Msg-Id`, which makes a batch asked again count once."""
         first = messages[0]
         origin = first.origin
         if origin is not None and not (origin.isalnum() and len(origin) <= MAX_TAGGED_ORIGIN):
@@ -689,8 +696,12 @@ class JetStreamLink:
         items: list[Item] = []
         for place, message in enumerate(messages):
             headers = self._headers(message)
-            if place and message.id == first.id + place and message.origin == origin and len(headers) == plain:
-                headers = NO_HEADERS
+            if place and message.id == first.id + place and message.origin == origin:
+                if len(headers) == plain:
+                    headers = NO_HEADERS
+                else:  # its other headers only
+                    del headers[api.HEADER_MSG_ID]
+                    headers.pop(api.HEADER_POLYMQ_ORIGIN, None)
             items.append((message.body, headers))
         return items, api.batch_tag(first.id, origin)
 
@@ -1203,6 +1214,8 @@ class JetStreamLink:
         engine_headers: Mapping[str, Any] | None = None
         if api.HEADER_POLYMQ_HEADERS in headers:
             engine_headers = json.loads(headers[api.HEADER_POLYMQ_HEADERS])
+        elif api.HEADER_POLYMQ_PUBLISHER in headers:
+            engine_headers = {PUBLISHER_ID_HEADER: headers[api.HEADER_POLYMQ_PUBLISHER]}
         expires_at = None
         if api.HEADER_POLYMQ_EXPIRES in headers:
             left_ns = int(headers[api.HEADER_POLYMQ_EXPIRES]) - self.clock.wall_ns()

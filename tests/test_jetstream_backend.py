@@ -23,7 +23,7 @@ from polymq.core.engine import (
     CreditMode,
     CreditPool,
 )
-from polymq.core.message import Message
+from polymq.core.message import PUBLISHER_ID_HEADER, Message
 from polymq.core.shared import SharedEngine, SharedQueue
 from polymq.core.trace import Client
 from polymq.jetstream import api
@@ -113,7 +113,8 @@ async def test_a_batchs_messages_after_its_first_go_without_headers_and_are_read
         nats_cluster: NatsCluster) -> None:
     """An MPUB's messages are one atomic batch: its first carries its id (the batch's de-duplication key), the
     others whose id is the first's plus their place and that need no header of their own carry none; the
-    other node reads their ids and origin from the batch's headers. One with headers of its own keeps them."""
+    other node reads their ids and origin from the batch's headers. One with headers of its own keeps only
+    those."""
     topic, queue = name("batched"), name("its-queue")
     async with node(nats_cluster) as a, node(nats_cluster) as b:
         _, got = b.consumer(queue, topic)
@@ -132,10 +133,8 @@ async def test_a_batchs_messages_after_its_first_go_without_headers_and_are_read
         kept = [msg.headers or {} for msg, _ in await direct_get(a.link.connection, stream, {"seq": 1, "batch": 4},
                                                                  topic)]
         own = [{name: value for name, value in headers.items() if not name.startswith("Nats-")} for headers in kept]
-        assert own == [{api.HEADER_POLYMQ_ORIGIN: "nsq"}, {}, {api.HEADER_POLYMQ_ORIGIN: "nsq",
-                       api.HEADER_POLYMQ_HEADERS: '{"kind":"own"}'}, {}]
-        assert [headers.get(api.HEADER_MSG_ID) for headers in kept] == [str(first_id), None, str(first_id + 2),
-                                                                        None]
+        assert own == [{api.HEADER_POLYMQ_ORIGIN: "nsq"}, {}, {api.HEADER_POLYMQ_HEADERS: '{"kind":"own"}'}, {}]
+        assert [headers.get(api.HEADER_MSG_ID) for headers in kept] == [str(first_id), None, None, None]
         assert api.batch_member(kept[1]) == (first_id + 1, "nsq")
 
 
@@ -156,6 +155,29 @@ async def test_more_single_publishes_in_one_turn_than_a_batch_holds_go_as_severa
         await until(lambda: len(got) == len(bodies), "every single publish on the other node")
         assert {m.id: (m.body, m.origin) for m in got} == {
             message_id: (body, "mqks") for message_id, body in zip(sent, bodies, strict=True)}
+
+
+async def test_a_publishers_own_id_reaches_the_other_node_as_it_is_or_as_json(nats_cluster: NatsCluster) -> None:
+    """The id an MQKS publisher chose goes as a header of its own when it is plain ASCII, inside the engine
+    headers' JSON otherwise (or beside other headers): the other node's consumer sees it the same way."""
+    topic, queue = name("chosen"), name("its-queue")
+    ids = [b"r-17", b"r\xc3\xa9 \r\n", b"plain"]
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        _, got = b.consumer(queue, topic)
+        await attached(b, queue)
+        a.engine.publish_many(topic, [b"one", b"two", b"three"], each_publisher_id=ids,
+                              each_headers=[{}, {}, {"kind": "own"}])
+        stored = Stored()
+        a.engine.storage.sync(stored.done)
+        await stored.wait()
+        await until(lambda: len(got) == 3, "the three on the other node")
+        assert [m.headers for m in got] == [{PUBLISHER_ID_HEADER: "r-17"}, {PUBLISHER_ID_HEADER: "ré \r\n"},
+                                            {"kind": "own", PUBLISHER_ID_HEADER: "plain"}]
+        kept = [msg.headers or {} for msg, _ in await direct_get(a.link.connection, api.topic_stream(topic),
+                                                                 {"seq": 1, "batch": 3}, topic)]
+        assert [(api.HEADER_POLYMQ_PUBLISHER in h, api.HEADER_POLYMQ_HEADERS in h) for h in kept] == [
+            (True, False), (False, True), (False, True)]
+        assert [api.HEADER_MSG_ID in h for h in kept] == [True, False, False]  # the others' ids from the batch's
 
 
 async def test_a_message_published_on_one_node_is_consumed_on_the_other_once(nats_cluster: NatsCluster) -> None:
