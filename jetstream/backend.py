@@ -26,7 +26,7 @@ import trio
 
 from polymq.core.clock import Clock, SystemClock
 from polymq.core.cluster import ClusterView
-from polymq.core.engine import Topic
+from polymq.core.engine import DEAD_LETTER_QUEUE_HEADER, Topic
 from polymq.core.ids import NODE_BITS
 from polymq.core.message import PUBLISHER_ID_HEADER, Message, shown_headers
 from polymq.core.shared import SharedEngine, SharedQueue, SharedTopicLog, Stored
@@ -678,6 +678,14 @@ class JetStreamLink:
             shown = shown_headers(message)  # a publisher's id kept apart travels among the headers
             if shown:
                 headers[api.HEADER_POLYMQ_HEADERS] = json.dumps(dict(shown), separators=(",", ":"))
+                dead_of = shown.get(DEAD_LETTER_QUEUE_HEADER)
+                if dead_of is not None:
+                    # A dead letter keeps its message's id: its key names its queue and when, so the message
+                    # dead-lettered again (its letters requeued) or by another queue into the same topic is
+                    # another letter, not a repeat JetStream would drop.
+                    headers[api.HEADER_MSG_ID] = (f"dead-{api.queue_consumer(str(dead_of))}-{message.id}-"
+                                                  f"{self.clock.wall_ns()}")
+                    headers[api.HEADER_POLYMQ_ID] = str(message.id)
         if message.expires_at is not None:
             wall = self.clock.wall_ns() + int((message.expires_at - self.clock.now()) * 1e9)
             headers[api.HEADER_POLYMQ_EXPIRES] = str(wall)

@@ -18,6 +18,7 @@ import trio
 from polymq.core.engine import (
     DEAD_LETTER_QUEUE_HEADER,
     DEAD_LETTER_REASON_HEADER,
+    DEAD_LETTER_TOPIC_OPTION,
     MAX_ATTEMPTS_OPTION,
     Consumer,
     CreditMode,
@@ -178,6 +179,32 @@ async def test_a_publishers_own_id_reaches_the_other_node_as_it_is_or_as_json(na
         assert [(api.HEADER_POLYMQ_PUBLISHER in h, api.HEADER_POLYMQ_HEADERS in h) for h in kept] == [
             (True, False), (False, True), (False, True)]
         assert [api.HEADER_MSG_ID in h for h in kept] == [True, False, False]  # the others' ids from the batch's
+
+
+async def test_one_message_dead_lettered_again_into_one_topic_is_another_letter(nats_cluster: NatsCluster) -> None:
+    """A letter keeps its message's id; its key names its queue and when, so the message dead-lettered again
+    into the same topic within JetStream's de-duplication window (by another queue here; its letters requeued
+    is the other way) is another letter (it was taken for a repeat: answered stored, its copy gone, no letter)."""
+    topic, dead = name("poisoned"), name("letters")
+    queues = [name("first"), name("second")]
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        options = {DEAD_LETTER_TOPIC_OPTION: dead}
+        consumers = [a.consumer(queue, topic, options=options) for queue in queues]
+        reader = name("reader")
+        letters_reader, letters = b.consumer(reader, dead)
+        await attached(b, reader)
+        for queue in queues:
+            await attached(a, queue)
+        message_id, stored = a.publish(topic, b"poison")
+        await stored.wait()
+        await until(lambda: all(got for _, got in consumers), "the message in both queues")
+        for count, (queue, (_, got)) in enumerate(zip(queues, consumers, strict=True), 1):
+            assert a.engine.queues[queue].dead_letter(got[0].id).name == "OK"
+            await until(lambda count=count: len(letters) == count, f"the letter of {queue}")
+            letter = letters[-1]
+            assert (letter.id, letter.body, letter.headers[DEAD_LETTER_QUEUE_HEADER]) == (message_id, b"poison",
+                                                                                           queue)
+            assert letters_reader.finish(letter.id).name == "OK"  # read and done: the next one is no twin of it
 
 
 async def test_a_message_published_on_one_node_is_consumed_on_the_other_once(nats_cluster: NatsCluster) -> None:
