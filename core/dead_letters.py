@@ -59,7 +59,7 @@ def requeue_dead_letters(engine: Engine, queue: Queue) -> Requeued:
         holders = [("topic", topic.name), *(("queue", source.name) for source in topic.queues if source is not queue)]
         engine.tracer.revived(queue, moved.values(), holders)
     for message in moved.values():
-        queue._put(_returned(message), message.due)
+        queue._put(returned(message), message.due)
     engine.storage.write_now()  # the new copies before the old ones' end (see the module's doc)
     for message, log in taken:
         if log is not None:
@@ -91,7 +91,8 @@ def _take_queued(queue: Queue) -> list[Message]:
     return messages
 
 
-def _returned(letter: Message) -> Message:
+def returned(letter: Message) -> Message:
+    """A dead letter back as a message of its own: its id, body, time, origin and own headers, no attempts."""
     headers: dict[str, Any] = dict(letter.headers) if isinstance(letter.headers, Mapping) else {}
     headers.pop(DEAD_LETTER_QUEUE_HEADER, None)
     headers.pop(DEAD_LETTER_REASON_HEADER, None)

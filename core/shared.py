@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from polymq.core.clock import Clock
 from polymq.core.cluster import ClusterView
+from polymq.core.dead_letters import Requeued
 from polymq.core.engine import Consumer, Engine, Outcome, Queue, Topic
 from polymq.core.ids import IdSource, node_of
 from polymq.core.message import Message
@@ -104,6 +105,10 @@ class Link(Protocol):
 
     def cluster(self) -> ClusterView:
         """The cluster's nodes and its queues' numbers over all of them, as this node knows them now."""
+        ...
+
+    def requeue_dead(self, queue: SharedQueue) -> Awaitable[Requeued]:
+        """Every message of the cluster's letters of `queue` back in it, each once (core/dead_letters.py)."""
         ...
 
     def topic_made(self, topic: Topic, done: Stored) -> None:

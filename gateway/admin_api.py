@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from typing import Any
 
-from polymq.adapters.http import JSON_TYPE, QueryError, Request, Response, go_json, parse_query
+from polymq.adapters.http import JSON_TYPE, Later, QueryError, Request, Response, go_json, parse_query
 from polymq.adapters.protocol import Service
 from polymq.core.cluster import ClusterView
 from polymq.core.dead_letters import requeue_dead_letters
 from polymq.core.engine import MADE_BY_OPTION, Engine, Queue, Topic
+from polymq.core.shared import SharedQueue
 from polymq.core.trace import Tracer
 from polymq.gateway.admin_access import AdminAccess
 from polymq.gateway.admin_page import AdminPage
@@ -33,7 +34,7 @@ MAX_LISTED = MAX_LABELLED
 REASON_NAME_CHARS = 200
 NO_STORE = (("Cache-Control", "no-store"),)
 
-Action = Callable[[Any], dict[str, Any]]
+Action = Callable[[Any], dict[str, Any] | Later]  # a Later answers for itself
 
 
 def _answer(status: int, value: Any, after_sync: bool = False) -> Response:
@@ -108,7 +109,7 @@ class AdminApi:
             if refused is not None:
                 return refused
             answer = handler(request, path)
-            assert isinstance(answer, Response)
+            assert isinstance(answer, Response | Later)
             return answer
 
         return handle
@@ -213,7 +214,10 @@ class AdminApi:
             found = (self.engine.topics if kind == "topic" else self.engine.queues).get(name)
             if found is None:
                 return _failure(404, f"{kind.upper()}_NOT_FOUND", f"no {kind} {name[:REASON_NAME_CHARS]!r}")
-            return _answer(200, {kind: name, **action(found)}, after_sync=True)
+            done = action(found)
+            if isinstance(done, Later):
+                return done
+            return _answer(200, {kind: name, **done}, after_sync=True)
 
         return handle
 
@@ -243,6 +247,16 @@ class AdminApi:
         self.engine.delete_queue(queue.name)
         return {"deleted": True}
 
-    def _requeue_dead(self, queue: Queue) -> dict[str, Any]:
-        requeued = requeue_dead_letters(self.engine, queue)
-        return {"moved": requeued.moved, "left": requeued.left}
+    def _requeue_dead(self, queue: Queue) -> dict[str, Any] | Later:
+        if not isinstance(queue, SharedQueue):
+            requeued = requeue_dead_letters(self.engine, queue)
+            return {"moved": requeued.moved, "left": requeued.left}
+
+        async def run() -> Response:  # the cluster's letters, read and stored by the shared engine
+            try:
+                requeued = await queue.link.requeue_dead(queue)
+            except OSError as error:
+                return _failure(503, "REQUEUE_FAILED", str(error))
+            return _answer(200, {"queue": queue.name, "moved": requeued.moved, "left": requeued.left})
+
+        return Later(run)

@@ -26,6 +26,7 @@ import trio
 
 from polymq.core.clock import Clock, SystemClock
 from polymq.core.cluster import ClusterView
+from polymq.core.dead_letters import Requeued
 from polymq.core.engine import DEAD_LETTER_QUEUE_HEADER, Topic
 from polymq.core.ids import NODE_BITS
 from polymq.core.message import PUBLISHER_ID_HEADER, Message, shown_headers
@@ -33,6 +34,7 @@ from polymq.core.shared import SharedEngine, SharedQueue, SharedTopicLog, Stored
 from polymq.core.timers import TimerService
 from polymq.jetstream import api
 from polymq.jetstream.batches import BATCH_MAX, ERR_BATCH_DISABLED, Batches, Item
+from polymq.jetstream.dead_letters import requeue_dead
 from polymq.jetstream.deferred import DeferredMover
 from polymq.jetstream.nats_connection import (
     NO_RESPONDERS,
@@ -449,7 +451,7 @@ class JetStreamLink:
             message = messages[0]  # NSQ's DPUB: kept in the cluster until it is due (deferred.py)
             due_wall_ns = self.clock.wall_ns() + int((message.due - now) * 1e9)  # type: ignore[operator]
             self.deferred.defer(topic.name, message, due_wall_ns, self._counting_deferred(topic, stored),
-                                self._kept_headers(message, f"deferred-{message.id}"))
+                                self.kept_headers(message, f"deferred-{message.id}"))
             return
         self.publish_to(topic.name, messages, stored, drop_if_unbound)
 
@@ -553,7 +555,7 @@ class JetStreamLink:
             return
         if topic in self.batches.plain:
             for message in messages:
-                self._publish_one(subject, message.body, self._headers(message), deadline, answered)
+                self.publish_one(subject, message.body, self._headers(message), deadline, answered)
             return
         self._send_batches(topic, messages, deadline, stored)
 
@@ -591,7 +593,7 @@ class JetStreamLink:
         subject = api.topic_subject(topic)
         if len(items) == 1 or topic in self.batches.plain:
             for item in items:
-                self._publish_one(subject, item.message.body, self._headers(item.message), item.deadline,
+                self.publish_one(subject, item.message.body, self._headers(item.message), item.deadline,
                                   item.answered)
             return
         for start in range(0, len(items), BATCH_MAX):
@@ -604,7 +606,7 @@ class JetStreamLink:
                     return
                 # Refused: each goes alone, so what one client sent (too large, say) fails no other client's.
                 for item in chunk:
-                    self._publish_one(subject, item.message.body, self._headers(item.message), item.deadline,
+                    self.publish_one(subject, item.message.body, self._headers(item.message), item.deadline,
                                       item.answered)
 
             batch, tag = self._batch([item.message for item in chunk])
@@ -643,7 +645,7 @@ class JetStreamLink:
             if state is None or not state.queues:
                 found.log.spilled += 1
 
-    def _publish_one(self, subject: str, body: bytes, headers: dict[str, str], deadline: float,
+    def publish_one(self, subject: str, body: bytes, headers: dict[str, str], deadline: float,
                      answered: Callable[[Msg | NatsError], None]) -> None:
         """Publish until JetStream answers or `deadline`: a stream without a leader yet (just made, or
         electing one) has no responders, and a publish whose server went away has no answer; both are asked
@@ -653,7 +655,7 @@ class JetStreamLink:
             retry_at = self.clock.now() + PUBLISH_RETRY_S
             if isinstance(reply, NoResponders | RequestTimeout | ConnectionLost) and retry_at < deadline \
                     and self.engine is not None:
-                self.engine.timers.schedule(retry_at, self._publish_one, subject, body, headers, deadline, answered)
+                self.engine.timers.schedule(retry_at, self.publish_one, subject, body, headers, deadline, answered)
                 return
             answered(reply)
 
@@ -713,7 +715,10 @@ class JetStreamLink:
             items.append((message.body, headers))
         return items, api.batch_tag(first.id, origin)
 
-    def _kept_headers(self, message: Message, msg_id: str) -> dict[str, str]:
+    async def requeue_dead(self, queue: SharedQueue) -> Requeued:
+        return await requeue_dead(self, queue)
+
+    def kept_headers(self, message: Message, msg_id: str) -> dict[str, str]:
         """The headers of another publish of a message (put back, requeued, deferred): its own `Nats-Msg-Id`,
         and the message's id and time kept beside it."""
         headers = self._headers(message)
@@ -1263,7 +1268,7 @@ class JetStreamLink:
         # Its key names the queue: the stream holds every queue's copies of the message (those of the topic's
         # other queues, requeued at the same attempt, are not repeats of this one).
         key = f"requeue-{api.queue_consumer(queue.name)}-{message.id}-{message.attempts}"
-        headers = self._kept_headers(message, key)
+        headers = self.kept_headers(message, key)
         headers[api.HEADER_POLYMQ_ATTEMPTS] = str(message.attempts)
         handle = queue.handles.pop(message.id, None)
 
@@ -1272,7 +1277,7 @@ class JetStreamLink:
                 self.connection.publish(handle, api.ACK if api.publish_failure(reply) is None else api.NAK)
 
         deadline = self.clock.now() + self.settings.publish_timeout_s
-        self._publish_one(api.requeue_subject(topic, queue.name), message.body, headers, deadline, answered)
+        self.publish_one(api.requeue_subject(topic, queue.name), message.body, headers, deadline, answered)
 
     def give_back_unseen(self, queue: SharedQueue, message: Message) -> None:
         handle = queue.handles.pop(message.id, None)
@@ -1287,7 +1292,7 @@ class JetStreamLink:
         delivery count), so a publish asked again is stored once, and a message put back twice, or by two queues
         of its topic, is two copies, never one taken for a repeat of the other."""
         key = f"put-back-{delivery.consumer}-{delivery.stream_seq}-{delivery.delivered}"
-        headers = self._kept_headers(message, key)
+        headers = self.kept_headers(message, key)
         headers[api.HEADER_POLYMQ_ATTEMPTS] = str(message.attempts)
 
         def answered(reply: Msg | NatsError) -> None:
@@ -1295,7 +1300,7 @@ class JetStreamLink:
 
         deadline = self.clock.now() + self.settings.publish_timeout_s
         subject = api.requeue_subject(message.topic or "", api.untoken(delivery.consumer))
-        self._publish_one(subject, message.body, headers, deadline, answered)
+        self.publish_one(subject, message.body, headers, deadline, answered)
 
     def same_copy(self, handle: Any, other: Any) -> bool:
         return bool(api.parse_ack_subject(handle).stream_seq == api.parse_ack_subject(other).stream_seq)

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import pytest
 import trio
+from test_admin_api import HOST
 
+from polymq.adapters.http import Later, Request
+from polymq.core.dead_letters import Requeued
 from polymq.core.engine import (
     DEAD_LETTER_QUEUE_HEADER,
     DEAD_LETTER_REASON_HEADER,
+    DEAD_LETTER_SUFFIX,
     DEAD_LETTER_TOPIC_OPTION,
     MAX_ATTEMPTS_OPTION,
     Consumer,
@@ -27,6 +32,9 @@ from polymq.core.engine import (
 from polymq.core.message import PUBLISHER_ID_HEADER, Message
 from polymq.core.shared import SharedEngine, SharedQueue
 from polymq.core.trace import Client
+from polymq.gateway.admin_access import AdminAccess
+from polymq.gateway.admin_api import AdminApi
+from polymq.gateway.http import GatewayHttpApi
 from polymq.jetstream import api
 from polymq.jetstream.backend import PULL_RETRY_S, JetStreamLink, JetStreamSettings, open_shared_engine
 from polymq.jetstream.batches import BATCH_MAX
@@ -205,6 +213,53 @@ async def test_one_message_dead_lettered_again_into_one_topic_is_another_letter(
             assert (letter.id, letter.body, letter.headers[DEAD_LETTER_QUEUE_HEADER]) == (message_id, b"poison",
                                                                                            queue)
             assert letters_reader.finish(letter.id).name == "OK"  # read and done: the next one is no twin of it
+
+
+async def test_a_queues_dead_letters_go_back_to_it_through_another_node_each_once(
+        nats_cluster: NatsCluster) -> None:
+    """Letters a node made, requeued through another node: each message back in the queue once (its id, body,
+    no dead-letter headers, attempts afresh), stored before the letters are purged from their stream."""
+    topic, queue = name("jobs"), name("worker")
+    dead_stream = api.topic_stream(queue + DEAD_LETTER_SUFFIX)
+
+    async def letters_kept() -> int:
+        try:
+            return int((await api.api(b.link.connection, f"STREAM.INFO.{dead_stream}"))["state"]["messages"])
+        except api.JetStreamError as error:
+            assert error.err_code == api.ERR_STREAM_NOT_FOUND  # none made yet
+            return 0
+
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        consumer, got = a.consumer(queue, topic)
+        await attached(a, queue)
+        sent = []
+        for number in range(3):
+            message_id, stored = a.publish(topic, b"job %d" % number)
+            sent.append(message_id)
+        await stored.wait()
+        await until(lambda: len(got) == 3, "the three jobs")
+        for message in got:
+            assert a.engine.queues[queue].dead_letter(message.id).name == "OK"
+        with trio.fail_after(DEADLINE_S):
+            while await letters_kept() != 3:
+                await trio.sleep(0.05)
+        await until(lambda: queue in b.engine.queues, "the queue on the other node")
+        queue_on_b = b.engine.queues[queue]
+        assert isinstance(queue_on_b, SharedQueue)
+        # The admin API's action on node B: an answer that waits for the cluster.
+        admin = AdminApi(b.engine, dict, AdminAccess(None))
+        later = GatewayHttpApi(b.engine, admin.routes()).handle(
+            Request("POST", "/api/queue/requeue-dead", f"queue={queue}".encode(), headers=(HOST,)))
+        assert isinstance(later, Later)
+        answer = await later.run()
+        assert (answer.status, json.loads(answer.body)) == (200, {"queue": queue, "moved": 3, "left": 0})
+        assert await letters_kept() == 0
+        await until(lambda: len(got) == 6, "the three back in the queue")
+        assert sorted((m.id, m.body, m.attempts, m.headers) for m in got[3:]) == [
+            (message_id, b"job %d" % number, 1, None) for number, message_id in enumerate(sent)]
+        for message in got[3:]:
+            assert consumer.finish(message.id).name == "OK"
+        assert await b.link.requeue_dead(queue_on_b) == Requeued(0, 0)
 
 
 async def test_a_message_published_on_one_node_is_consumed_on_the_other_once(nats_cluster: NatsCluster) -> None:
