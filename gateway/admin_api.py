@@ -248,7 +248,7 @@ class AdminApi:
         return {"deleted": True}
 
     def _requeue_dead(self, queue: Queue) -> dict[str, Any] | Later:
-        if not isinstance(queue, SharedQueue):
+        if not isinstance(queue, SharedQueue) or queue.ephemeral:  # an ephemeral one's letters are the node's
             requeued = requeue_dead_letters(self.engine, queue)
             return {"moved": requeued.moved, "left": requeued.left}
 

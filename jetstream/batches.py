@@ -8,8 +8,9 @@ last one with `Nats-Batch-Commit: 1` sent as a request: JetStream answers it wit
 batch whose link broke midway is dropped by the server after 10 s). Its first message keeps its `Nats-Msg-Id`,
 so a batch asked again after its answer was lost is refused as a duplicate (`10201`), which means it is stored.
 JetStream keeps the batch headers with each message: a node's batch id ends with its first message's id and
-origin (`api.batch_tag`), and a message whose id is the first's plus its place, of the same origin and with no
-other header, goes with no header of its own (each costs the servers: docs/performance.md).
+origin (`api.batch_tag`), and a message whose id is the first's plus its place, of the same origin, goes
+without its id and origin, with no header at all if it needs no other (each costs the servers:
+docs/performance.md).
 Streams need `allow_atomic` (nats-server 2.12+; `api.stream_config`); a stream without it (made by an older
 release and not updated) is published to one message at a time.
 
