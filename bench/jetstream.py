@@ -9,8 +9,9 @@ venv), then measures in turn:
   `jetstream/batches.py`, on its NATS client), what a batching client gets;
 - **polymq on JetStream**: a gateway started with `--jetstream` on that cluster, measured with the NSQ
   bench (MPUB batches of 200 over 2 and over 8 connections, PUB one per round trip over 8 and over 32,
-  consume) and the MQKS bench (manual acks); each topic and channel made before its measure, as the direct
-  clients make their stream and consumer;
+  consume), the MQKS bench (manual acks) and the PHPMQ bench (2 producers, 2 consumers acking each
+  delivery); each NSQ topic and channel made before its measure, as the direct clients make their stream
+  and consumer;
 - **polymq embedded**: the same benches against a gateway on its embedded store (`--fsync=always`).
 
 With each rate, the servers' CPU per message (the three nats-servers' user and system time over the measure)
@@ -40,6 +41,7 @@ import trio
 from polymq.bench import common
 from polymq.bench import mqks as mqks_bench
 from polymq.bench import nsq as nsq_bench
+from polymq.bench import phpmq as phpmq_bench
 from polymq.bench.common import process_cpu_s
 from polymq.bench.versus_nsqd import START_TIMEOUT_S, BenchError, stop_server, wait_accepting
 from polymq.clients.nats_servers import NatsCluster, NatsServerError
@@ -201,24 +203,25 @@ async def _batches(connection: NatsConnection, in_flight: int, messages: int, pi
 
 
 @contextlib.contextmanager
-def _gateway(extra: list[str]) -> Iterator[tuple[int, int, int, int]]:
-    tcp, http, mqks = free_ports(3)
+def _gateway(extra: list[str]) -> Iterator[tuple[int, int, int, int, int]]:
+    tcp, http, mqks, php = free_ports(4)
     data = Path(tempfile.mkdtemp(prefix="polymq-bench-js-"))
     log = data / "gateway.log"
     argv = [sys.executable, "-m", "polymq", "serve", "--data-dir", str(data / "data"), "--nsq-tcp-port", str(tcp),
-            "--nsq-http-port", str(http), "--mqks-port", str(mqks), "--phpmq-port", "-1", "--phpmq-console-port", "-1",
-            "--no-pzq", "--no-emqp", "--admin-port", "-1", *extra]
+            "--nsq-http-port", str(http), "--mqks-port", str(mqks), "--phpmq-port", str(php),
+            "--phpmq-console-port", "-1", "--no-pzq", "--no-emqp", "--admin-port", "-1", *extra]
     with log.open("wb") as output:
         process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT)
     try:
         try:
             wait_accepting(tcp, process)
             wait_accepting(mqks, process)
+            wait_accepting(php, process)
             _wait_ready(log, process)  # it listens before its engine is open (on JetStream: streams made)
         except BenchError as error:  # the gateway's own last line says why it did not start
             lines = log.read_text(errors="replace").strip().splitlines()
             raise BenchError(f"{error}: {lines[-1] if lines else 'it printed nothing'}") from None
-        yield tcp, http, mqks, process.pid
+        yield tcp, http, mqks, php, process.pid
     finally:
         stop_server(process)
         shutil.rmtree(data, ignore_errors=True)
@@ -236,7 +239,7 @@ def _wait_ready(log: Path, process: subprocess.Popen[bytes]) -> None:
 
 
 def _through_gateway(extra: list[str], messages: int, pids: list[int], row: Row) -> None:
-    with _gateway(extra) as (tcp, http, mqks, gateway_pid):
+    with _gateway(extra) as (tcp, http, mqks, php, gateway_pid):
         for scenario, publishers, label in (*(("mpub", count, f"NSQ MPUB x{count}") for count in BATCHES_IN_FLIGHT),
                                             *(("pub", count, f"NSQ PUB x{count}") for count in PUB_CONNECTIONS),
                                             ("sub", 2, "NSQ consume")):
@@ -259,6 +262,13 @@ def _through_gateway(extra: list[str], messages: int, pids: list[int], row: Row)
         row.rates["MQKS publish"] = manual.pub_rate()
         _measured(row, "MQKS end to end", manual.e2e_rate(), servers, messages * mqks_bench.DEFAULT_CLIENTS,
                   manual.server_cpu)
+        php_opts = phpmq_bench.Options(
+            ("throughput",), phpmq_bench.DEFAULT_PRODUCERS, phpmq_bench.DEFAULT_CONSUMERS,
+            messages // phpmq_bench.DEFAULT_PRODUCERS, 0, 0.0, MESSAGE_SIZE, gateway_pid, False,
+            address=("127.0.0.1", php), window=phpmq_bench.DEFAULT_WINDOW)
+        servers = ServersCpu(pids)
+        flow = phpmq_bench.run_scenario("throughput", php_opts)
+        _measured(row, "PHPMQ end to end", flow.consume_rate(), servers, flow.consumed, flow.server_cpu)
 
 
 def _measured(row: Row, label: str, rate: float, servers: ServersCpu, messages: int,

@@ -20,7 +20,8 @@ def test_the_bench_measures_every_row_and_stops_what_it_started() -> None:
     assert set(rows["nats-py, direct"]["rates"]) == {"publish", "publish, 32 in flight", "fetch + ack"}
     assert set(rows["direct, batching"]["rates"]) == {"atomic batches of 200, 2 in flight",
                                                       "atomic batches of 200, 8 in flight"}
-    gateway = {"NSQ MPUB x2", "NSQ MPUB x8", "NSQ PUB x8", "NSQ PUB x32", "NSQ consume", "MQKS end to end"}
+    gateway = {"NSQ MPUB x2", "NSQ MPUB x8", "NSQ PUB x8", "NSQ PUB x32", "NSQ consume", "MQKS end to end",
+               "PHPMQ end to end"}
     for label in ("polymq on JetStream", "polymq embedded (--fsync=always)"):
         assert set(rows[label]["rates"]) == gateway | {"MQKS publish"}
         assert set(rows[label]["gateway_cpu"]) == gateway
