@@ -114,7 +114,8 @@ PUBLISH_RETRY_S = 0.1
 OWN_TIME_AFTER_NS = 100_000_000
 # A publisher's id that goes as a header value as it is: printable ASCII, no space (NATS trims a value's ends).
 PLAIN_VALUE = re.compile(rb"[!-~]+")
-# A batch's members without headers of their own share this (Batches copies what it adds its headers to).
+# A message with no headers but its id and origin (a batch's member) shares this: never written to (Batches
+# copies what it adds its headers to).
 NO_HEADERS: dict[str, str] = {}
 # The longest origin a batch's id carries (a protocol's name; a batch id is at most 64 characters, nats-server's
 # limit): a batch of another origin keeps every message's headers.
@@ -666,53 +667,56 @@ class JetStreamLink:
             answered(error)
 
     def _headers(self, message: Message) -> dict[str, str]:
-        """The headers of a message's first publish: its `Nats-Msg-Id` is its id; its time is when the cluster
-        stores it (each header costs the servers: docs/performance.md), unless it was made a while before."""
+        """The headers of a message's first publish: its `Nats-Msg-Id` is its id, then its origin and what else
+        it carries (`_own_headers`)."""
         headers = {api.HEADER_MSG_ID: str(message.id)}
-        if self.clock.wall_ns() - message.timestamp_ns > OWN_TIME_AFTER_NS:
-            headers[api.HEADER_POLYMQ_TIMESTAMP] = str(message.timestamp_ns)
         if message.origin is not None:
             headers[api.HEADER_POLYMQ_ORIGIN] = message.origin
+        own = self._own_headers(message)
+        if own:
+            headers.update(own)  # a dead letter's key of its own replaces its Nats-Msg-Id
+        return headers
+
+    def _own_headers(self, message: Message) -> dict[str, str]:
+        """What a message carries besides its id and origin (NO_HEADERS if nothing): its time only when it was
+        made a while before (else its time is when the cluster stores it: each header costs the servers,
+        docs/performance.md), its publisher's id or its headers, its expiry."""
+        own: dict[str, str] = {}
+        if self.clock.wall_ns() - message.timestamp_ns > OWN_TIME_AFTER_NS:
+            own[api.HEADER_POLYMQ_TIMESTAMP] = str(message.timestamp_ns)
         publisher_id = message.publisher_id
         if not message.headers and publisher_id is not None and PLAIN_VALUE.fullmatch(publisher_id):
-            headers[api.HEADER_POLYMQ_PUBLISHER] = publisher_id.decode("ascii")
+            own[api.HEADER_POLYMQ_PUBLISHER] = publisher_id.decode("ascii")
         else:
             shown = shown_headers(message)  # a publisher's id kept apart travels among the headers
             if shown:
-                headers[api.HEADER_POLYMQ_HEADERS] = json.dumps(dict(shown), separators=(",", ":"))
+                own[api.HEADER_POLYMQ_HEADERS] = json.dumps(dict(shown), separators=(",", ":"))
                 dead_of = shown.get(DEAD_LETTER_QUEUE_HEADER)
                 if dead_of is not None:
                     # A dead letter keeps its message's id: its key names its queue and when, so the message
                     # dead-lettered again (its letters requeued) or by another queue into the same topic is
                     # another letter, not a repeat JetStream would drop.
-                    headers[api.HEADER_MSG_ID] = (f"dead-{api.queue_consumer(str(dead_of))}-{message.id}-"
-                                                  f"{self.clock.wall_ns()}")
-                    headers[api.HEADER_POLYMQ_ID] = str(message.id)
+                    own[api.HEADER_MSG_ID] = (f"dead-{api.queue_consumer(str(dead_of))}-{message.id}-"
+                                              f"{self.clock.wall_ns()}")
+                    own[api.HEADER_POLYMQ_ID] = str(message.id)
         if message.expires_at is not None:
             wall = self.clock.wall_ns() + int((message.expires_at - self.clock.now()) * 1e9)
-            headers[api.HEADER_POLYMQ_EXPIRES] = str(wall)
-        return headers
+            own[api.HEADER_POLYMQ_EXPIRES] = str(wall)
+        return own or NO_HEADERS
 
     def _batch(self, messages: list[Message]) -> tuple[list[Item], str]:
         """A batch's bodies and headers, and the tag its id ends with (`api.batch_tag`): a message whose id is the
-        first's plus its place, of the first's origin, goes without its id and origin (read back from the batch's
-        headers, `api.batch_member`), with no header at all if it needs no other; the first keeps its
-        `Nats-Msg-Id`, which makes a batch asked again count once."""
+        first's plus its place, of the first's origin, goes with its own headers only, without its id and origin
+        (read back from the batch's headers, `api.batch_member`); the first keeps its `Nats-Msg-Id`, which makes a
+        batch asked again count once."""
         first = messages[0]
         origin = first.origin
         if origin is not None and not (origin.isalnum() and len(origin) <= MAX_TAGGED_ORIGIN):
             return [(message.body, self._headers(message)) for message in messages], ""
-        plain = 1 if origin is None else 2  # its Nats-Msg-Id, and its origin
         items: list[Item] = []
         for place, message in enumerate(messages):
-            headers = self._headers(message)
-            if place and message.id == first.id + place and message.origin == origin:
-                if len(headers) == plain:
-                    headers = NO_HEADERS
-                else:  # its other headers only
-                    del headers[api.HEADER_MSG_ID]
-                    headers.pop(api.HEADER_POLYMQ_ORIGIN, None)
-            items.append((message.body, headers))
+            member = place and message.id == first.id + place and message.origin == origin
+            items.append((message.body, self._own_headers(message) if member else self._headers(message)))
         return items, api.batch_tag(first.id, origin)
 
     async def requeue_dead(self, queue: SharedQueue) -> Requeued:
