@@ -5,8 +5,10 @@ venv), then measures in turn:
 
 - **direct clients**, the ceiling a client sees: nats-py's async publish of every message (acks awaited 256
   at a time, and 32 in flight, each sent as the oldest is answered) and a pull consumer's fetch of 256 with an
-  ack per message; and atomic batches of 200 with 2 and 8 in flight (the gateway's own batch publisher,
-  `jetstream/batches.py`, on its NATS client), what a batching client gets;
+  ack per message; atomic batches of 200 with 2 and 8 in flight (the gateway's own batch publisher,
+  `jetstream/batches.py`, on its NATS client), what a batching client gets; and fast-ingest batches
+  (`bench/fast_ingest.py`: one and eight at once with the largest flow, one whose window is 32 messages), the
+  server's other way of taking many messages, which gives up all-or-nothing;
 - **polymq on JetStream**: a gateway started with `--jetstream` on that cluster, measured with the NSQ
   bench (MPUB batches of 200 over 2 and over 8 connections, PUB one per round trip over 8 and over 32,
   consume), the MQKS bench (manual acks) and the PHPMQ bench (2 producers, 2 consumers acking each
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import shutil
 import subprocess
@@ -38,7 +41,7 @@ import attrs
 import click
 import trio
 
-from polymq.bench import common
+from polymq.bench import common, fast_ingest
 from polymq.bench import mqks as mqks_bench
 from polymq.bench import nsq as nsq_bench
 from polymq.bench import phpmq as phpmq_bench
@@ -62,6 +65,10 @@ BATCH_SIZE = 200  # the direct batching client's batches (the NSQ bench's MPUB b
 # for its answer, so as many MPUBs in flight): 8 is also the most a gateway keeps per topic.
 BATCHES_IN_FLIGHT = (2, 8)
 PUB_CONNECTIONS = (8, 32)
+# Fast-ingest batches measured (how many at once, the most messages a flow ack covers): one batch and eight at
+# the server's largest flow, and one whose two unanswered flow acks are the NSQ bench's 32 PUB connections.
+FAST_INGEST = ((1, fast_ingest.FLOW_MAX), (8, fast_ingest.FLOW_MAX),
+               (1, PUB_CONNECTIONS[-1] // fast_ingest.OUTSTANDING))
 
 
 @attrs.define
@@ -166,6 +173,9 @@ async def _direct_batches(urls: list[str], messages: int, pids: list[int], row: 
                 "keeper", topic="bench-batches", ack_wait_s=60.0, start_seq=0))
             for in_flight in BATCHES_IN_FLIGHT:
                 await _batches(connection, in_flight, messages, pids, row)
+            await _allow_fast_ingest(connection, "bench-batches")
+            for flows, flow in FAST_INGEST:
+                await _fast_ingest(connection, flows, flow, messages, pids, row)
             await api.delete_stream(connection, "bench-batches")
         finally:
             await connection.close()
@@ -199,6 +209,29 @@ async def _batches(connection: NatsConnection, in_flight: int, messages: int, pi
     if failures:
         raise failures[0]
     label = f"atomic batches of {BATCH_SIZE}, {in_flight} in flight"
+    row.rates[label], row.servers_us[label] = messages / elapsed, servers.per_message_us(messages)
+
+
+async def _allow_fast_ingest(connection: NatsConnection, topic: str) -> None:
+    name = api.topic_stream(topic)
+    config = (await api.api(connection, f"STREAM.INFO.{name}"))["config"]
+    await api.api(connection, f"STREAM.UPDATE.{name}", {**config, "allow_batched": True})
+
+
+async def _fast_ingest(connection: NatsConnection, flows: int, flow: int, messages: int, pids: list[int],
+                       row: Row) -> None:
+    """`flows` fast-ingest batches at once, of messages / flows each, a flow ack covering at most `flow`."""
+    await api.api(connection, f"STREAM.PURGE.{api.topic_stream('bench-batches')}")
+    body = b"x" * MESSAGE_SIZE
+    servers = ServersCpu(pids)
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for share in range(flows):
+            count = messages // flows + (share < messages % flows)
+            nursery.start_soon(functools.partial(fast_ingest.publish, connection, "bench-batches", body, count,
+                                                 flow=flow))
+    elapsed = time.perf_counter() - started
+    label = f"fast ingest, {flows} {'batch' if flows == 1 else 'batches'} at once, flow {flow}"
     row.rates[label], row.servers_us[label] = messages / elapsed, servers.per_message_us(messages)
 
 

@@ -1,6 +1,7 @@
 """`polymq bench jetstream` end to end on a few messages: its own three nats-servers, the direct clients (nats-py,
-atomic batches) beside a gateway on them and an embedded gateway, every measure with a rate and no error, the
-servers' CPU per message with each measure on the cluster, the gateway's CPU with each NSQ and MQKS measure."""
+atomic and fast-ingest batches) beside a gateway on them and an embedded gateway, every measure with a rate and no
+error, the servers' CPU per message with each measure on the cluster, the gateway's CPU with each NSQ and MQKS
+measure."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ def test_the_bench_measures_every_row_and_stops_what_it_started() -> None:
                           "polymq embedded (--fsync=always)"]
     assert all(row["error"] is None for row in rows.values())
     assert set(rows["nats-py, direct"]["rates"]) == {"publish", "publish, 32 in flight", "fetch + ack"}
-    assert set(rows["direct, batching"]["rates"]) == {"atomic batches of 200, 2 in flight",
-                                                      "atomic batches of 200, 8 in flight"}
+    assert set(rows["direct, batching"]["rates"]) == {
+        "atomic batches of 200, 2 in flight", "atomic batches of 200, 8 in flight",
+        "fast ingest, 1 batch at once, flow 500", "fast ingest, 8 batches at once, flow 500",
+        "fast ingest, 1 batch at once, flow 16"}
     gateway = {"NSQ MPUB x2", "NSQ MPUB x8", "NSQ PUB x8", "NSQ PUB x32", "NSQ consume", "MQKS end to end",
                "PHPMQ end to end"}
     for label in ("polymq on JetStream", "polymq embedded (--fsync=always)"):
