@@ -36,6 +36,7 @@ from polymq.gateway.admin_access import AdminAccess
 from polymq.gateway.admin_api import AdminApi
 from polymq.gateway.http import GatewayHttpApi
 from polymq.jetstream import api
+from polymq.jetstream import dead_letters as jetstream_dead_letters
 from polymq.jetstream.backend import PULL_RETRY_S, JetStreamLink, JetStreamSettings, open_shared_engine
 from polymq.jetstream.batches import BATCH_MAX
 from polymq.jetstream.nats_connection import NatsOptions
@@ -215,35 +216,43 @@ async def test_one_message_dead_lettered_again_into_one_topic_is_another_letter(
             assert letters_reader.finish(letter.id).name == "OK"  # read and done: the next one is no twin of it
 
 
+async def _letters_kept(node_: Node, queue: str) -> int:
+    """How many letters the queue's dead-letter topic's stream keeps in the cluster."""
+    dead_stream = api.topic_stream(queue + DEAD_LETTER_SUFFIX)
+    try:
+        return int((await api.api(node_.link.connection, f"STREAM.INFO.{dead_stream}"))["state"]["messages"])
+    except api.JetStreamError as error:
+        assert error.err_code == api.ERR_STREAM_NOT_FOUND  # none made yet
+        return 0
+
+
+async def _three_letters(a: Node, b: Node, topic: str, queue: str) -> tuple[Consumer, list[Message], list[int]]:
+    """Three jobs published through A and dead-lettered there; the queue's consumer, what it got, the jobs' ids,
+    once the three letters are in the cluster and node B knows the queue."""
+    consumer, got = a.consumer(queue, topic)
+    await attached(a, queue)
+    sent = []
+    for number in range(3):
+        message_id, stored = a.publish(topic, b"job %d" % number)
+        sent.append(message_id)
+    await stored.wait()
+    await until(lambda: len(got) == 3, "the three jobs")
+    for message in got:
+        assert a.engine.queues[queue].dead_letter(message.id).name == "OK"
+    with trio.fail_after(DEADLINE_S):
+        while await _letters_kept(b, queue) != 3:
+            await trio.sleep(0.05)
+    await until(lambda: queue in b.engine.queues, "the queue on the other node")
+    return consumer, got, sent
+
+
 async def test_a_queues_dead_letters_go_back_to_it_through_another_node_each_once(
         nats_cluster: NatsCluster) -> None:
     """Letters a node made, requeued through another node: each message back in the queue once (its id, body,
     no dead-letter headers, attempts afresh), stored before the letters are purged from their stream."""
     topic, queue = name("jobs"), name("worker")
-    dead_stream = api.topic_stream(queue + DEAD_LETTER_SUFFIX)
-
-    async def letters_kept() -> int:
-        try:
-            return int((await api.api(b.link.connection, f"STREAM.INFO.{dead_stream}"))["state"]["messages"])
-        except api.JetStreamError as error:
-            assert error.err_code == api.ERR_STREAM_NOT_FOUND  # none made yet
-            return 0
-
     async with node(nats_cluster) as a, node(nats_cluster) as b:
-        consumer, got = a.consumer(queue, topic)
-        await attached(a, queue)
-        sent = []
-        for number in range(3):
-            message_id, stored = a.publish(topic, b"job %d" % number)
-            sent.append(message_id)
-        await stored.wait()
-        await until(lambda: len(got) == 3, "the three jobs")
-        for message in got:
-            assert a.engine.queues[queue].dead_letter(message.id).name == "OK"
-        with trio.fail_after(DEADLINE_S):
-            while await letters_kept() != 3:
-                await trio.sleep(0.05)
-        await until(lambda: queue in b.engine.queues, "the queue on the other node")
+        consumer, got, sent = await _three_letters(a, b, topic, queue)
         queue_on_b = b.engine.queues[queue]
         assert isinstance(queue_on_b, SharedQueue)
         # The admin API's action on node B: an answer that waits for the cluster.
@@ -253,12 +262,30 @@ async def test_a_queues_dead_letters_go_back_to_it_through_another_node_each_onc
         assert isinstance(later, Later)
         answer = await later.run()
         assert (answer.status, json.loads(answer.body)) == (200, {"queue": queue, "moved": 3, "left": 0})
-        assert await letters_kept() == 0
+        assert await _letters_kept(b, queue) == 0
         await until(lambda: len(got) == 6, "the three back in the queue")
         assert sorted((m.id, m.body, m.attempts, m.headers) for m in got[3:]) == [
             (message_id, b"job %d" % number, 1, None) for number, message_id in enumerate(sent)]
         for message in got[3:]:
             assert consumer.finish(message.id).name == "OK"
+        assert await b.link.requeue_dead(queue_on_b) == Requeued(0, 0)
+
+
+async def test_a_requeue_holds_its_bytes_of_letters_and_leaves_the_rest_for_the_next(
+        nats_cluster: NatsCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for less than one letter a request, each request moves one, the first in the stream, purges
+    only it and says how many it left; the third moves the last."""
+    monkeypatch.setattr(jetstream_dead_letters, "MAX_REQUEUE_BYTES", 1)
+    topic, queue = name("jobs"), name("worker")
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        _, got, sent = await _three_letters(a, b, topic, queue)
+        queue_on_b = b.engine.queues[queue]
+        assert isinstance(queue_on_b, SharedQueue)
+        for left in (2, 1, 0):
+            assert await b.link.requeue_dead(queue_on_b) == Requeued(1, left)
+            assert await _letters_kept(b, queue) == left
+            await until(lambda left=left: len(got) == 6 - left, "one more back in the queue")
+            assert got[-1].id == sent[2 - left]  # in the stream's order
         assert await b.link.requeue_dead(queue_on_b) == Requeued(0, 0)
 
 
