@@ -601,11 +601,14 @@ class JetStreamLink:
             chunk = items[start:start + BATCH_MAX]
 
             def done(count: int, error: Exception | None, chunk: list[Gathered] = chunk) -> None:
-                if error is None:
+                if error is None or isinstance(error, RequestTimeout | ConnectionLost):
+                    # Stored (0: by an earlier try of the batch), or no answer by the deadline: maybe stored, and
+                    # its members have no repeat key of their own to go again by.
                     for item in chunk:
-                        item.finished(1 if count else 0, None)  # 0: stored by an earlier try of the batch
+                        item.finished(1 if count else 0, error)
                     return
-                # Refused: each goes alone, so what one client sent (too large, say) fails no other client's.
+                # Refused, nothing of it stored: each goes alone, so what one client sent (too large, say) fails no
+                # other client's.
                 for item in chunk:
                     self.publish_one(subject, item.message.body, self._headers(item.message), item.deadline,
                                       item.answered)
@@ -705,18 +708,27 @@ class JetStreamLink:
         return own or NO_HEADERS
 
     def _batch(self, messages: list[Message]) -> tuple[list[Item], str]:
-        """A batch's bodies and headers, and the tag its id ends with (`api.batch_tag`): a message whose id is the
-        first's plus its place, of the first's origin, goes with its own headers only, without its id and origin
-        (read back from the batch's headers, `api.batch_member`); the first keeps its `Nats-Msg-Id`, which makes a
-        batch asked again count once."""
+        """A batch's bodies and headers, and the tag its id ends with (`api.batch_tag`): a message of the first's
+        origin goes without its origin, and without its id too when that is the first's plus its place (both read
+        back from the batch's headers, `api.batch_member`), else with its id as `Polymq-Id`; the first alone
+        keeps its `Nats-Msg-Id`, which makes a batch asked again count once."""
         first = messages[0]
         origin = first.origin
         if origin is not None and not (origin.isalnum() and len(origin) <= MAX_TAGGED_ORIGIN):
             return [(message.body, self._headers(message)) for message in messages], ""
         items: list[Item] = []
         for place, message in enumerate(messages):
-            member = place and message.id == first.id + place and message.origin == origin
-            items.append((message.body, self._own_headers(message) if member else self._headers(message)))
+            if place and message.origin == origin:
+                own = self._own_headers(message)
+                if message.id == first.id + place:
+                    items.append((message.body, own))
+                    continue
+                if api.HEADER_MSG_ID not in own:  # else a dead letter's key: it goes whole
+                    # Its id, but not as a `Nats-Msg-Id`: JetStream keeps each of those in its repeat window,
+                    # a cost the batch's first one alone pays for all (docs/performance.md).
+                    items.append((message.body, {**own, api.HEADER_POLYMQ_ID: str(message.id)}))
+                    continue
+            items.append((message.body, self._headers(message)))
         return items, api.batch_tag(first.id, origin)
 
     async def requeue_dead(self, queue: SharedQueue) -> Requeued:
@@ -1222,6 +1234,10 @@ class JetStreamLink:
         origin = headers.get(api.HEADER_POLYMQ_ORIGIN)
         if api.is_number(shown_id):
             message_id = int(shown_id)
+            if origin is None and api.HEADER_MSG_ID not in headers:
+                # One of a batch with its own id and the batch's origin (`_batch`).
+                member = api.batch_member(headers)
+                origin = member[1] if member is not None else None
         else:  # one of a batch that went with no headers of its own
             member = api.batch_member(headers)
             message_id, origin = (fallback_id, origin) if member is None else member

@@ -148,6 +148,38 @@ async def test_a_batchs_messages_after_its_first_go_without_headers_and_are_read
         assert api.batch_member(kept[1]) == (first_id + 1, "nsq")
 
 
+async def test_a_batch_member_whose_id_does_not_follow_carries_it_without_a_repeat_key_or_its_origin(
+        nats_cluster: NatsCluster) -> None:
+    """Single publishes to two topics in turn, gathered into one batch per topic: in each, the ids after the
+    first skip one, so each member carries its id as `Polymq-Id` (no `Nats-Msg-Id`: the first's makes the batch
+    count once) and not its origin, which the other node reads from the batch with the id."""
+    topics, queues = [name("left"), name("right")], [name("left-queue"), name("right-queue")]
+    async with node(nats_cluster) as a, node(nats_cluster) as b:
+        readers = [b.consumer(queue, topic) for queue, topic in zip(queues, topics, strict=True)]
+        for queue in queues:
+            await attached(b, queue)
+        sent: dict[str, list[tuple[int, bytes]]] = {topic: [] for topic in topics}
+        for number in range(4):
+            for topic in topics:
+                body = b"%s %d" % (topic.encode(), number)
+                sent[topic].append((a.engine.publish(topic, body, origin="mqks"), body))
+        stored = Stored()
+        a.engine.storage.sync(stored.done)
+        await stored.wait()
+        assert stored.errors == [None]
+        for topic, (_, got) in zip(topics, readers, strict=True):
+            await until(lambda got=got: len(got) == 4, f"the batch of {topic} on the other node")
+            assert [(m.id, m.body, m.origin) for m in got] == [(mid, body, "mqks") for mid, body in sent[topic]]
+            kept = [msg.headers or {} for msg, _ in await direct_get(a.link.connection, api.topic_stream(topic),
+                                                                     {"seq": 1, "batch": 4}, topic)]
+            assert [headers.get(api.HEADER_BATCH_SEQUENCE) for headers in kept] == ["1", "2", "3", "4"]
+            own = [{key: value for key, value in headers.items()
+                    if key == api.HEADER_MSG_ID or not key.startswith("Nats-")} for headers in kept]
+            first_id = sent[topic][0][0]
+            assert own == [{api.HEADER_MSG_ID: str(first_id), api.HEADER_POLYMQ_ORIGIN: "mqks"}] + [
+                {api.HEADER_POLYMQ_ID: str(mid)} for mid, _ in sent[topic][1:]]
+
+
 async def test_more_single_publishes_in_one_turn_than_a_batch_holds_go_as_several_batches(
         nats_cluster: NatsCluster) -> None:
     """Single publishes made in one turn of the loop are gathered into batches of at most BATCH_MAX: each
