@@ -3,12 +3,13 @@
 One run starts its own cluster of three `nats-server` processes (R3 streams, on loopback, from the
 venv), then measures in turn:
 
-- **direct clients**, the ceiling a client sees: nats-py's async publish of every message (acks awaited 256
-  at a time, and 32 in flight, each sent as the oldest is answered) and a pull consumer's fetch of 256 with an
-  ack per message; atomic batches of 200 with 2 and 8 in flight (the gateway's own batch publisher,
-  `jetstream/batches.py`, on its NATS client), what a batching client gets; and fast-ingest batches
-  (`bench/fast_ingest.py`: one and eight at once with the largest flow, one whose window is 32 messages), the
-  server's other way of taking many messages, which gives up all-or-nothing;
+- **direct clients**, the ceiling a client sees, each on a stream that keeps a message until its consumer has
+  it done, as a topic's does: nats-py's async publish of every message (acks awaited 256 at a time, and 32 in
+  flight, each sent as the oldest is answered) and a pull consumer's fetch of 256 with an ack per message;
+  atomic batches of 200 with 2 and 8 in flight (the gateway's own batch publisher, `jetstream/batches.py`, on
+  its NATS client), what a batching client gets; and fast-ingest batches (`bench/fast_ingest.py`: one and
+  eight at once with the largest flow, one whose window is 32 messages), the server's other way of taking
+  many messages, which gives up all-or-nothing;
 - **polymq on JetStream**: a gateway started with `--jetstream` on that cluster, measured with the NSQ
   bench (MPUB batches of 200 over 2 and over 8 connections, PUB one per round trip over 8 and over 32,
   consume), the MQKS bench (manual acks) and the PHPMQ bench (2 producers, 2 consumers acking each
@@ -16,7 +17,8 @@ venv), then measures in turn:
   and consumer;
 - **polymq embedded**: the same benches against a gateway on its embedded store (`--fsync=always`).
 
-With each rate, the servers' CPU per message (the three nats-servers' user and system time over the measure)
+With each rate, the servers' CPU per message (the three nats-servers' user and system time over the measure; a
+consume's measure starts once its backlog is published)
 and the gateway's CPU with its run-queue wait (time it was runnable and had no core: on 2 cores, what the
 benchmark's clients and the servers took from it). Each gateway runs alone, on free loopback ports, with a data
 dir in the system's temporary folder.
@@ -87,6 +89,10 @@ class ServersCpu:
         self.pids = pids
         self._start = self._now()
 
+    def restart(self) -> None:
+        """Count from now."""
+        self._start = self._now()
+
     def _now(self) -> float:
         readings = [process_cpu_s(pid) for pid in self.pids]
         return sum(reading[0] + reading[1] for reading in readings if reading is not None)
@@ -107,7 +113,9 @@ async def _direct(urls: list[str], messages: int, pids: list[int], row: Row) -> 
         deadline = time.monotonic() + STREAM_READY_S
         while True:  # a cluster just started may have no peers to place it on yet
             try:
-                await js.add_stream(name="BENCH_DIRECT", subjects=["bench.direct"], num_replicas=min(3, len(urls)))
+                # As a topic's stream: a message stays until its consumers have it done, which each ack costs.
+                await js.add_stream(name="BENCH_DIRECT", subjects=["bench.direct"], num_replicas=min(3, len(urls)),
+                                    retention="interest")
                 break
             except Exception:
                 if time.monotonic() > deadline:
@@ -122,6 +130,8 @@ async def _direct(urls: list[str], messages: int, pids: list[int], row: Row) -> 
                     raise
                 await asyncio.sleep(0.1)
         await js.purge_stream("BENCH_DIRECT")
+        # The consumer first: the stream keeps only what a consumer is to read.
+        await js.add_consumer("BENCH_DIRECT", durable_name="bench", ack_policy="explicit")
         servers = ServersCpu(pids)
         started = time.perf_counter()
         pending: list[asyncio.Future[object]] = []
@@ -276,13 +286,13 @@ def _through_gateway(extra: list[str], messages: int, pids: list[int], row: Row)
         for scenario, publishers, label in (*(("mpub", count, f"NSQ MPUB x{count}") for count in BATCHES_IN_FLIGHT),
                                             *(("pub", count, f"NSQ PUB x{count}") for count in PUB_CONNECTIONS),
                                             ("sub", 2, "NSQ consume")):
+            servers = ServersCpu(pids)
             opts = nsq_bench.BenchOptions(
                 host="127.0.0.1", port=tcp, http=("127.0.0.1", http), scenarios=(scenario,), duration_s=None,
                 count=messages, size=MESSAGE_SIZE, batch=nsq_bench.DEFAULT_BATCH, rdy=nsq_bench.DEFAULT_RDY,
                 publishers=publishers, consumers=2, pub_consumers=0, processes=min(publishers, 2),
                 topic_prefix=f"bench_js_{scenario}{publishers}", output_buffer_timeout_ms=None, progress=False,
-                server_pid=gateway_pid, make_first=True)
-            servers = ServersCpu(pids)
+                server_pid=gateway_pid, make_first=True, measure_starts=servers.restart)  # after a consume's fill
             [result] = nsq_bench.run_bench(opts)
             measured = result.sub_rate() if scenario == "sub" else result.pub_rate()
             _measured(row, label, measured, servers, result.published or result.consumed, result.server_cpu)

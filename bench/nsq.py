@@ -31,6 +31,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -396,6 +397,9 @@ class BenchOptions:
     # direct client of a cluster makes its stream and consumer first: on a shared engine making one is a
     # replicated write of a tenth of a second or more, a quarter of a short measure.
     make_first: bool = False
+    # Called as each measured scenario starts (after a `sub`'s unmeasured fill): a caller sampling something
+    # over the measure (`polymq bench jetstream`'s servers' CPU) starts there.
+    measure_starts: Callable[[], None] | None = None
 
     def identify(self, role: str) -> dict[str, Any]:
         data: dict[str, Any] = {"client_id": role, "hostname": socket.gethostname(), "user_agent": USER_AGENT}
@@ -577,24 +581,32 @@ def run_bench(opts: BenchOptions) -> list[ScenarioResult]:
         return _Scenario(name, label, opts, made(topic_for("mpub")), mpub=opts.publishers, pub=0, sub=0,
                          pub_count=count, sub_target=None, sub_deadline=False).run()
 
+    def measure_starts() -> None:
+        if opts.measure_starts is not None:
+            opts.measure_starts()
+
     for name in opts.scenarios:
         if name == "mpub":
+            measure_starts()
             result = mpub_phase("mpub", "mpub")
             backlog = (result.topic, result.published)
         elif name == "sub":
             if backlog is None:  # sub alone: fill the topic first, unmeasured
                 filled = mpub_phase("mpub", "prefill")
                 backlog = (filled.topic, filled.published)
+            measure_starts()
             result = _Scenario("sub", "sub", opts, made(backlog[0], CHANNEL), mpub=0, pub=0, sub=opts.consumers,
                                pub_count=None, sub_target=backlog[1], sub_deadline=opts.duration_s is not None).run()
             _http_post(opts.http, "/topic/delete", topic=backlog[0])
             backlog = None
         elif name == "pub":
+            measure_starts()
             result = _Scenario("pub", "pub", opts, made(topic_for("pub")), mpub=0, pub=opts.publishers,
                                sub=opts.pub_consumers, pub_count=count,
                                sub_target=count if opts.pub_consumers else None, sub_deadline=False).run()
             _http_post(opts.http, "/topic/delete", topic=result.topic)
         else:
+            measure_starts()
             result = _Scenario("pubsub", "pubsub", opts, made(topic_for("pubsub"), CHANNEL), mpub=opts.publishers,
                                pub=0, sub=opts.consumers, pub_count=count, sub_target=count, sub_deadline=False).run()
             _http_post(opts.http, "/topic/delete", topic=result.topic)
