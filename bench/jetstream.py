@@ -6,10 +6,10 @@ venv), then measures in turn:
 - **direct clients**, the ceiling a client sees, each on a stream that keeps a message until its consumer has
   it done, as a topic's does: nats-py's async publish of every message (acks awaited 256 at a time, and 32 in
   flight, each sent as the oldest is answered) and a pull consumer's fetch of 256 with an ack per message;
-  atomic batches of 200 with 2 and 8 in flight (the gateway's own batch publisher, `jetstream/batches.py`, on
-  its NATS client), what a batching client gets; and fast-ingest batches (`bench/fast_ingest.py`: one and
-  eight at once with the largest flow, one whose window is 32 messages), the server's other way of taking
-  many messages, which gives up all-or-nothing;
+  atomic batches of 200 with 2 and 8 in flight, and of 16 with 2 (the gateway's own batch publisher,
+  `jetstream/batches.py`, on its NATS client), what a batching client gets; and fast-ingest batches
+  (`bench/fast_ingest.py`: one and eight at once with the largest flow, one whose window is 32 messages as
+  the batches of 16 have), the server's other way of taking many messages, which gives up all-or-nothing;
 - **polymq on JetStream**: a gateway started with `--jetstream` on that cluster, measured with the NSQ
   bench (MPUB batches of 200 over 2 and over 8 connections, PUB one per round trip over 8 and over 32,
   consume), the MQKS bench (manual acks) and the PHPMQ bench (2 producers, 2 consumers acking each
@@ -67,6 +67,9 @@ BATCH_SIZE = 200  # the direct batching client's batches (the NSQ bench's MPUB b
 # for its answer, so as many MPUBs in flight): 8 is also the most a gateway keeps per topic.
 BATCHES_IN_FLIGHT = (2, 8)
 PUB_CONNECTIONS = (8, 32)
+# Small atomic batches with as many messages unanswered as the NSQ bench's 32 PUB connections: what a gateway
+# gathering their single publishes could get at best, beside the fast-ingest batch with the same window.
+SMALL_BATCH = PUB_CONNECTIONS[-1] // 2
 # Fast-ingest batches measured (how many at once, the most messages a flow ack covers): one batch and eight at
 # the server's largest flow, and one whose two unanswered flow acks are the NSQ bench's 32 PUB connections.
 FAST_INGEST = ((1, fast_ingest.FLOW_MAX), (8, fast_ingest.FLOW_MAX),
@@ -173,7 +176,8 @@ async def _direct(urls: list[str], messages: int, pids: list[int], row: Row) -> 
 
 
 async def _direct_batches(urls: list[str], messages: int, pids: list[int], row: Row) -> None:
-    """Atomic batches of BATCH_SIZE, each of BATCHES_IN_FLIGHT at once, on the gateway's NATS client, to a stream
+    """Atomic batches of BATCH_SIZE, each of BATCHES_IN_FLIGHT at once, and of SMALL_BATCH two at once, then
+    fast-ingest batches (FAST_INGEST), on the gateway's NATS client, to a stream
     made as a topic's is, with a consumer keeping what it holds (as a topic's first queue does)."""
     async with trio.open_nursery() as nursery:
         connection = await NatsConnection.connect(NatsOptions(urls, name="polymq-bench"), nursery)
@@ -182,7 +186,8 @@ async def _direct_batches(urls: list[str], messages: int, pids: list[int], row: 
             await api.ensure_consumer(connection, "bench-batches", "keeper", api.consumer_config(
                 "keeper", topic="bench-batches", ack_wait_s=60.0, start_seq=0))
             for in_flight in BATCHES_IN_FLIGHT:
-                await _batches(connection, in_flight, messages, pids, row)
+                await _batches(connection, BATCH_SIZE, in_flight, messages, pids, row)
+            await _batches(connection, SMALL_BATCH, 2, messages, pids, row)
             await _allow_fast_ingest(connection, "bench-batches")
             for flows, flow in FAST_INGEST:
                 await _fast_ingest(connection, flows, flow, messages, pids, row)
@@ -192,12 +197,13 @@ async def _direct_batches(urls: list[str], messages: int, pids: list[int], row: 
             nursery.cancel_scope.cancel()
 
 
-async def _batches(connection: NatsConnection, in_flight: int, messages: int, pids: list[int], row: Row) -> None:
+async def _batches(connection: NatsConnection, size: int, in_flight: int, messages: int, pids: list[int],
+                   row: Row) -> None:
     await api.api(connection, f"STREAM.PURGE.{api.topic_stream('bench-batches')}")
     batches = Batches(connection, SystemClock(), lambda: None, in_flight=in_flight)
     body = b"x" * MESSAGE_SIZE
     done = trio.Event()
-    left = [-(-messages // BATCH_SIZE)]
+    left = [-(-messages // size)]
     failures: list[Exception] = []
 
     def answered(_: int, error: Exception | None) -> None:
@@ -210,15 +216,15 @@ async def _batches(connection: NatsConnection, in_flight: int, messages: int, pi
     servers = ServersCpu(pids)
     started = time.perf_counter()
     deadline = SystemClock().now() + STREAM_READY_S
-    for first in range(0, messages, BATCH_SIZE):
-        count = min(BATCH_SIZE, messages - first)
+    for first in range(0, messages, size):
+        count = min(size, messages - first)
         batches.publish("bench-batches", [(body, {})] * count, deadline, answered)
         await trio.lowlevel.checkpoint()  # the connection writes as the batches go
     await done.wait()
     elapsed = time.perf_counter() - started
     if failures:
         raise failures[0]
-    label = f"atomic batches of {BATCH_SIZE}, {in_flight} in flight"
+    label = f"atomic batches of {size}, {in_flight} in flight"
     row.rates[label], row.servers_us[label] = messages / elapsed, servers.per_message_us(messages)
 
 

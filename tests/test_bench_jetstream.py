@@ -20,7 +20,7 @@ def test_the_bench_measures_every_row_and_stops_what_it_started() -> None:
     assert all(row["error"] is None for row in rows.values())
     assert set(rows["nats-py, direct"]["rates"]) == {"publish", "publish, 32 in flight", "fetch + ack"}
     assert set(rows["direct, batching"]["rates"]) == {
-        "atomic batches of 200, 2 in flight", "atomic batches of 200, 8 in flight",
+        "atomic batches of 200, 2 in flight", "atomic batches of 200, 8 in flight", "atomic batches of 16, 2 in flight",
         "fast ingest, 1 batch at once, flow 500", "fast ingest, 8 batches at once, flow 500",
         "fast ingest, 1 batch at once, flow 16"}
     gateway = {"NSQ MPUB x2", "NSQ MPUB x8", "NSQ PUB x8", "NSQ PUB x32", "NSQ consume", "MQKS end to end",
