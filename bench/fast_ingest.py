@@ -98,6 +98,13 @@ class FastBatch:
         return int(self.ack["count"])
 
 
+async def allow(connection: NatsConnection, topic: str) -> None:
+    """Let the topic's stream take fast-ingest batches (`allow_batched`; a topic's stream is made without)."""
+    name = api.topic_stream(topic)
+    config = (await api.api(connection, f"STREAM.INFO.{name}"))["config"]
+    await api.api(connection, f"STREAM.UPDATE.{name}", {**config, "allow_batched": True})
+
+
 async def publish(connection: NatsConnection, topic: str, body: bytes, messages: int, *,
                   flow: int = FLOW_MAX) -> None:
     """`messages` copies of `body` to `topic`'s stream as one fast batch; FastIngestError unless all stored."""

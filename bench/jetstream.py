@@ -188,7 +188,7 @@ async def _direct_batches(urls: list[str], messages: int, pids: list[int], row: 
             for in_flight in BATCHES_IN_FLIGHT:
                 await _batches(connection, BATCH_SIZE, in_flight, messages, pids, row)
             await _batches(connection, SMALL_BATCH, 2, messages, pids, row)
-            await _allow_fast_ingest(connection, "bench-batches")
+            await fast_ingest.allow(connection, "bench-batches")
             for flows, flow in FAST_INGEST:
                 await _fast_ingest(connection, flows, flow, messages, pids, row)
             await api.delete_stream(connection, "bench-batches")
@@ -226,12 +226,6 @@ async def _batches(connection: NatsConnection, size: int, in_flight: int, messag
         raise failures[0]
     label = f"atomic batches of {size}, {in_flight} in flight"
     row.rates[label], row.servers_us[label] = messages / elapsed, servers.per_message_us(messages)
-
-
-async def _allow_fast_ingest(connection: NatsConnection, topic: str) -> None:
-    name = api.topic_stream(topic)
-    config = (await api.api(connection, f"STREAM.INFO.{name}"))["config"]
-    await api.api(connection, f"STREAM.UPDATE.{name}", {**config, "allow_batched": True})
 
 
 async def _fast_ingest(connection: NatsConnection, flows: int, flow: int, messages: int, pids: list[int],

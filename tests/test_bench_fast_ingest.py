@@ -25,8 +25,7 @@ async def _connected(server: NatsServer, nursery: trio.Nursery, *, allow: bool) 
     await api.ensure_consumer(connection, "fast", "keeper", api.consumer_config(
         "keeper", topic="fast", ack_wait_s=60.0, start_seq=0))
     if allow:
-        config = (await api.api(connection, f"STREAM.INFO.{STREAM}"))["config"]
-        await api.api(connection, f"STREAM.UPDATE.{STREAM}", {**config, "allow_batched": True})
+        await fast_ingest.allow(connection, "fast")
     return connection
 
 
